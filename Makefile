@@ -1,0 +1,36 @@
+# The two commands for a fresh machine:
+#   make demo   installs what is missing, builds, runs `nanguard demo`
+#   make test   installs what is missing, builds, runs every test
+BUILD ?= build
+CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
+NANGUARD := $(BUILD)/tools/cli/nanguard
+export OMP_NUM_THREADS ?= 2
+
+.PHONY: all setup configure build demo test bench bench-census clean
+
+all: build
+
+setup:
+	@scripts/setup-deps
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS)
+
+configure: setup $(BUILD)/build.ninja
+
+build: configure
+	cmake --build $(BUILD)
+
+demo: build
+	$(NANGUARD) demo
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure --timeout 900
+
+bench: bench-census
+
+bench-census: build
+	$(BUILD)/bench/census_bench
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,88 @@
+// census.h — one-pass statistics of a floating-point tensor.
+//
+// The census is what every other part of nanguard looks at a tensor with: the
+// tracer, the sentinel, the precision advisor and the data firewall. It reads
+// each element once, vectorised and in parallel, and is cheap enough to run
+// on every op output (see bench/census_bench.cpp for the figures).
+//
+//   at::Tensor g = ...;
+//   if (nanguard::has_nonfinite(g)) {
+//     nanguard::tensor_stats s = nanguard::census(g);
+//     std::cerr << s << "\n";  // nan=3 +inf=0 -inf=0 ... first bad [17] = nan
+//   }
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <iosfwd>
+#include <limits>
+#include <string>
+
+namespace nanguard {
+
+/// Statistics of one tensor, gathered in one pass by `census`.
+struct tensor_stats {
+  int64_t numel = 0;      ///< number of elements (logical, for views too)
+  int64_t nan = 0;        ///< NaN elements
+  int64_t pos_inf = 0;    ///< +Inf elements
+  int64_t neg_inf = 0;    ///< -Inf elements
+  int64_t finite = 0;     ///< finite elements (numel - nan - pos_inf - neg_inf)
+  int64_t zeros = 0;      ///< elements equal to +0 or -0
+  int64_t subnormal = 0;  ///< subnormal elements in the tensor's own dtype
+
+  // Over the finite elements; NaN when there are none.
+  double min = std::numeric_limits<double>::quiet_NaN();   ///< smallest finite value
+  double max = std::numeric_limits<double>::quiet_NaN();   ///< largest finite value
+  double mean = std::numeric_limits<double>::quiet_NaN();  ///< mean of finite values
+  double std = std::numeric_limits<double>::quiet_NaN();   ///< population std (ddof = 0)
+  double l2_norm = 0;  ///< sqrt(sum x^2) over finite values
+  double absmax = 0;   ///< largest |x| over finite values
+
+  // Precision headroom of the finite values.
+  int64_t fp16_overflow = 0;   ///< |x| > 65504: Inf once cast to float16
+  int64_t fp16_underflow = 0;  ///< 0 < |x| < 6.1035e-5: subnormal or zero in float16
+  int64_t bf16_overflow = 0;   ///< |x| > 3.3895e38: Inf once cast to bfloat16
+
+  /// Flat (row-major, logical) index of the first non-finite element; -1 if none.
+  int64_t first_nonfinite_index = -1;
+  /// Value of that element (NaN, +Inf or -Inf); 0 if none.
+  double first_nonfinite_value = 0;
+
+  /// Number of NaN and infinite elements.
+  int64_t nonfinite() const { return nan + pos_inf + neg_inf; }
+  /// True when every element is finite (an empty tensor is).
+  bool all_finite() const { return nonfinite() == 0; }
+};
+
+/// Gathers `tensor_stats` of `x` in one vectorised, parallel pass.
+///
+/// REQUIRES: `x` is float32, float64, float16 or bfloat16; it may be any
+/// view (strided, expanded, zero-stride) and empty. Tensors not on the CPU
+/// are measured with ATen ops on their device.
+/// Throws c10::Error for integer, bool or complex tensors and undefined ones.
+///
+///   auto s = nanguard::census(logits);
+///   if (s.fp16_overflow) { /* keep this layer in fp32 */ }
+tensor_stats census(const at::Tensor& x);
+
+/// True when `x` holds a NaN or an Inf. Stops at the first one it finds.
+///
+/// Cheaper than `census`: use it as the fast check, then take a census of
+/// the tensors it flags. Integer and bool tensors are always finite (false);
+/// an undefined tensor throws.
+bool has_nonfinite(const at::Tensor& x);
+
+/// One line, e.g. `n=1024 nan=1 +inf=0 -inf=0 zero=3 min=-2.1 max=3.3 ...`.
+std::string to_string(const tensor_stats& s);
+
+/// Writes `to_string(s)`.
+std::ostream& operator<<(std::ostream& os, const tensor_stats& s);
+
+namespace detail {
+/// The census computed with plain ATen ops on `x`'s own device: the path
+/// for tensors that are not on the CPU, exposed so tests can check it.
+tensor_stats census_aten(const at::Tensor& x);
+}  // namespace detail
+
+}  // namespace nanguard

@@ -1,0 +1,227 @@
+#include "nanguard/census.h"
+
+#include "detail/census_kernels.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cfloat>
+#include <ostream>
+
+namespace nanguard {
+namespace {
+
+using detail::census_partial;
+
+// Elements per parallel task: large enough to amortise scheduling, small
+// enough that two threads share a 2^20-element tensor.
+constexpr int64_t kChunk = int64_t(1) << 16;
+// float16/bfloat16 are widened to float in stack buffers of this size.
+constexpr int64_t kWidenBlock = 4096;
+
+void check_floating(const at::Tensor& x, const char* fn) {
+  TORCH_CHECK(x.defined(), "nanguard::", fn,
+              ": the tensor is undefined; pass a tensor that holds data");
+  const auto t = x.scalar_type();
+  TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16,
+              "nanguard::", fn, ": expected a float32, float64, float16 or bfloat16 tensor but got ",
+              t, " with shape ", x.sizes(), "; integer, bool and complex tensors cannot hold NaN "
+              "or Inf (convert with x.to(at::kFloat) to measure them anyway)");
+}
+
+template <typename T>
+struct kernel;
+
+template <>
+struct kernel<float> {
+  static census_partial census(const float* x, int64_t n, int64_t base) {
+    return detail::census_f32(x, n, base, FLT_MIN);
+  }
+};
+
+template <>
+struct kernel<double> {
+  static census_partial census(const double* x, int64_t n, int64_t base) {
+    return detail::census_f64(x, n, base, DBL_MIN);
+  }
+};
+
+// 16-bit floats: widen to float, keep the source dtype's subnormal bound.
+template <typename T>
+struct widening_kernel {
+  static census_partial census(const T* x, int64_t n, int64_t base) {
+    const float subnormal_below =
+        std::is_same_v<T, c10::Half> ? 6.103515625e-05f : FLT_MIN;
+    float buf[kWidenBlock];
+    census_partial total;
+    for (int64_t i = 0; i < n; i += kWidenBlock) {
+      const int64_t len = std::min(kWidenBlock, n - i);
+      for (int64_t k = 0; k < len; ++k) buf[k] = static_cast<float>(x[i + k]);
+      total.merge(detail::census_f32(buf, len, base + i, subnormal_below));
+    }
+    return total;
+  }
+};
+template <>
+struct kernel<c10::Half> : widening_kernel<c10::Half> {};
+template <>
+struct kernel<c10::BFloat16> : widening_kernel<c10::BFloat16> {};
+
+template <typename T>
+census_partial census_contiguous(const at::Tensor& x) {
+  const T* data = x.data_ptr<T>();
+  const int64_t n = x.numel();
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<census_partial> parts(chunks);
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t start = c * kChunk;
+      parts[c] = kernel<T>::census(data + start, std::min(kChunk, n - start), start);
+    }
+  });
+  census_partial total;
+  for (const auto& p : parts) total.merge(p);  // in order: first_bad stays the first
+  return total;
+}
+
+tensor_stats to_stats(const census_partial& p) {
+  tensor_stats s;
+  s.numel = p.numel;
+  s.nan = p.nan;
+  s.pos_inf = p.pos_inf;
+  s.neg_inf = p.neg_inf;
+  s.finite = p.finite;
+  s.zeros = p.zeros;
+  s.subnormal = p.subnormal;
+  s.fp16_overflow = p.fp16_overflow;
+  s.fp16_underflow = p.fp16_underflow;
+  s.bf16_overflow = p.bf16_overflow;
+  s.first_nonfinite_index = p.first_bad;
+  s.first_nonfinite_value = p.first_bad_value;
+  if (p.finite > 0) {
+    s.min = p.min;
+    s.max = p.max;
+    s.mean = p.mean;
+    s.std = std::sqrt(p.m2 / double(p.finite));
+    s.l2_norm = std::sqrt(p.m2 + double(p.finite) * p.mean * p.mean);
+    s.absmax = std::max(std::fabs(p.min), std::fabs(p.max));
+  }
+  return s;
+}
+
+template <typename F>
+bool any_chunk(int64_t n, const F& chunk_has_nonfinite) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::atomic<bool> found{false};
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end && !found.load(std::memory_order_relaxed); ++c) {
+      const int64_t start = c * kChunk;
+      if (chunk_has_nonfinite(start, std::min(kChunk, n - start)))
+        found.store(true, std::memory_order_relaxed);
+    }
+  });
+  return found.load();
+}
+
+double smallest_normal(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return DBL_MIN;
+    case at::kHalf: return 6.103515625e-05;
+    default: return FLT_MIN;  // float32 and bfloat16 share the exponent range
+  }
+}
+
+}  // namespace
+
+tensor_stats census(const at::Tensor& x) {
+  check_floating(x, "census");
+  if (!x.is_cpu()) return detail::census_aten(x);
+  if (x.numel() == 0) return tensor_stats{};
+  const at::Tensor c = x.contiguous();  // views are measured in logical order
+  census_partial p;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.scalar_type(), "nanguard::census",
+                                  [&] { p = census_contiguous<scalar_t>(c); });
+  return to_stats(p);
+}
+
+bool has_nonfinite(const at::Tensor& x) {
+  TORCH_CHECK(x.defined(), "nanguard::has_nonfinite: the tensor is undefined; pass a tensor "
+              "that holds data");
+  if (!x.is_floating_point()) return false;
+  if (!x.is_cpu()) return !at::isfinite(x).all().item<bool>();
+  const at::Tensor c = x.contiguous();
+  const int64_t n = c.numel();
+  switch (c.scalar_type()) {
+    case at::kFloat: {
+      const float* d = c.data_ptr<float>();
+      return any_chunk(n, [&](int64_t s, int64_t len) { return detail::any_nonfinite_f32(d + s, len); });
+    }
+    case at::kDouble: {
+      const double* d = c.data_ptr<double>();
+      return any_chunk(n, [&](int64_t s, int64_t len) { return detail::any_nonfinite_f64(d + s, len); });
+    }
+    case at::kHalf:
+    case at::kBFloat16: {
+      const auto* d = static_cast<const uint16_t*>(c.data_ptr());
+      const uint16_t mask = c.scalar_type() == at::kHalf ? 0x7C00 : 0x7F80;
+      return any_chunk(n, [&](int64_t s, int64_t len) { return detail::any_nonfinite_16bit(d + s, len, mask); });
+    }
+    default:
+      return !at::isfinite(c).all().item<bool>();  // float types added after 1.13
+  }
+}
+
+namespace detail {
+
+tensor_stats census_aten(const at::Tensor& x) {
+  check_floating(x, "census");
+  tensor_stats s;
+  s.numel = x.numel();
+  if (s.numel == 0) return s;
+  const at::Tensor flat = x.reshape({-1});
+  const at::Tensor finite_mask = at::isfinite(flat);
+  const auto count = [](const at::Tensor& mask) { return mask.sum().item<int64_t>(); };
+  s.nan = count(at::isnan(flat));
+  s.pos_inf = count(at::isposinf(flat));
+  s.neg_inf = count(at::isneginf(flat));
+  const at::Tensor values = flat.to(at::kDouble).masked_select(finite_mask);
+  s.finite = values.numel();
+  if (s.nonfinite() > 0) {
+    s.first_nonfinite_index = finite_mask.logical_not().to(at::kByte).argmax().item<int64_t>();
+    s.first_nonfinite_value = flat[s.first_nonfinite_index].item<double>();
+  }
+  if (s.finite == 0) return s;
+  const at::Tensor a = values.abs();
+  s.zeros = count(a == 0);
+  s.subnormal = count((a > 0) & (a < smallest_normal(x.scalar_type())));
+  s.fp16_underflow = count((a > 0) & (a < 6.103515625e-05));
+  s.fp16_overflow = count(a > 65504.0);
+  s.bf16_overflow = count(a > 3.3895313892515355e38);
+  s.min = values.min().item<double>();
+  s.max = values.max().item<double>();
+  s.mean = values.mean().item<double>();
+  s.std = values.std(/*unbiased=*/false).item<double>();
+  s.l2_norm = values.norm().item<double>();
+  s.absmax = a.max().item<double>();
+  return s;
+}
+
+}  // namespace detail
+
+std::string to_string(const tensor_stats& s) {
+  std::string out = fmt::format(
+      "n={} nan={} +inf={} -inf={} zero={} subnormal={} min={:.6g} max={:.6g} mean={:.6g} "
+      "std={:.6g} l2={:.6g} absmax={:.6g} fp16_overflow={} fp16_underflow={} bf16_overflow={}",
+      s.numel, s.nan, s.pos_inf, s.neg_inf, s.zeros, s.subnormal, s.min, s.max, s.mean, s.std,
+      s.l2_norm, s.absmax, s.fp16_overflow, s.fp16_underflow, s.bf16_overflow);
+  if (s.first_nonfinite_index >= 0)
+    out += fmt::format(" first_nonfinite[{}]={}", s.first_nonfinite_index, s.first_nonfinite_value);
+  return out;
+}
+
+std::ostream& operator<<(std::ostream& os, const tensor_stats& s) { return os << to_string(s); }
+
+}  // namespace nanguard

@@ -1,0 +1,292 @@
+#include "nanguard/census.h"
+
+#include "detail/census_kernels.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <limits>
+#include <random>
+
+namespace {
+
+using nanguard::tensor_stats;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+double smallest_normal(at::ScalarType t) {
+  if (t == at::kDouble) return DBL_MIN;
+  if (t == at::kHalf) return 6.103515625e-05;
+  return FLT_MIN;
+}
+
+// The reference: a plain scalar loop in long double over the logical
+// elements, independent of the library's kernels.
+tensor_stats reference(const at::Tensor& x) {
+  const at::Tensor d = x.to(at::kDouble).contiguous().reshape({-1});
+  const double* v = d.data_ptr<double>();
+  tensor_stats s;
+  s.numel = d.numel();
+  long double sum = 0, sumsq = 0;
+  for (int64_t i = 0; i < s.numel; ++i) {
+    const double e = v[i];
+    if (!std::isfinite(e)) {
+      (std::isnan(e) ? s.nan : e > 0 ? s.pos_inf : s.neg_inf)++;
+      if (s.first_nonfinite_index < 0) {
+        s.first_nonfinite_index = i;
+        s.first_nonfinite_value = e;
+      }
+      continue;
+    }
+    const double a = std::fabs(e);
+    s.finite++;
+    s.zeros += a == 0;
+    s.subnormal += a > 0 && a < smallest_normal(x.scalar_type());
+    s.fp16_underflow += a > 0 && a < 6.103515625e-05;
+    s.fp16_overflow += a > 65504;
+    s.bf16_overflow += a > 3.3895313892515355e38;
+    s.min = s.finite == 1 ? e : std::min(s.min, e);
+    s.max = s.finite == 1 ? e : std::max(s.max, e);
+    s.absmax = std::max(s.absmax, a);
+    sum += e;
+    sumsq += (long double)e * e;
+  }
+  if (s.finite > 0) {
+    const long double n = s.finite, mean = sum / n;
+    long double m2 = 0;
+    for (int64_t i = 0; i < s.numel; ++i)
+      if (std::isfinite(v[i])) m2 += (v[i] - mean) * (v[i] - mean);
+    s.mean = double(mean);
+    s.std = double(std::sqrt(m2 / n));
+    s.l2_norm = double(std::sqrt(sumsq));
+  }
+  return s;
+}
+
+void expect_close(double expected, double actual, double rel, const char* what) {
+  if (std::isnan(expected)) {
+    EXPECT_TRUE(std::isnan(actual)) << what << ": expected NaN, got " << actual;
+    return;
+  }
+  EXPECT_NEAR(expected, actual, rel * std::max(1.0, std::fabs(expected))) << what;
+}
+
+void expect_matches(const tensor_stats& want, const tensor_stats& got, double rel) {
+  EXPECT_EQ(want.numel, got.numel);
+  EXPECT_EQ(want.nan, got.nan);
+  EXPECT_EQ(want.pos_inf, got.pos_inf);
+  EXPECT_EQ(want.neg_inf, got.neg_inf);
+  EXPECT_EQ(want.finite, got.finite);
+  EXPECT_EQ(want.zeros, got.zeros);
+  EXPECT_EQ(want.subnormal, got.subnormal);
+  EXPECT_EQ(want.fp16_overflow, got.fp16_overflow);
+  EXPECT_EQ(want.fp16_underflow, got.fp16_underflow);
+  EXPECT_EQ(want.bf16_overflow, got.bf16_overflow);
+  EXPECT_EQ(want.first_nonfinite_index, got.first_nonfinite_index);
+  if (want.first_nonfinite_index >= 0) {
+    if (std::isnan(want.first_nonfinite_value))
+      EXPECT_TRUE(std::isnan(got.first_nonfinite_value));
+    else
+      EXPECT_EQ(want.first_nonfinite_value, got.first_nonfinite_value);
+  }
+  expect_close(want.min, got.min, 0, "min");
+  expect_close(want.max, got.max, 0, "max");
+  expect_close(want.absmax, got.absmax, 0, "absmax");
+  expect_close(want.mean, got.mean, rel, "mean");
+  expect_close(want.std, got.std, rel, "std");
+  expect_close(want.l2_norm, got.l2_norm, rel, "l2_norm");
+}
+
+// Random normal data with NaN, +-Inf, zeros, subnormals and huge values
+// planted at random positions (those the dtype can hold).
+at::Tensor planted(int64_t n, at::ScalarType dtype, uint64_t seed) {
+  at::manual_seed(seed);
+  at::Tensor x = at::randn({n}, at::kDouble) * 3;
+  std::mt19937_64 rng(seed);
+  std::vector<double> specials = {kNaN, kInf, -kInf, 0.0, -0.0, 1e-5, -3e-7};
+  if (dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16) {
+    specials.push_back(1e-39);  // float32/bfloat16 subnormal
+    specials.push_back(7e5);    // overflows float16
+    specials.push_back(-1e37);
+  }
+  if (dtype == at::kDouble) {
+    specials.push_back(1e-310);  // float64 subnormal
+    specials.push_back(3.4e38);  // overflows bfloat16
+  }
+  if (dtype == at::kHalf) specials.push_back(3e-6);  // float16 subnormal
+  double* d = x.data_ptr<double>();
+  const int64_t plants = n == 0 ? 0 : 1 + n / 97;
+  for (int64_t k = 0; k < plants; ++k) d[rng() % n] = specials[rng() % specials.size()];
+  return x.to(dtype);
+}
+
+double tolerance(at::ScalarType t) { return t == at::kDouble ? 1e-10 : 2e-5; }
+
+class census_dtypes : public ::testing::TestWithParam<at::ScalarType> {};
+
+// Runs `check` once per instruction set the CPU has (AVX-512, AVX2, baseline).
+template <typename F>
+void for_each_isa(const F& check) {
+  using nanguard::detail::kernel_isa;
+  for (kernel_isa isa : {kernel_isa::baseline, kernel_isa::avx2, kernel_isa::avx512}) {
+    nanguard::detail::force_isa(isa);
+    if (nanguard::detail::active_isa() != isa) continue;  // not on this CPU
+    SCOPED_TRACE(nanguard::detail::to_string(isa));
+    check();
+  }
+  nanguard::detail::force_isa(kernel_isa::best);
+}
+
+TEST_P(census_dtypes, matches_reference_on_planted_data) {
+  const at::ScalarType dtype = GetParam();
+  for (int64_t n : {1, 7, 64, 1023, 1024, 1025, 4097, 70000, 300001}) {
+    for (uint64_t seed : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << "n=" << n << " seed=" << seed);
+      const at::Tensor x = planted(n, dtype, seed);
+      const tensor_stats want = reference(x);
+      for_each_isa([&] {
+        expect_matches(want, nanguard::census(x), tolerance(dtype));
+        EXPECT_EQ(want.nonfinite() > 0, nanguard::has_nonfinite(x));
+      });
+      expect_matches(want, nanguard::detail::census_aten(x), tolerance(dtype));
+    }
+  }
+}
+
+TEST_P(census_dtypes, matches_reference_on_clean_data) {
+  const at::ScalarType dtype = GetParam();
+  at::manual_seed(7);
+  const at::Tensor x = (at::randn({200003}, at::kDouble) * 1e-2 + 5).to(dtype);
+  const tensor_stats s = nanguard::census(x);
+  expect_matches(reference(x), s, tolerance(dtype));
+  EXPECT_TRUE(s.all_finite());
+  EXPECT_FALSE(nanguard::has_nonfinite(x));
+}
+
+TEST_P(census_dtypes, measures_views_in_logical_order) {
+  const at::ScalarType dtype = GetParam();
+  const at::Tensor base = planted(300 * 257, dtype, 3).reshape({300, 257});
+  const std::vector<at::Tensor> views = {
+      base.t(),                                        // transposed
+      base.slice(1, 3, 250, 2),                        // strided slice
+      base.select(1, 5),                               // column
+      base.slice(0, 0, 1).expand({400, 257}),          // zero stride, repeated rows
+      base.select(0, 9).unsqueeze(1).expand({257, 64}) // zero stride, repeated columns
+  };
+  for (size_t i = 0; i < views.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "view " << i);
+    expect_matches(reference(views[i]), nanguard::census(views[i]), tolerance(dtype));
+    EXPECT_EQ(reference(views[i]).nonfinite() > 0, nanguard::has_nonfinite(views[i]));
+  }
+}
+
+TEST_P(census_dtypes, has_nonfinite_finds_a_single_value_anywhere) {
+  const at::ScalarType dtype = GetParam();
+  for (int64_t n : {1, 33, 4096, 200000}) {
+    for (double bad : {kNaN, kInf, -kInf}) {
+      for (int64_t at_index : {int64_t(0), n / 2, n - 1}) {
+        at::Tensor x = at::randn({n}).to(dtype);
+        for_each_isa([&] { EXPECT_FALSE(nanguard::has_nonfinite(x)); });
+        x[at_index] = bad;
+        for_each_isa([&] {
+          EXPECT_TRUE(nanguard::has_nonfinite(x)) << "n=" << n << " at " << at_index << " " << bad;
+          const tensor_stats s = nanguard::census(x);
+          EXPECT_EQ(at_index, s.first_nonfinite_index);
+          EXPECT_EQ(1, s.nonfinite());
+        });
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(all, census_dtypes,
+                         ::testing::Values(at::kFloat, at::kDouble, at::kHalf, at::kBFloat16),
+                         [](const auto& info) { return std::string(c10::toString(info.param)); });
+
+TEST(census, empty_tensor_has_no_statistics) {
+  for (auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16}) {
+    const at::Tensor x = at::empty({0, 3}, dtype);
+    const tensor_stats s = nanguard::census(x);
+    EXPECT_EQ(0, s.numel);
+    EXPECT_EQ(0, s.finite);
+    EXPECT_TRUE(s.all_finite());
+    EXPECT_TRUE(std::isnan(s.mean));
+    EXPECT_EQ(-1, s.first_nonfinite_index);
+    EXPECT_FALSE(nanguard::has_nonfinite(x));
+    expect_matches(s, nanguard::detail::census_aten(x), 0);
+  }
+}
+
+TEST(census, all_nonfinite_tensor_has_no_finite_statistics) {
+  const at::Tensor x = at::full({5000}, kNaN);
+  const tensor_stats s = nanguard::census(x);
+  EXPECT_EQ(5000, s.nan);
+  EXPECT_EQ(0, s.finite);
+  EXPECT_TRUE(std::isnan(s.min));
+  EXPECT_EQ(0, s.l2_norm);
+  EXPECT_EQ(0, s.first_nonfinite_index);
+}
+
+TEST(census, mean_and_std_of_1e8_elements_stay_accurate) {
+  // 1e8 floats cycling through 1000 values near 1000: naive float sums lose
+  // about 3 digits here. The exact answer comes from the 1000 distinct values.
+  constexpr int64_t kPeriod = 1000, kN = 100'000'000;
+  const at::Tensor period = 1000.0f + (at::arange(kPeriod, at::kFloat) - 499.5f) / 1000.0f;
+  const at::Tensor x = period.repeat({kN / kPeriod});
+  const tensor_stats want = reference(period);
+  const tensor_stats got = nanguard::census(x);
+  EXPECT_EQ(kN, got.finite);
+  EXPECT_NEAR(want.mean, got.mean, 1e-9 * want.mean);
+  EXPECT_NEAR(want.std, got.std, 1e-6 * want.std);
+  EXPECT_NEAR(want.l2_norm * std::sqrt(double(kN / kPeriod)), got.l2_norm, 1e-9 * got.l2_norm);
+}
+
+TEST(census, huge_finite_values_do_not_overflow_the_sums) {
+  at::Tensor x = at::full({4096}, 3e38f);
+  x[1] = -3.3e38f;
+  expect_matches(reference(x), nanguard::census(x), 1e-6);
+}
+
+TEST(census, rejects_integer_tensors_with_a_clear_message) {
+  try {
+    nanguard::census(at::arange(10));
+    FAIL() << "census of an integer tensor must throw";
+  } catch (const c10::Error& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_NE(std::string::npos, msg.find("nanguard::census: expected a float32, float64, "
+                                          "float16 or bfloat16 tensor but got Long"))
+        << msg;
+    EXPECT_NE(std::string::npos, msg.find("x.to(at::kFloat)")) << msg;
+  }
+  EXPECT_THROW(nanguard::census(at::ones({2}, at::kBool)), c10::Error);
+  EXPECT_THROW(nanguard::census(at::ones({2}, at::kComplexFloat)), c10::Error);
+}
+
+TEST(census, rejects_undefined_tensors) {
+  try {
+    nanguard::census(at::Tensor());
+    FAIL() << "census of an undefined tensor must throw";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what_without_backtrace()).find("undefined"));
+  }
+  EXPECT_THROW(nanguard::has_nonfinite(at::Tensor()), c10::Error);
+}
+
+TEST(has_nonfinite, integer_and_bool_tensors_are_finite) {
+  EXPECT_FALSE(nanguard::has_nonfinite(at::arange(100)));
+  EXPECT_FALSE(nanguard::has_nonfinite(at::ones({3}, at::kBool)));
+  EXPECT_FALSE(nanguard::has_nonfinite(at::ones({3}, at::kByte)));
+}
+
+TEST(census, renders_one_readable_line) {
+  at::Tensor x = at::ones({4});
+  x[2] = -kInf;
+  const std::string line = nanguard::to_string(nanguard::census(x));
+  EXPECT_NE(std::string::npos, line.find("n=4 nan=0 +inf=0 -inf=1")) << line;
+  EXPECT_NE(std::string::npos, line.find("first_nonfinite[2]=-inf")) << line;
+}
+
+}  // namespace

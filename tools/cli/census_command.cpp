@@ -1,0 +1,59 @@
+// `nanguard census FILE...`: the census of tensors saved with torch.save.
+#include "commands.h"
+
+#include <nanguard/census.h>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+
+#include <fstream>
+#include <iterator>
+
+namespace nanguard::cli {
+namespace {
+
+at::Tensor load_tensor(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw usage_error(fmt::format("cannot open '{}': no such file or not readable", path));
+  const std::vector<char> bytes{std::istreambuf_iterator<char>(in), {}};
+  c10::IValue value;
+  try {
+    value = torch::jit::pickle_load(bytes);
+  } catch (const c10::Error&) {
+    throw usage_error(fmt::format(
+        "'{}' is not a tensor saved with torch.save(tensor, path) (or torch::pickle_save)", path));
+  }
+  if (!value.isTensor())
+    throw usage_error(fmt::format("'{}' holds a {}, not a tensor; save one tensor per file", path,
+                                  value.tagKind()));
+  return value.toTensor();
+}
+
+}  // namespace
+
+command add_census_command(CLI::App& app) {
+  auto* sub = app.add_subcommand("census", "One-pass statistics of tensors saved with torch.save");
+  auto files = std::make_shared<std::vector<std::string>>();
+  sub->add_option("files", *files, "tensor files (torch.save / torch::pickle_save)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  return {sub, [files] {
+            bool any_bad = false;
+            for (const auto& path : *files) {
+              const at::Tensor t = load_tensor(path);
+              if (!t.is_floating_point()) {
+                fmt::print("{}: {} {} tensor: integer data is always finite\n", path, c10::str(t.sizes()),
+                           c10::toString(t.scalar_type()));
+                continue;
+              }
+              const tensor_stats s = census(t);
+              any_bad |= !s.all_finite();
+              fmt::print("{}: {} {}\n  {}\n", path, c10::str(t.sizes()), c10::toString(t.scalar_type()),
+                         to_string(s));
+            }
+            return any_bad ? exit_nonfinite : exit_ok;
+          }};
+}
+
+}  // namespace nanguard::cli

@@ -1,0 +1,41 @@
+// The `nanguard` command: parses the subcommand, runs it, and turns every
+// error into one clear line and an exit code (see commands.h).
+#include "commands.h"
+
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <vector>
+
+int main(int argc, char** argv) {
+  using namespace nanguard::cli;
+  CLI::App app{"nanguard: find where NaN/Inf is born in LibTorch training, and keep it finite"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "nanguard 0.1.0");
+  const std::vector<command> commands = {
+      add_demo_command(app),
+      add_census_command(app),
+  };
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? exit_ok : exit_usage;
+  }
+  try {
+    for (const command& c : commands)
+      if (c.app->parsed()) return c.run();
+    return exit_usage;
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "nanguard: error: %s\n", e.what());
+    return exit_usage;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "nanguard: error: %s\n", e.what_without_backtrace());
+    return exit_failure;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "nanguard: error: %s\n", e.what());
+    return exit_failure;
+  }
+}
