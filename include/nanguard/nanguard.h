@@ -11,3 +11,6 @@
 #pragma once
 
 #include <nanguard/census.h>
+#include <nanguard/finding.h>
+#include <nanguard/scope.h>
+#include <nanguard/tracer.h>

@@ -1,0 +1,77 @@
+// finding.h — what the tracer reports about a non-finite value: which op
+// made it, where, when, and what its inputs and outputs looked like.
+#pragma once
+
+#include <nanguard/census.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace nanguard {
+
+/// Whether an op ran in the forward pass or inside an autograd node.
+enum class direction { forward, backward };
+
+/// How an op relates to the non-finite value it output.
+enum class role {
+  producer,    ///< all inputs finite, output not: this op made the NaN/Inf
+  propagator,  ///< a non-finite input flowed through this op
+  input,       ///< a non-finite value entered from data or a parameter
+};
+
+/// "forward" / "backward".
+const char* to_string(direction d);
+/// "producer" / "propagator" / "input".
+const char* to_string(role r);
+
+/// One tensor an op read or wrote, with its census.
+struct tensor_record {
+  std::string name;    ///< "input 0", "output 0", or a parameter's name
+  std::string dtype;   ///< "Float", "Half", ...
+  std::vector<int64_t> shape;
+  tensor_stats stats;  ///< census of the tensor when the op ended
+};
+
+/// The report about one op that output a NaN or Inf.
+struct finding {
+  int64_t step = -1;                     ///< training step (tracer::set_step)
+  std::string op;                        ///< the ATen op, e.g. "aten::div"
+  nanguard::direction direction = direction::forward;
+  std::string node;                      ///< backward: autograd node, e.g. "SqrtBackward0"
+  std::string forward_op;                ///< backward: the forward op that made the node
+  nanguard::role role = role::producer;
+  std::string module;                    ///< dotted module path, "" if unknown
+  std::string culprit;                   ///< role input: the non-finite tensor (parameter name or "input k")
+  std::vector<tensor_record> inputs;     ///< the op's floating-point inputs
+  std::vector<tensor_record> outputs;    ///< the op's floating-point outputs
+  int output = 0;                        ///< which output holds the bad value
+  int64_t index = -1;                    ///< flat index of its first non-finite element
+  double value = 0;                      ///< that element: NaN, +Inf or -Inf
+  uint64_t thread = 0;                   ///< the thread the op ran on
+  int64_t sequence_nr = -1;              ///< autograd sequence number linking forward and backward
+  std::string backtrace;                 ///< C++ call site, when captured
+};
+
+/// One line: `step 3 forward aten::div in norm: producer, output 0 [12] = nan`.
+std::string to_string(const finding& f);
+/// Several lines, with the census of every input and output.
+std::string to_text(const finding& f);
+/// A JSON object with every field (census included).
+std::string to_json(const finding& f);
+/// Reads a finding back from `to_json`'s output.
+finding finding_from_json(const std::string& json);
+
+/// Thrown when a non-finite value must stop the caller; carries the finding.
+class nonfinite_error : public std::runtime_error {
+ public:
+  explicit nonfinite_error(nanguard::finding f);
+  /// The finding that caused the error.
+  const nanguard::finding& finding() const { return finding_; }
+
+ private:
+  nanguard::finding finding_;
+};
+
+}  // namespace nanguard

@@ -1,0 +1,120 @@
+// tracer.h — names the first op, forward or backward, that turned finite
+// inputs into a NaN or Inf.
+//
+// A RecordFunction observer checks the floating-point outputs of every ATen
+// op (and so of every op inside autograd's backward nodes) with
+// `has_nonfinite`, and takes a census only of what it flags. While no tracer
+// lives, nothing is observed and nothing is paid.
+//
+//   nanguard::tracer t(nanguard::tracer_options().throw_on_finding(true));
+//   t.name_parameters(*model);          // findings name parameters and modules
+//   t.set_step(step);
+//   auto loss = model->forward(x).mean();
+//   loss.backward();
+//   t.throw_if_found();                 // nanguard::nonfinite_error with the finding
+//
+// NOTE: ATen swallows exceptions thrown inside RecordFunction callbacks, so
+// the tracer cannot throw from inside the op. It records the finding, stops
+// checking once max_findings are made, and throws at `throw_if_found()`,
+// which the caller runs after the step (the guard does).
+#pragma once
+
+#include <nanguard/finding.h>
+
+#include <torch/arg.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
+
+namespace nanguard {
+
+/// Non-finite values an op may produce on purpose (e.g. a -inf attention mask).
+struct allow_rule {
+  /// Glob on the op name ("aten::masked_fill*"); empty matches every op.
+  TORCH_ARG(std::string, op);
+  /// Glob on the module path ("*.self_attn"); empty matches every module.
+  TORCH_ARG(std::string, module);
+  TORCH_ARG(bool, nan) = false;      ///< NaN is allowed
+  TORCH_ARG(bool, pos_inf) = false;  ///< +Inf is allowed
+  TORCH_ARG(bool, neg_inf) = true;   ///< -Inf is allowed
+};
+
+/// Options of a `tracer`.
+struct tracer_options {
+  /// Stop checking after this many findings (1: stop at the first).
+  TORCH_ARG(int64_t, max_findings) = 1;
+  /// throw_if_found() throws nonfinite_error when there is a finding.
+  TORCH_ARG(bool, throw_on_finding) = false;
+  /// Observe every thread (true) or only the one that made the tracer.
+  TORCH_ARG(bool, all_threads) = false;
+  /// Record the C++ backtrace of each finding (slow; findings only).
+  TORCH_ARG(bool, capture_backtrace) = false;
+  /// Intentional non-finite values. The default allows -inf from masked_fill.
+  TORCH_ARG(std::vector<allow_rule>, allow) = {allow_rule().op("aten::masked_fill*")};
+};
+
+/// Observes every op while it lives and reports non-finite outputs.
+///
+/// One tracer may live per thread (or one with all_threads per process);
+/// making a second throws. Not copyable; movable only by pointer.
+class tracer {
+ public:
+  explicit tracer(tracer_options options = {});
+  ~tracer();
+  tracer(const tracer&) = delete;
+  tracer& operator=(const tracer&) = delete;
+
+  /// Names parameters (and through them modules) from `module.named_parameters()`.
+  void name_parameters(const torch::nn::Module& module, const std::string& prefix = "");
+  /// Names one tensor, e.g. the input batch ("batch").
+  void name_tensor(const at::Tensor& tensor, const std::string& name);
+  /// The step findings are tagged with; also forgets the previous step's ops.
+  void set_step(int64_t step);
+
+  /// Findings so far, first first.
+  const std::vector<finding>& findings() const;
+  /// True when at least one finding was made.
+  bool found() const;
+  /// Forgets the findings and starts checking again.
+  void clear();
+  /// Throws nonfinite_error with the first finding, if any and if
+  /// throw_on_finding is set.
+  void throw_if_found() const;
+
+  /// Stops observing until resumed (the tracer keeps its findings).
+  void pause();
+  /// Observes again after pause().
+  void resume();
+  /// True while observing.
+  bool active() const;
+
+  /// The options it was made with.
+  const tracer_options& options() const;
+
+  struct state;  ///< shared with the RecordFunction callbacks
+
+ private:
+  std::unique_ptr<state> state_;
+};
+
+/// Pauses a tracer for the life of the guard (e.g. around evaluation code).
+class tracer_pause {
+ public:
+  explicit tracer_pause(tracer& t) : tracer_(t), was_active_(t.active()) { tracer_.pause(); }
+  ~tracer_pause() {
+    if (was_active_) tracer_.resume();
+  }
+  tracer_pause(const tracer_pause&) = delete;
+  tracer_pause& operator=(const tracer_pause&) = delete;
+
+ private:
+  tracer& tracer_;
+  bool was_active_;
+};
+
+}  // namespace nanguard

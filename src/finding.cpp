@@ -1,0 +1,185 @@
+#include "nanguard/finding.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+
+namespace nanguard {
+namespace {
+
+using nlohmann::json;
+
+// JSON has no NaN or Inf: non-finite numbers travel as strings.
+json number(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+double number_from(const json& j) {
+  if (j.is_string()) {
+    const auto s = j.get<std::string>();
+    if (s == "nan") return std::nan("");
+    return s == "inf" ? INFINITY : -INFINITY;
+  }
+  return j.get<double>();
+}
+
+json stats_json(const tensor_stats& s) {
+  return {{"numel", s.numel},
+          {"nan", s.nan},
+          {"pos_inf", s.pos_inf},
+          {"neg_inf", s.neg_inf},
+          {"finite", s.finite},
+          {"zeros", s.zeros},
+          {"subnormal", s.subnormal},
+          {"min", number(s.min)},
+          {"max", number(s.max)},
+          {"mean", number(s.mean)},
+          {"std", number(s.std)},
+          {"l2_norm", number(s.l2_norm)},
+          {"absmax", number(s.absmax)},
+          {"fp16_overflow", s.fp16_overflow},
+          {"fp16_underflow", s.fp16_underflow},
+          {"bf16_overflow", s.bf16_overflow},
+          {"first_nonfinite_index", s.first_nonfinite_index},
+          {"first_nonfinite_value", number(s.first_nonfinite_value)}};
+}
+
+tensor_stats stats_from(const json& j) {
+  tensor_stats s;
+  s.numel = j.at("numel");
+  s.nan = j.at("nan");
+  s.pos_inf = j.at("pos_inf");
+  s.neg_inf = j.at("neg_inf");
+  s.finite = j.at("finite");
+  s.zeros = j.at("zeros");
+  s.subnormal = j.at("subnormal");
+  s.min = number_from(j.at("min"));
+  s.max = number_from(j.at("max"));
+  s.mean = number_from(j.at("mean"));
+  s.std = number_from(j.at("std"));
+  s.l2_norm = number_from(j.at("l2_norm"));
+  s.absmax = number_from(j.at("absmax"));
+  s.fp16_overflow = j.at("fp16_overflow");
+  s.fp16_underflow = j.at("fp16_underflow");
+  s.bf16_overflow = j.at("bf16_overflow");
+  s.first_nonfinite_index = j.at("first_nonfinite_index");
+  s.first_nonfinite_value = number_from(j.at("first_nonfinite_value"));
+  return s;
+}
+
+json records_json(const std::vector<tensor_record>& records) {
+  json out = json::array();
+  for (const auto& r : records)
+    out.push_back({{"name", r.name}, {"dtype", r.dtype}, {"shape", r.shape}, {"stats", stats_json(r.stats)}});
+  return out;
+}
+
+std::vector<tensor_record> records_from(const json& j) {
+  std::vector<tensor_record> out;
+  for (const auto& r : j)
+    out.push_back({r.at("name"), r.at("dtype"), r.at("shape").get<std::vector<int64_t>>(),
+                   stats_from(r.at("stats"))});
+  return out;
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+}  // namespace
+
+const char* to_string(direction d) { return d == direction::forward ? "forward" : "backward"; }
+
+const char* to_string(role r) {
+  switch (r) {
+    case role::producer: return "producer";
+    case role::propagator: return "propagator";
+    default: return "input";
+  }
+}
+
+std::string to_string(const finding& f) {
+  std::string where = f.module.empty() ? "" : " in " + f.module;
+  std::string node = f.node.empty() ? "" : fmt::format(" ({} of {})", f.node, f.forward_op.empty() ? "?" : f.forward_op);
+  std::string culprit = f.culprit.empty() ? "" : fmt::format(" from {}", f.culprit);
+  return fmt::format("step {} {} {}{}{}: {}{}, output {} [{}] = {}", f.step, to_string(f.direction), f.op,
+                     node, where, to_string(f.role), culprit, f.output, f.index, f.value);
+}
+
+std::string to_text(const finding& f) {
+  std::string out = fmt::format("non-finite value at step {}\n", f.step);
+  out += fmt::format("  op:        {} ({})\n", f.op, to_string(f.direction));
+  if (!f.node.empty())
+    out += fmt::format("  node:      {} (created by forward {})\n", f.node,
+                       f.forward_op.empty() ? "?" : f.forward_op);
+  out += fmt::format("  module:    {}\n", f.module.empty() ? "(unknown)" : f.module);
+  out += fmt::format("  role:      {}{}\n", to_string(f.role),
+                     f.culprit.empty() ? "" : " (non-finite " + f.culprit + ")");
+  out += fmt::format("  element:   output {} flat index {} = {}\n", f.output, f.index, f.value);
+  for (const auto* group : {&f.inputs, &f.outputs})
+    for (const auto& r : *group)
+      out += fmt::format("  {:<10} {} {}: {}\n", r.name + ":", r.dtype, shape_string(r.shape),
+                         to_string(r.stats));
+  if (!f.backtrace.empty()) out += "  backtrace:\n" + f.backtrace + "\n";
+  return out;
+}
+
+std::string to_json(const finding& f) {
+  const json j = {{"step", f.step},
+                  {"op", f.op},
+                  {"direction", to_string(f.direction)},
+                  {"node", f.node},
+                  {"forward_op", f.forward_op},
+                  {"role", to_string(f.role)},
+                  {"module", f.module},
+                  {"culprit", f.culprit},
+                  {"inputs", records_json(f.inputs)},
+                  {"outputs", records_json(f.outputs)},
+                  {"output", f.output},
+                  {"index", f.index},
+                  {"value", number(f.value)},
+                  {"thread", f.thread},
+                  {"sequence_nr", f.sequence_nr},
+                  {"backtrace", f.backtrace}};
+  return j.dump();
+}
+
+finding finding_from_json(const std::string& text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    TORCH_CHECK(false, "nanguard::finding_from_json: not valid JSON (", e.what(), ")");
+  }
+  try {
+    finding f;
+    f.step = j.at("step");
+    f.op = j.at("op");
+    f.direction = j.at("direction") == "backward" ? direction::backward : direction::forward;
+    f.node = j.at("node");
+    f.forward_op = j.at("forward_op");
+    const std::string r = j.at("role");
+    f.role = r == "producer" ? role::producer : r == "propagator" ? role::propagator : role::input;
+    f.module = j.at("module");
+    f.culprit = j.at("culprit");
+    f.inputs = records_from(j.at("inputs"));
+    f.outputs = records_from(j.at("outputs"));
+    f.output = j.at("output");
+    f.index = j.at("index");
+    f.value = number_from(j.at("value"));
+    f.thread = j.at("thread");
+    f.sequence_nr = j.at("sequence_nr");
+    f.backtrace = j.at("backtrace");
+    return f;
+  } catch (const json::exception& e) {
+    TORCH_CHECK(false, "nanguard::finding_from_json: the JSON is not a finding (", e.what(), ")");
+  }
+}
+
+nonfinite_error::nonfinite_error(nanguard::finding f)
+    : std::runtime_error("nanguard: non-finite value: " + to_string(f)), finding_(std::move(f)) {}
+
+}  // namespace nanguard

@@ -1,0 +1,55 @@
+#include "nanguard/scope.h"
+
+#include <torch/nn/modules/container/sequential.h>
+
+namespace nanguard {
+namespace {
+
+// Full dotted paths, innermost last.
+std::vector<std::string>& scope_stack() {
+  thread_local std::vector<std::string> stack;
+  return stack;
+}
+
+}  // namespace
+
+scope::scope(const std::string& name) {
+  auto& stack = scope_stack();
+  stack.push_back(stack.empty() || stack.back().empty() ? name : stack.back() + "." + name);
+}
+
+scope::~scope() { scope_stack().pop_back(); }
+
+const std::string& current_scope() {
+  static const std::string none;
+  const auto& stack = scope_stack();
+  return stack.empty() ? none : stack.back();
+}
+
+at::Tensor forward_scoped(torch::nn::SequentialImpl& sequential, const at::Tensor& input) {
+  const auto children = sequential.named_children();
+  TORCH_CHECK(children.size() == sequential.size(), "nanguard::forward_scoped: the Sequential has ",
+              sequential.size(), " entries but ", children.size(), " named children");
+  at::Tensor x = input;
+  size_t i = 0;
+  for (auto& child : sequential) {
+    scope s(children[i++].key());
+    x = child.forward(x);
+  }
+  return x;
+}
+
+std::string dotted_module_path(const std::vector<std::string>& hierarchy) {
+  std::string path;
+  for (size_t i = 0; i < hierarchy.size(); ++i) {
+    const std::string& entry = hierarchy[i];
+    const std::string name = entry.substr(0, entry.find('('));
+    if (i == 0 && name == "TOP") continue;  // the scripted model itself
+    if (name.empty()) continue;
+    if (!path.empty()) path += '.';
+    path += name;
+  }
+  return path;
+}
+
+}  // namespace nanguard

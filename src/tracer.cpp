@@ -1,0 +1,372 @@
+// The op tracer: RecordFunction callbacks that check every op's outputs.
+//
+// Start callbacks keep the op's floating-point inputs (they are only valid
+// there) and a thread-local stack of the autograd nodes being run; end
+// callbacks check each new output with has_nonfinite and, on a hit only,
+// take the census and write the finding.
+#include "nanguard/tracer.h"
+
+#include "nanguard/scope.h"
+
+#include <ATen/record_function.h>
+#include <c10/util/Backtrace.h>
+#include <torch/csrc/jit/runtime/interpreter.h>
+#include <torch/nn/module.h>
+
+#include <fnmatch.h>
+
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace nanguard {
+
+namespace {
+
+struct forward_record {
+  const char* op;
+  std::string module;
+};
+
+// An autograd node being run on this thread.
+struct node_frame {
+  std::string name;
+  int64_t sequence_nr;
+};
+
+// What a start callback hands its end callback.
+struct op_context : at::ObserverContext {
+  std::vector<at::Tensor> inputs;
+  std::vector<std::string> input_names;  // "input 0", ...
+  bool self_was_nonfinite = false;       // in-place ops: self before the op
+  std::string module;
+};
+
+}  // namespace
+
+struct tracer::state {
+  tracer_options options;
+  at::CallbackHandle handle = 0;
+  bool active = false;
+  std::mutex mutex;  // the fields below; taken per op, uncontended unless all_threads
+  int64_t step = 0;
+  std::vector<finding> findings;
+  std::atomic<bool> done{false};
+  std::unordered_map<const c10::TensorImpl*, std::string> parameters;
+  std::unordered_map<const c10::TensorImpl*, std::string> named;
+  std::unordered_map<int64_t, forward_record> forward_ops;  // by sequence number
+  std::unordered_set<const void*> allowed;   // outputs holding intentional non-finite values
+  std::unordered_set<const void*> reported;  // outputs already in a finding
+};
+
+namespace {
+
+thread_local tracer::state* thread_tracer = nullptr;
+std::atomic<tracer::state*> global_tracer{nullptr};
+
+std::vector<node_frame>& node_stack() {
+  thread_local std::vector<node_frame> stack;
+  return stack;
+}
+
+tracer::state* current_state() {
+  tracer::state* s = thread_tracer;
+  return s ? s : global_tracer.load(std::memory_order_acquire);
+}
+
+bool traced(const at::Tensor& t) {
+  return t.defined() && t.is_floating_point() && t.numel() > 0;
+}
+
+void collect(const c10::IValue& v, std::vector<at::Tensor>& out) {
+  if (v.isTensor()) {
+    if (traced(v.toTensor())) out.push_back(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorVector())
+      if (traced(t)) out.push_back(t);
+  }
+}
+
+bool is_inplace(const char* op) {
+  const size_t n = std::strlen(op);
+  return n > 1 && op[n - 1] == '_' && op[n - 2] != '_';
+}
+
+// Ops whose outputs are uninitialised memory: garbage, not a finding.
+bool allocates_only(const char* op) {
+  static const char* const prefixes[] = {"aten::empty", "aten::new_empty", "aten::resize", "aten::set_"};
+  for (const char* p : prefixes)
+    if (std::strncmp(op, p, std::strlen(p)) == 0) return true;
+  return false;
+}
+
+std::string parent_of(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos ? "" : name.substr(0, dot);
+}
+
+std::string strip_node_prefix(const char* name) {
+  std::string s = name;
+  const std::string prefix = "autograd::engine::evaluate_function: ";
+  return s.rfind(prefix, 0) == 0 ? s.substr(prefix.size()) : s;
+}
+
+// The module of an op: TorchScript's hierarchy, then the parameters it
+// reads (when inside the open scope), then the open scope.
+std::string module_of(tracer::state& st, const std::vector<at::Tensor>& inputs) {
+  const std::string scripted = dotted_module_path(torch::jit::currentModuleHierarchy());
+  if (!scripted.empty()) return scripted;
+  const std::string& open = current_scope();
+  for (const auto& t : inputs) {
+    const auto it = st.parameters.find(t.unsafeGetTensorImpl());
+    if (it == st.parameters.end()) continue;
+    const std::string owner = parent_of(it->second);
+    if (open.empty() || owner == open || owner.rfind(open + ".", 0) == 0) return owner;
+  }
+  return open;
+}
+
+bool glob(const std::string& pattern, const std::string& text) {
+  return pattern.empty() || fnmatch(pattern.c_str(), text.c_str(), 0) == 0;
+}
+
+// True when every non-finite kind in `s` is allowed for this op and module.
+bool allowed_by_rules(const tracer_options& o, const std::string& op, const std::string& module,
+                      const tensor_stats& s) {
+  for (const auto& r : o.allow()) {
+    if (!glob(r.op(), op) || !glob(r.module(), module)) continue;
+    if ((s.nan == 0 || r.nan()) && (s.pos_inf == 0 || r.pos_inf()) && (s.neg_inf == 0 || r.neg_inf()))
+      return true;
+  }
+  return false;
+}
+
+tensor_record record_of(const at::Tensor& t, std::string name) {
+  return {std::move(name), c10::toString(t.scalar_type()), t.sizes().vec(), census(t)};
+}
+
+std::string name_of(tracer::state& st, const at::Tensor& t, const std::string& fallback) {
+  const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (auto it = st.parameters.find(impl); it != st.parameters.end()) return it->second;
+  if (auto it = st.named.find(impl); it != st.named.end()) return it->second;
+  return fallback;
+}
+
+void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_context& ctx,
+                         const at::Tensor& out, int output_index) {
+  std::lock_guard<std::mutex> lock(st.mutex);
+  if (st.done.load()) return;
+  const void* out_data = out.data_ptr();
+  if (st.reported.count(out_data) || st.allowed.count(out_data)) return;  // a nested op's result
+
+  const std::string op = fn.name();
+  const tensor_stats out_stats = census(out);
+  const auto& stack = node_stack();
+  const bool backward = !stack.empty();
+  std::string module = ctx.module;
+  if (backward) {
+    if (auto it = st.forward_ops.find(stack.back().sequence_nr); it != st.forward_ops.end())
+      module = it->second.module;
+  }
+  if (allowed_by_rules(st.options, op, module, out_stats)) {
+    st.allowed.insert(out_data);
+    return;
+  }
+
+  // Which inputs were non-finite, and were those intentional?
+  bool any_bad_input = false, bad_inputs_allowed = true, allowed_nan = false;
+  int first_bad_input = -1;
+  std::vector<tensor_record> inputs;
+  for (size_t i = 0; i < ctx.inputs.size(); ++i) {
+    const at::Tensor& in = ctx.inputs[i];
+    tensor_record r = record_of(in, name_of(st, in, ctx.input_names[i]));
+    const bool self_inplace = i == 0 && in.is_alias_of(out);
+    const bool bad = self_inplace ? ctx.self_was_nonfinite : !r.stats.all_finite();
+    if (bad) {
+      any_bad_input = true;
+      if (first_bad_input < 0) first_bad_input = int(i);
+      if (st.allowed.count(in.data_ptr())) allowed_nan |= r.stats.nan > 0;
+      else bad_inputs_allowed = false;
+    }
+    inputs.push_back(std::move(r));
+  }
+  if (any_bad_input && bad_inputs_allowed && (out_stats.nan == 0 || allowed_nan)) {
+    st.allowed.insert(out_data);  // intentional infinities flowing on (mask + scores)
+    return;
+  }
+
+  finding f;
+  f.step = st.step;
+  f.op = op;
+  f.direction = backward ? direction::backward : direction::forward;
+  if (backward) {
+    f.node = strip_node_prefix(stack.back().name.c_str());
+    if (auto it = st.forward_ops.find(stack.back().sequence_nr); it != st.forward_ops.end())
+      f.forward_op = it->second.op;
+    f.sequence_nr = stack.back().sequence_nr;
+  } else {
+    f.sequence_nr = fn.seqNr();
+  }
+  f.module = module;
+  if (!any_bad_input || bad_inputs_allowed) {
+    f.role = role::producer;
+  } else {
+    const at::Tensor& culprit = ctx.inputs[first_bad_input];
+    const bool came_from_an_op = st.reported.count(culprit.data_ptr()) > 0;
+    f.role = came_from_an_op ? role::propagator : role::input;
+    f.culprit = inputs[first_bad_input].name;
+  }
+  f.inputs = std::move(inputs);
+  for (size_t i = 0; i < fn.outputs().size(); ++i) {
+    std::vector<at::Tensor> outs;
+    collect(fn.outputs()[i], outs);
+    for (const auto& o : outs) f.outputs.push_back(record_of(o, "output " + std::to_string(i)));
+  }
+  f.output = output_index;
+  f.index = out_stats.first_nonfinite_index;
+  f.value = out_stats.first_nonfinite_value;
+  f.thread = fn.threadId();
+  if (st.options.capture_backtrace()) f.backtrace = c10::get_backtrace(/*frames_to_skip=*/3);
+  st.reported.insert(out_data);
+  st.findings.push_back(std::move(f));
+  if (int64_t(st.findings.size()) >= st.options.max_findings()) st.done.store(true);
+}
+
+std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
+  tracer::state* st = current_state();
+  if (!st || st->done.load(std::memory_order_relaxed)) return nullptr;
+  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
+    node_stack().push_back({fn.name(), fn.seqNr()});
+    return nullptr;
+  }
+  at::RecordFunctionGuard no_recursion(false);
+  auto ctx = std::make_unique<op_context>();
+  const auto inputs = fn.inputs();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const size_t before = ctx->inputs.size();
+    collect(inputs[i], ctx->inputs);
+    for (size_t k = before; k < ctx->inputs.size(); ++k) ctx->input_names.push_back("input " + std::to_string(i));
+  }
+  const bool backward = !node_stack().empty();
+  if (!ctx->inputs.empty() && is_inplace(fn.name()))
+    ctx->self_was_nonfinite = has_nonfinite(ctx->inputs[0]);
+  if (!backward) {
+    std::lock_guard<std::mutex> lock(st->mutex);
+    ctx->module = module_of(*st, ctx->inputs);
+    if (fn.seqNr() >= 0) st->forward_ops[fn.seqNr()] = {fn.name(), ctx->module};
+  }
+  return ctx;
+}
+
+void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
+  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
+    auto& stack = node_stack();
+    if (!stack.empty()) stack.pop_back();
+    return;
+  }
+  tracer::state* st = current_state();
+  auto* ctx = static_cast<op_context*>(raw);
+  if (!st || !ctx || st->done.load(std::memory_order_relaxed)) return;
+  if (allocates_only(fn.name())) return;
+  at::RecordFunctionGuard no_recursion(false);
+  const bool inplace = is_inplace(fn.name());
+  const auto& outputs = fn.outputs();
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!outputs[i].isTensor()) continue;
+    const at::Tensor& out = outputs[i].toTensor();
+    if (!traced(out)) continue;
+    // A view or alias of an input holds no new values, unless the op wrote it.
+    bool alias = false;
+    for (const auto& in : ctx->inputs) alias |= out.is_alias_of(in);
+    if (alias && !inplace) continue;
+    if (has_nonfinite(out)) on_nonfinite_output(*st, fn, *ctx, out, int(i));
+  }
+}
+
+}  // namespace
+
+tracer::tracer(tracer_options options) : state_(std::make_unique<state>()) {
+  TORCH_CHECK(options.max_findings() >= 1, "nanguard::tracer: max_findings must be at least 1, got ",
+              options.max_findings());
+  state_->options = std::move(options);
+  if (state_->options.all_threads()) {
+    tracer::state* expected = nullptr;
+    TORCH_CHECK(global_tracer.compare_exchange_strong(expected, state_.get()),
+                "nanguard::tracer: another all-threads tracer is already active; destroy it first");
+  } else {
+    TORCH_CHECK(thread_tracer == nullptr,
+                "nanguard::tracer: a tracer is already active on this thread; destroy it first "
+                "(one tracer per thread)");
+    thread_tracer = state_.get();
+  }
+  resume();
+}
+
+tracer::~tracer() {
+  pause();
+  if (state_->options.all_threads()) global_tracer.store(nullptr);
+  else if (thread_tracer == state_.get()) thread_tracer = nullptr;
+}
+
+void tracer::name_parameters(const torch::nn::Module& module, const std::string& prefix) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  for (const auto& p : module.named_parameters(/*recurse=*/true))
+    state_->parameters[p.value().unsafeGetTensorImpl()] = prefix.empty() ? p.key() : prefix + "." + p.key();
+}
+
+void tracer::name_tensor(const at::Tensor& tensor, const std::string& name) {
+  TORCH_CHECK(tensor.defined(), "nanguard::tracer::name_tensor: the tensor named '", name,
+              "' is undefined");
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->named[tensor.unsafeGetTensorImpl()] = name;
+}
+
+void tracer::set_step(int64_t step) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->step = step;
+  state_->forward_ops.clear();
+  state_->allowed.clear();
+}
+
+const std::vector<finding>& tracer::findings() const { return state_->findings; }
+
+bool tracer::found() const { return !state_->findings.empty(); }
+
+void tracer::clear() {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  state_->findings.clear();
+  state_->reported.clear();
+  state_->allowed.clear();
+  state_->done.store(false);
+}
+
+void tracer::throw_if_found() const {
+  if (state_->options.throw_on_finding() && found()) throw nonfinite_error(state_->findings.front());
+}
+
+void tracer::pause() {
+  if (!state_->active) return;
+  at::removeCallback(state_->handle);
+  state_->active = false;
+}
+
+void tracer::resume() {
+  if (state_->active) return;
+  auto callback = at::RecordFunctionCallback(on_op_start, on_op_end)
+                      .needsInputs(true)
+                      .needsOutputs(true)
+                      .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION});
+  state_->handle = state_->options.all_threads() ? at::addGlobalCallback(std::move(callback))
+                                                 : at::addThreadLocalCallback(std::move(callback));
+  state_->active = true;
+}
+
+bool tracer::active() const { return state_->active; }
+
+const tracer_options& tracer::options() const { return state_->options; }
+
+}  // namespace nanguard

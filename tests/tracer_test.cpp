@@ -1,0 +1,329 @@
+#include "nanguard/scope.h"
+#include "nanguard/tracer.h"
+
+#include <gtest/gtest.h>
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <filesystem>
+
+namespace {
+
+using nanguard::direction;
+using nanguard::role;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Standardisation without epsilon, scoped as "norm".
+struct norm_impl : torch::nn::Module {
+  at::Tensor forward(const at::Tensor& x) {
+    NANGUARD_SCOPE("norm");
+    return (x - x.mean(0, true)) / x.std(0, true, true);
+  }
+};
+TORCH_MODULE_IMPL(norm, norm_impl);
+
+struct norm_net_impl : torch::nn::Module {
+  torch::nn::Linear lin{nullptr};
+  norm nrm{nullptr};
+  norm_net_impl() {
+    lin = register_module("lin", torch::nn::Linear(4, 4));
+    nrm = register_module("norm", norm());
+  }
+  at::Tensor forward(const at::Tensor& x) { return nrm(lin(x)); }
+};
+TORCH_MODULE_IMPL(norm_net, norm_net_impl);
+
+const nanguard::finding& only_finding(const nanguard::tracer& t) {
+  EXPECT_EQ(1u, t.findings().size());
+  if (t.findings().empty()) throw std::runtime_error("no finding");
+  return t.findings().front();
+}
+
+TEST(tracer, names_the_division_of_a_zero_std_normalisation) {
+  torch::manual_seed(0);
+  norm_net net;
+  nanguard::tracer t;
+  t.name_parameters(*net);
+  t.set_step(7);
+  // A constant input column makes every output of lin constant over the batch.
+  const at::Tensor x = at::ones({8, 4});
+  net->forward(x);
+  const auto& f = only_finding(t);
+  EXPECT_EQ("aten::div", f.op);
+  EXPECT_EQ(direction::forward, f.direction);
+  EXPECT_EQ(role::producer, f.role);
+  EXPECT_EQ("norm", f.module);
+  EXPECT_EQ(7, f.step);
+  EXPECT_EQ(0, f.index);
+  EXPECT_TRUE(std::isnan(f.value));
+  ASSERT_EQ(2u, f.inputs.size());
+  EXPECT_EQ(0, f.inputs[1].stats.max) << "the divisor is the zero std";
+  EXPECT_TRUE(f.inputs[0].stats.all_finite());
+}
+
+TEST(tracer, names_log_of_an_underflowed_softmax) {
+  at::Tensor logits = at::zeros({4, 10});
+  logits.select(1, 3).fill_(200.0);
+  nanguard::tracer t;
+  at::log(at::softmax(logits, 1));
+  const auto& f = only_finding(t);
+  EXPECT_EQ("aten::log", f.op);
+  EXPECT_EQ(role::producer, f.role);
+  EXPECT_EQ(-kInf, f.value);
+  EXPECT_EQ(0, f.index);
+}
+
+TEST(tracer, names_exp_overflow) {
+  nanguard::tracer t;
+  at::exp(at::full({3, 3}, 100.0f));
+  const auto& f = only_finding(t);
+  EXPECT_EQ("aten::exp", f.op);
+  EXPECT_EQ(kInf, f.value);
+  EXPECT_EQ(role::producer, f.role);
+}
+
+TEST(tracer, names_the_backward_node_of_sqrt_at_zero) {
+  const at::Tensor x = torch::zeros({5}, torch::requires_grad());
+  nanguard::tracer t;
+  const at::Tensor y = torch::sqrt(x).sum();
+  EXPECT_FALSE(t.found()) << "sqrt(0) is finite in the forward pass";
+  y.backward();
+  ASSERT_TRUE(t.found());
+  const auto& f = t.findings().front();
+  EXPECT_EQ(direction::backward, f.direction);
+  EXPECT_EQ("SqrtBackward0", f.node);
+  EXPECT_EQ("aten::sqrt", f.forward_op);
+  EXPECT_EQ(role::producer, f.role);
+  EXPECT_EQ(kInf, f.value);
+}
+
+TEST(tracer, names_a_nan_in_the_input_batch_as_input) {
+  torch::manual_seed(0);
+  torch::nn::Linear lin(4, 3);
+  at::Tensor batch = at::randn({6, 4});
+  batch[2][1] = NAN;
+  nanguard::tracer t;
+  t.name_parameters(*lin, "encoder");
+  t.name_tensor(batch, "batch");
+  lin->forward(batch);
+  const auto& f = only_finding(t);
+  EXPECT_EQ(role::input, f.role);
+  EXPECT_EQ("batch", f.culprit);
+  EXPECT_EQ("encoder", f.module);
+  EXPECT_EQ(direction::forward, f.direction);
+}
+
+at::Tensor masked_attention(const at::Tensor& mask) {
+  at::manual_seed(1);
+  const at::Tensor scores = at::randn({2, 4, 4});
+  return at::softmax(scores.masked_fill(mask, -INFINITY), -1);
+}
+
+TEST(tracer, allows_a_minus_inf_attention_mask) {
+  at::Tensor mask = at::zeros({2, 4, 4}, at::kBool);
+  mask.select(2, 3).fill_(true);  // the last key is masked for every query
+  nanguard::tracer t;
+  const at::Tensor probs = masked_attention(mask);
+  EXPECT_FALSE(t.found()) << (t.found() ? nanguard::to_text(t.findings().front()) : "");
+  EXPECT_FALSE(nanguard::has_nonfinite(probs));
+}
+
+TEST(tracer, names_the_softmax_of_a_fully_masked_row) {
+  at::Tensor mask = at::zeros({2, 4, 4}, at::kBool);
+  mask[1][2].fill_(true);  // query 2 of batch 1 sees no key
+  nanguard::tracer t;
+  masked_attention(mask);
+  const auto& f = only_finding(t);
+  EXPECT_NE(std::string::npos, f.op.find("softmax")) << f.op;
+  EXPECT_EQ(role::producer, f.role);
+  EXPECT_TRUE(std::isnan(f.value));
+  EXPECT_EQ(1 * 16 + 2 * 4, f.index);
+}
+
+TEST(tracer, reports_an_unlisted_infinity_from_masked_fill) {
+  nanguard::tracer t(nanguard::tracer_options().allow({}));
+  at::zeros({3}).masked_fill(at::ones({3}, at::kBool), -INFINITY);
+  EXPECT_EQ("aten::masked_fill_", only_finding(t).op);
+}
+
+TEST(tracer, collects_producer_then_propagators) {
+  nanguard::tracer t(nanguard::tracer_options().max_findings(3));
+  const at::Tensor a = at::log(at::zeros({4}));  // -inf: producer
+  const at::Tensor b = a * 2;                   // propagator
+  const at::Tensor c = b + 1;                   // propagator
+  ASSERT_EQ(3u, t.findings().size());
+  EXPECT_EQ(role::producer, t.findings()[0].role);
+  EXPECT_EQ("aten::mul", t.findings()[1].op);
+  EXPECT_EQ(role::propagator, t.findings()[1].role);
+  EXPECT_EQ(role::propagator, t.findings()[2].role);
+}
+
+TEST(tracer, stops_at_the_first_finding_by_default) {
+  nanguard::tracer t;
+  at::log(at::zeros({4})) * 2;
+  EXPECT_EQ(1u, t.findings().size());
+  t.clear();
+  EXPECT_FALSE(t.found());
+  at::exp(at::full({2}, 1000.0));
+  EXPECT_EQ("aten::exp", only_finding(t).op);
+}
+
+TEST(tracer, skips_views_and_integer_outputs) {
+  const at::Tensor bad = at::full({4, 4}, NAN);
+  nanguard::tracer t;
+  bad.t();
+  bad.view({16});
+  bad.slice(0, 1, 3);
+  at::isnan(bad);  // bool output
+  EXPECT_FALSE(t.found());
+}
+
+TEST(tracer, checks_in_place_ops) {
+  at::Tensor x = at::ones({3});
+  nanguard::tracer t;
+  x.div_(0);
+  const auto& f = only_finding(t);
+  EXPECT_EQ("aten::div_", f.op);
+  EXPECT_EQ(role::producer, f.role);
+}
+
+TEST(tracer, costs_nothing_when_paused_or_gone) {
+  {
+    nanguard::tracer t;
+    nanguard::tracer_pause pause(t);
+    at::log(at::zeros({2}));
+    EXPECT_FALSE(t.found());
+  }
+  nanguard::tracer t;
+  EXPECT_TRUE(t.active());
+}
+
+TEST(tracer, throws_the_finding_when_asked) {
+  nanguard::tracer t(nanguard::tracer_options().throw_on_finding(true));
+  at::log(at::zeros({2}));
+  try {
+    t.throw_if_found();
+    FAIL() << "expected nonfinite_error";
+  } catch (const nanguard::nonfinite_error& e) {
+    EXPECT_EQ("aten::log", e.finding().op);
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("aten::log")) << e.what();
+  }
+}
+
+TEST(tracer, refuses_a_second_tracer_on_the_same_thread) {
+  nanguard::tracer t;
+  try {
+    nanguard::tracer second;
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what_without_backtrace()).find("already active"));
+  }
+}
+
+TEST(tracer, rejects_bad_options_with_a_clear_message) {
+  try {
+    nanguard::tracer t(nanguard::tracer_options().max_findings(0));
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string::npos,
+              std::string(e.what_without_backtrace()).find("max_findings must be at least 1, got 0"));
+  }
+}
+
+TEST(tracer, scopes_the_children_of_a_sequential) {
+  torch::nn::Sequential seq(torch::nn::Linear(3, 3), torch::nn::Functional([](const at::Tensor& x) {
+                              return at::log(x - x);  // log(0) = -inf
+                            }));
+  nanguard::tracer t;
+  nanguard::forward_scoped(*seq, at::randn({2, 3}));
+  EXPECT_EQ("1", only_finding(t).module);
+  EXPECT_EQ("aten::log", only_finding(t).op);
+}
+
+TEST(finding, renders_one_line_text_and_json_round_trip) {
+  nanguard::tracer t(nanguard::tracer_options().capture_backtrace(true));
+  t.set_step(3);
+  {
+    NANGUARD_SCOPE("encoder");
+    NANGUARD_SCOPE("norm");
+    at::div(at::zeros({2}), at::zeros({2}));
+  }
+  const auto& f = only_finding(t);
+  EXPECT_EQ("encoder.norm", f.module);
+  const std::string line = nanguard::to_string(f);
+  EXPECT_NE(std::string::npos, line.find("step 3 forward aten::div in encoder.norm: producer"))
+      << line;
+  const std::string text = nanguard::to_text(f);
+  EXPECT_NE(std::string::npos, text.find("module:    encoder.norm")) << text;
+  EXPECT_NE(std::string::npos, text.find("input 0")) << text;
+  EXPECT_FALSE(f.backtrace.empty());
+  const nanguard::finding back = nanguard::finding_from_json(nanguard::to_json(f));
+  EXPECT_EQ(f.op, back.op);
+  EXPECT_EQ(f.module, back.module);
+  EXPECT_EQ(f.step, back.step);
+  EXPECT_TRUE(std::isnan(back.value));
+  EXPECT_EQ(f.inputs.size(), back.inputs.size());
+  EXPECT_EQ(f.outputs[0].stats.nan, back.outputs[0].stats.nan);
+}
+
+TEST(finding, rejects_json_that_is_not_a_finding) {
+  try {
+    nanguard::finding_from_json("{\"step\": 1}");
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what_without_backtrace()).find("not a finding"));
+  }
+}
+
+TEST(scope, renders_torchscript_hierarchies_as_dotted_paths) {
+  EXPECT_EQ("norm", nanguard::dotted_module_path({"TOP(M)::forward", "norm(Norm)::forward"}));
+  EXPECT_EQ("encoder.layers.0.self_attn",
+            nanguard::dotted_module_path({"TOP(M)::forward", "encoder(E)::forward",
+                                          "layers.0(L)::forward", "self_attn(A)::forward"}));
+  EXPECT_EQ("", nanguard::dotted_module_path({"TOP(M)::forward"}));
+}
+
+// TorchScript models written by tests/models/make_models.py at build time.
+std::filesystem::path model_path(const std::string& name) {
+  return std::filesystem::path(NANGUARD_TEST_MODELS_DIR) / (name + ".pt");
+}
+
+struct per_op_autograd {  // the graph executor fuses backward nodes otherwise
+  per_op_autograd() { torch::jit::setGraphExecutorOptimize(false); }
+  ~per_op_autograd() { torch::jit::setGraphExecutorOptimize(true); }
+};
+
+TEST(tracer_torchscript, names_the_module_of_a_scripted_model) {
+  if (!std::filesystem::exists(model_path("norm_net")))
+    GTEST_SKIP() << "no TorchScript models (python3-torch missing at build time)";
+  per_op_autograd per_op;
+  torch::jit::Module m = torch::jit::load(model_path("norm_net").string());
+  nanguard::tracer t;
+  m.forward({at::ones({8, 4})});
+  const auto& f = only_finding(t);
+  EXPECT_EQ("aten::div", f.op);
+  EXPECT_EQ("norm", f.module);
+  EXPECT_EQ(role::producer, f.role);
+}
+
+TEST(tracer_torchscript, links_a_scripted_backward_to_its_forward_op) {
+  if (!std::filesystem::exists(model_path("sqrt_net")))
+    GTEST_SKIP() << "no TorchScript models (python3-torch missing at build time)";
+  per_op_autograd per_op;
+  torch::jit::Module m = torch::jit::load(model_path("sqrt_net").string());
+  nanguard::tracer t;
+  // relu zeroes some units: sqrt(0) is fine forward, infinite backward.
+  const at::Tensor out = m.forward({at::randn({16, 4})}).toTensor().sum();
+  EXPECT_FALSE(t.found());
+  out.backward();
+  ASSERT_TRUE(t.found());
+  const auto& f = t.findings().front();
+  EXPECT_EQ(direction::backward, f.direction);
+  EXPECT_EQ("SqrtBackward0", f.node);
+  EXPECT_EQ("aten::sqrt", f.forward_op);
+  EXPECT_EQ("root", f.module);
+}
+
+}  // namespace
