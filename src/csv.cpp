@@ -1,0 +1,408 @@
+#include "nanguard/csv.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <unistd.h>
+
+namespace nanguard {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+bool iequals(const char* b, const char* e, const char* word) {
+  const size_t n = std::strlen(word);
+  if (size_t(e - b) != n) return false;
+  for (size_t i = 0; i < n; ++i) {
+    char c = b[i];
+    if (c >= 'A' && c <= 'Z') c = char(c - 'A' + 'a');
+    if (c != word[i]) return false;
+  }
+  return true;
+}
+
+// Parses one cell; false when it is neither a number nor a missing-value token.
+bool parse_cell(const char* b, const char* e, double& v) {
+  while (b < e && (*b == ' ' || *b == '\t')) ++b;
+  while (e > b && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\r')) --e;
+  if (b == e) {
+    v = kNaN;
+    return true;
+  }
+  const char* s = b;
+  if (*s == '+' && e - s > 1 && s[1] != '-' && s[1] != '+') ++s;  // from_chars rejects '+'
+  const auto r = std::from_chars(s, e, v);
+  if (r.ptr == e) {
+    if (r.ec == std::errc()) return true;
+    if (r.ec == std::errc::result_out_of_range) {  // 1e999 -> inf, 1e-999 -> 0, like strtod
+      const std::string tmp(s, e);
+      v = std::strtod(tmp.c_str(), nullptr);
+      return true;
+    }
+  }
+  if (iequals(b, e, "na") || iequals(b, e, "n/a") || iequals(b, e, "null") ||
+      iequals(b, e, "none") || iequals(b, e, "nan")) {
+    v = kNaN;
+    return true;
+  }
+  if (iequals(b, e, "+inf") || iequals(b, e, "+infinity")) {
+    v = kInf;
+    return true;
+  }
+  return false;
+}
+
+// Reads a quoted field starting at the opening quote *p. On success moves p
+// past the closing quote, stores the content in `out`, adds the newlines it
+// spans to `newlines`, and returns true; false when the buffer ends first.
+bool parse_quoted(const char*& p, const char* e, std::string& out, int64_t& newlines) {
+  out.clear();
+  const char* q = p + 1;
+  int64_t nl = 0;
+  while (q < e) {
+    const char c = *q;
+    if (c == '"') {
+      if (q + 1 >= e) return false;  // need the next char to decide
+      if (q[1] == '"') {
+        out.push_back('"');
+        q += 2;
+        continue;
+      }
+      p = q + 1;
+      newlines += nl;
+      return true;
+    }
+    nl += c == '\n';
+    out.push_back(c);
+    ++q;
+  }
+  return false;
+}
+
+std::string trim(std::string s) {
+  const auto b = s.find_first_not_of(" \t\r");
+  if (b == std::string::npos) return "";
+  const auto e = s.find_last_not_of(" \t\r");
+  return s.substr(b, e - b + 1);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- reader
+
+csv_reader::csv_reader(std::string path, csv_options options)
+    : path_(std::move(path)), options_(options) {
+  TORCH_CHECK(options_.chunk_bytes() >= 16, "nanguard::csv_reader: chunk_bytes must be at least 16 "
+              "but is ", options_.chunk_bytes(), "; use the default (1 MiB) unless memory is tight");
+  TORCH_CHECK(options_.delimiter() != '"' && options_.delimiter() != '\n',
+              "nanguard::csv_reader: the delimiter cannot be a quote or a newline; use ',', ';' or '\\t'");
+  file_ = std::fopen(path_.c_str(), "rb");
+  TORCH_CHECK(file_ != nullptr, "nanguard::read_csv: cannot open '", path_, "': ",
+              std::strerror(errno), "; check the path");
+  buf_.resize(size_t(options_.chunk_bytes()));
+  // The header: the first non-blank record, fields kept as strings.
+  while (true) {
+    if (begin_ == end_ && !fill()) {
+      TORCH_CHECK(false, "nanguard::read_csv: '", path_, "' is empty; expected a header row with "
+                  "the column names, then one row per sample");
+    }
+    const char* const base = buf_.data();
+    const char* p = base + begin_;
+    const char* const e = base + end_;
+    // Skip a UTF-8 byte order mark.
+    if (bytes_consumed_ == 0 && e - p >= 3 && std::memcmp(p, "\xEF\xBB\xBF", 3) == 0) {
+      begin_ += 3;
+      bytes_consumed_ += 3;
+      continue;
+    }
+    std::vector<std::string> names;
+    int64_t newlines = 0;
+    bool complete = false;
+    while (p < e) {
+      std::string name;
+      if (*p == '"') {
+        if (!parse_quoted(p, e, name, newlines)) break;
+        while (p < e && *p != options_.delimiter() && *p != '\n') ++p;  // junk after quote
+      } else {
+        const char* q = p;
+        while (q < e && *q != options_.delimiter() && *q != '\n') ++q;
+        name.assign(p, q);
+        p = q;
+      }
+      if (p >= e) break;
+      names.push_back(trim(name));
+      if (*p++ == '\n') {
+        complete = true;
+        break;
+      }
+    }
+    if (!complete) {
+      TORCH_CHECK(fill(), "nanguard::read_csv: '", path_, "' ends inside a quoted field of the "
+                  "header; close the quote (\")");
+      continue;
+    }
+    line_ += 1 + newlines;
+    bytes_consumed_ += (p - base) - begin_;
+    begin_ = p - base;
+    if (names.size() == 1 && names[0].empty()) continue;  // a blank line before the header
+    columns_ = std::move(names);
+    break;
+  }
+}
+
+csv_reader::~csv_reader() {
+  if (file_) std::fclose(file_);
+}
+
+bool csv_reader::fill() {
+  if (eof_) return false;
+  // Keep the unparsed tail; grow when one record fills the whole buffer.
+  const int64_t tail = end_ - begin_;
+  if (begin_ > 0 && tail > 0) std::memmove(buf_.data(), buf_.data() + begin_, size_t(tail));
+  begin_ = 0;
+  end_ = tail;
+  if (end_ + 1 >= int64_t(buf_.size())) buf_.resize(buf_.size() * 2);
+  const size_t want = buf_.size() - size_t(end_) - 1;  // room for a final '\n'
+  const size_t got = std::fread(buf_.data() + end_, 1, want, file_);
+  if (got == 0) {
+    TORCH_CHECK(!std::ferror(file_), "nanguard::read_csv: error reading '", path_, "': ",
+                std::strerror(errno));
+    eof_ = true;
+    if (end_ > 0 && buf_[size_t(end_ - 1)] != '\n') {
+      buf_[size_t(end_++)] = '\n';  // the last line needs no newline in the file
+      bytes_consumed_ -= 1;         // ... and the added one is not a byte of it
+      return true;
+    }
+    return false;
+  }
+  end_ += int64_t(got);
+  return true;
+}
+
+void csv_reader::fail_cell(const char* begin, const char* end, int64_t column) const {
+  std::string cell(begin, end);
+  if (cell.size() > 40) cell = cell.substr(0, 37) + "...";
+  TORCH_CHECK(false, "nanguard::read_csv: '", path_, "' line ", line_ + 1, ", column ", column + 1,
+              " ('", columns_[size_t(column)], "'): '", cell, "' is not a number; numeric columns "
+              "take numbers and, for a missing value, an empty cell, NA, NaN, null or inf");
+}
+
+int64_t csv_reader::read_rows(std::vector<double>& out, int64_t max_rows) {
+  TORCH_CHECK(max_rows >= 0, "nanguard::csv_reader::read_rows: max_rows must be >= 0 but is ",
+              max_rows);
+  const int64_t ncols = int64_t(columns_.size());
+  const char delim = options_.delimiter();
+  int64_t rows = 0;
+  while (rows < max_rows) {
+    if (begin_ == end_ && !fill()) break;
+    const char* const base = buf_.data();
+    const char* p = base + begin_;
+    const char* const e = base + end_;
+    const char* line_end = static_cast<const char*>(std::memchr(p, '\n', size_t(e - p)));
+    if (line_end == nullptr) {
+      TORCH_CHECK(fill() || begin_ == end_, "nanguard::read_csv: '", path_, "' line ", line_ + 1,
+                  " ends inside a quoted field; close the quote (\")");
+      continue;
+    }
+    // Blank lines (and a lone '\r') are skipped.
+    if (line_end == p || (line_end == p + 1 && *p == '\r')) {
+      ++line_;
+      bytes_consumed_ += line_end + 1 - p;
+      begin_ = line_end + 1 - base;
+      continue;
+    }
+    const size_t mark = out.size();
+    out.resize(mark + size_t(ncols));
+    double* row = out.data() + mark;
+    int64_t newlines = 0;
+    bool incomplete = false;
+    for (int64_t c = 0; c < ncols; ++c) {
+      double v;
+      const char* q;
+      if (*p == '"') {
+        const char* r = p;
+        if (!parse_quoted(r, e, field_, newlines)) {
+          incomplete = true;
+          break;
+        }
+        if (newlines) line_end = static_cast<const char*>(std::memchr(r, '\n', size_t(e - r)));
+        if (line_end == nullptr) {
+          incomplete = true;
+          break;
+        }
+        q = r;
+        while (q < line_end && *q != delim) ++q;
+        if (!parse_cell(field_.data(), field_.data() + field_.size(), v) ||
+            (q > r && !(q == r + 1 && *r == '\r'))) {
+          line_ += newlines;
+          fail_cell(p, q, c);
+        }
+      } else {
+        q = p;
+        while (q < line_end && *q != delim) ++q;
+        if (!parse_cell(p, q, v)) fail_cell(p, q, c);
+      }
+      row[c] = v;
+      if (c + 1 < ncols) {
+        if (q == line_end) {
+          TORCH_CHECK(false, "nanguard::read_csv: '", path_, "' line ", line_ + 1 + newlines,
+                      " has ", c + 1, " field", c == 0 ? "" : "s", " but the header has ", ncols,
+                      " columns; every row needs one value per column (leave a cell empty for a "
+                      "missing value)");
+        }
+        p = q + 1;
+      } else if (q != line_end) {
+        int64_t fields = ncols;
+        for (const char* s = q; s < line_end; ++s) fields += *s == delim;
+        TORCH_CHECK(false, "nanguard::read_csv: '", path_, "' line ", line_ + 1 + newlines,
+                    " has ", fields, " fields but the header has ", ncols,
+                    " columns; every row needs one value per column (quote a cell that holds ",
+                    "the delimiter)");
+      }
+    }
+    if (incomplete) {
+      out.resize(mark);
+      if (!fill()) {
+        TORCH_CHECK(false, "nanguard::read_csv: '", path_, "' line ", line_ + 1,
+                    " ends inside a quoted field; close the quote (\")");
+      }
+      continue;
+    }
+    line_ += 1 + newlines;
+    bytes_consumed_ += line_end + 1 - (base + begin_);
+    begin_ = line_end + 1 - base;
+    ++rows;
+  }
+  rows_read_ += rows;
+  return rows;
+}
+
+at::Tensor csv_reader::next_batch(int64_t max_rows) {
+  std::vector<double> values;
+  const int64_t n = read_rows(values, max_rows);
+  const int64_t ncols = int64_t(columns_.size());
+  at::Tensor t = at::empty({n, ncols}, at::kDouble);
+  if (n) std::memcpy(t.data_ptr<double>(), values.data(), values.size() * sizeof(double));
+  return t;
+}
+
+csv_table read_csv(const std::string& path, csv_options options) {
+  csv_reader in(path, options);
+  std::vector<double> values;
+  int64_t rows = 0;
+  while (int64_t n = in.read_rows(values, int64_t(1) << 16)) rows += n;
+  csv_table t;
+  t.columns = in.columns();
+  t.data = at::empty({rows, int64_t(t.columns.size())}, at::kDouble);
+  if (!values.empty())
+    std::memcpy(t.data.data_ptr<double>(), values.data(), values.size() * sizeof(double));
+  return t;
+}
+
+// ---------------------------------------------------------------- writer
+
+namespace {
+
+std::string quote_if_needed(const std::string& s, char delimiter) {
+  if (s.find_first_of(std::string{'"', '\n', '\r', delimiter}) == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) {
+    if (c == '"') q.push_back('"');
+    q.push_back(c);
+  }
+  q.push_back('"');
+  return q;
+}
+
+}  // namespace
+
+csv_writer::csv_writer(std::string path, std::vector<std::string> columns, char delimiter)
+    : path_(std::move(path)), columns_(std::move(columns)), delimiter_(delimiter) {
+  TORCH_CHECK(!columns_.empty(), "nanguard::csv_writer: no columns given for '", path_,
+              "'; pass the header names");
+  std::random_device rd;
+  temp_path_ = fmt::format("{}.tmp.{}.{:x}", path_, ::getpid(), rd());
+  file_ = std::fopen(temp_path_.c_str(), "wb");
+  TORCH_CHECK(file_ != nullptr, "nanguard::csv_writer: cannot create '", temp_path_, "' (for '",
+              path_, "'): ", std::strerror(errno), "; check that the directory exists and is writable");
+  std::string header;
+  for (size_t i = 0; i < columns_.size(); ++i) {
+    if (i) header.push_back(delimiter_);
+    header += quote_if_needed(columns_[i], delimiter_);
+  }
+  header.push_back('\n');
+  std::fwrite(header.data(), 1, header.size(), file_);
+}
+
+csv_writer::~csv_writer() {
+  if (file_) {
+    std::fclose(file_);
+    std::remove(temp_path_.c_str());
+  }
+}
+
+void csv_writer::write(const at::Tensor& rows) {
+  TORCH_CHECK(file_ != nullptr, "nanguard::csv_writer: '", path_, "' was already committed");
+  TORCH_CHECK(rows.dim() == 2 && rows.size(1) == int64_t(columns_.size()),
+              "nanguard::csv_writer: expected a [rows, ", columns_.size(), "] tensor but got shape ",
+              rows.sizes(), "; pass one value per column");
+  const at::Tensor d = rows.to(at::kDouble).contiguous();
+  const double* v = d.data_ptr<double>();
+  const int64_t n = d.size(0), m = d.size(1);
+  char num[32];
+  for (int64_t i = 0; i < n; ++i) {
+    line_buf_.clear();
+    for (int64_t j = 0; j < m; ++j) {
+      if (j) line_buf_.push_back(delimiter_);
+      const double x = v[i * m + j];
+      if (std::isnan(x)) continue;
+      if (std::isinf(x)) {
+        line_buf_ += x > 0 ? "inf" : "-inf";
+        continue;
+      }
+      const auto r = std::to_chars(num, num + sizeof num, x);
+      line_buf_.append(num, r.ptr);
+    }
+    line_buf_.push_back('\n');
+    TORCH_CHECK(std::fwrite(line_buf_.data(), 1, line_buf_.size(), file_) == line_buf_.size(),
+                "nanguard::csv_writer: cannot write '", temp_path_, "': ", std::strerror(errno),
+                "; is the disk full?");
+  }
+}
+
+void csv_writer::commit() {
+  TORCH_CHECK(file_ != nullptr, "nanguard::csv_writer: '", path_, "' was already committed");
+  const bool ok = std::fflush(file_) == 0 && ::fsync(::fileno(file_)) == 0;
+  const int err = errno;
+  std::fclose(file_);
+  file_ = nullptr;
+  if (!ok) {
+    std::remove(temp_path_.c_str());
+    TORCH_CHECK(false, "nanguard::csv_writer: cannot write '", temp_path_, "': ",
+                std::strerror(err), "; is the disk full?");
+  }
+  if (std::rename(temp_path_.c_str(), path_.c_str()) != 0) {
+    const int e = errno;
+    std::remove(temp_path_.c_str());
+    TORCH_CHECK(false, "nanguard::csv_writer: cannot rename '", temp_path_, "' to '", path_,
+                "': ", std::strerror(e));
+  }
+}
+
+void write_csv(const std::string& path, const std::vector<std::string>& columns,
+               const at::Tensor& data) {
+  csv_writer out(path, columns);
+  out.write(data);
+  out.commit();
+}
+
+}  // namespace nanguard

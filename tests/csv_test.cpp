@@ -1,0 +1,188 @@
+#include "nanguard/csv.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// A fresh file under the test's temporary directory with `text` in it.
+std::string fixture(const std::string& name, const std::string& text) {
+  const fs::path dir = fs::path(testing::TempDir()) / "nanguard_csv_test";
+  fs::create_directories(dir);
+  const fs::path p = dir / name;
+  std::ofstream(p, std::ios::binary) << text;
+  return p.string();
+}
+
+// The message of the c10::Error that `fn` throws ("" if it does not throw).
+template <typename F>
+std::string error_of(F&& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+double at2(const at::Tensor& t, int64_t i, int64_t j) { return t[i][j].item<double>(); }
+
+TEST(csv, reads_header_and_numbers) {
+  const auto t = nanguard::read_csv(
+      fixture("basic.csv", "a,b, c \n1,2.5,-3e2\n+4, .5 ,1E-3\n"));
+  ASSERT_EQ(t.columns, (std::vector<std::string>{"a", "b", "c"}));
+  ASSERT_EQ(t.data.sizes(), (at::IntArrayRef{2, 3}));
+  EXPECT_EQ(t.data.scalar_type(), at::kDouble);
+  EXPECT_EQ(at2(t.data, 0, 0), 1.0);
+  EXPECT_EQ(at2(t.data, 0, 1), 2.5);
+  EXPECT_EQ(at2(t.data, 0, 2), -300.0);
+  EXPECT_EQ(at2(t.data, 1, 0), 4.0);
+  EXPECT_EQ(at2(t.data, 1, 1), 0.5);
+  EXPECT_EQ(at2(t.data, 1, 2), 1e-3);
+}
+
+TEST(csv, reads_missing_value_tokens_as_nan_and_inf) {
+  const auto t = nanguard::read_csv(fixture(
+      "missing.csv", "x,y,z,w\n,NA,NaN,null\nnan,N/A,None,NULL\ninf,-inf,+inf,Infinity\n-Infinity,INF,1e999,-1e999\n"));
+  ASSERT_EQ(t.data.sizes(), (at::IntArrayRef{4, 4}));
+  for (int j = 0; j < 4; ++j) {
+    EXPECT_TRUE(std::isnan(at2(t.data, 0, j))) << j;
+    EXPECT_TRUE(std::isnan(at2(t.data, 1, j))) << j;
+  }
+  EXPECT_EQ(at2(t.data, 2, 0), kInf);
+  EXPECT_EQ(at2(t.data, 2, 1), -kInf);
+  EXPECT_EQ(at2(t.data, 2, 2), kInf);
+  EXPECT_EQ(at2(t.data, 2, 3), kInf);
+  EXPECT_EQ(at2(t.data, 3, 0), -kInf);
+  EXPECT_EQ(at2(t.data, 3, 1), kInf);
+  EXPECT_EQ(at2(t.data, 3, 2), kInf);   // overflow reads as inf, like strtod
+  EXPECT_EQ(at2(t.data, 3, 3), -kInf);
+}
+
+TEST(csv, understands_quoted_fields_crlf_and_no_final_newline) {
+  const auto t = nanguard::read_csv(fixture(
+      "quoted.csv", "\xEF\xBB\xBF\"id, first\",\"say \"\"hi\"\"\",\"multi\nline\"\r\n\"1.5\",2,\"\"\r\n\r\n3,\"-4\",5"));
+  ASSERT_EQ(t.columns, (std::vector<std::string>{"id, first", "say \"hi\"", "multi\nline"}));
+  ASSERT_EQ(t.data.sizes(), (at::IntArrayRef{2, 3}));
+  EXPECT_EQ(at2(t.data, 0, 0), 1.5);
+  EXPECT_EQ(at2(t.data, 0, 1), 2.0);
+  EXPECT_TRUE(std::isnan(at2(t.data, 0, 2)));
+  EXPECT_EQ(at2(t.data, 1, 1), -4.0);
+  EXPECT_EQ(at2(t.data, 1, 2), 5.0);
+}
+
+TEST(csv, header_only_gives_zero_rows) {
+  const auto t = nanguard::read_csv(fixture("header_only.csv", "a,b\n"));
+  EXPECT_EQ(t.data.sizes(), (at::IntArrayRef{0, 2}));
+}
+
+TEST(csv, ragged_row_names_the_line) {
+  const std::string p = fixture("short.csv", "a,b,c\n1,2,3\n4,5\n");
+  const std::string msg = error_of([&] { nanguard::read_csv(p); });
+  EXPECT_NE(msg.find("short.csv' line 3 has 2 fields but the header has 3 columns"), std::string::npos)
+      << msg;
+  const std::string p2 = fixture("long.csv", "a,b\n1,2\n3,4\n5,6,7,8\n");
+  const std::string msg2 = error_of([&] { nanguard::read_csv(p2); });
+  EXPECT_NE(msg2.find("long.csv' line 4 has 4 fields but the header has 2 columns"), std::string::npos)
+      << msg2;
+}
+
+TEST(csv, non_numeric_cell_names_line_and_column) {
+  const std::string p = fixture("text.csv", "a,age,c\n1,2,3\n4,abc,6\n");
+  const std::string msg = error_of([&] { nanguard::read_csv(p); });
+  EXPECT_NE(msg.find("text.csv' line 3, column 2 ('age'): 'abc' is not a number"), std::string::npos)
+      << msg;
+  const std::string p2 = fixture("junk.csv", "a\n1.5x\n");
+  EXPECT_NE(error_of([&] { nanguard::read_csv(p2); }).find("line 2, column 1 ('a'): '1.5x'"),
+            std::string::npos);
+}
+
+TEST(csv, empty_and_missing_files_are_clear_errors) {
+  const std::string empty = fixture("empty.csv", "");
+  const std::string msg = error_of([&] { nanguard::read_csv(empty); });
+  EXPECT_NE(msg.find("empty.csv' is empty; expected a header row"), std::string::npos) << msg;
+  const std::string msg2 = error_of([&] { nanguard::read_csv("/nonexistent/dir/data.csv"); });
+  EXPECT_NE(msg2.find("cannot open '/nonexistent/dir/data.csv': No such file or directory"),
+            std::string::npos)
+      << msg2;
+  const std::string open_quote = fixture("open_quote.csv", "a,b\n1,\"2\n3,4\n");
+  EXPECT_NE(error_of([&] { nanguard::read_csv(open_quote); }).find("ends inside a quoted field"),
+            std::string::npos);
+}
+
+// A generated file read with tiny chunks and small batches gives the same
+// values as one read with the defaults: the streaming path is exact.
+TEST(csv, streams_in_small_chunks_and_batches) {
+  std::mt19937 gen(3);
+  std::normal_distribution<double> nd(0, 1e3);
+  std::string text = "f0,f1,\"f,2\"\n";
+  std::vector<double> expect;
+  for (int i = 0; i < 500; ++i) {
+    for (int j = 0; j < 3; ++j) {
+      const double v = nd(gen);
+      expect.push_back(v);
+      char buf[64];
+      std::snprintf(buf, sizeof buf, j == 2 && i % 7 == 0 ? "\"%.17g\"" : "%.17g", v);
+      text += buf;
+      text += j < 2 ? "," : (i % 3 ? "\n" : "\r\n");
+    }
+  }
+  const std::string p = fixture("stream.csv", text);
+  nanguard::csv_reader in(p, nanguard::csv_options().chunk_bytes(16));
+  EXPECT_EQ(in.columns().size(), 3u);
+  std::vector<at::Tensor> parts;
+  for (at::Tensor b = in.next_batch(7); b.size(0) > 0; b = in.next_batch(7)) parts.push_back(b);
+  EXPECT_EQ(parts.size(), size_t((500 + 6) / 7));
+  const at::Tensor all = at::cat(parts);
+  ASSERT_EQ(all.size(0), 500);
+  EXPECT_EQ(in.rows_read(), 500);
+  EXPECT_EQ(in.bytes_read(), int64_t(text.size()));
+  const at::Tensor ref = at::tensor(expect, at::kDouble).reshape({500, 3});
+  EXPECT_TRUE(at::equal(all, ref));
+  EXPECT_TRUE(at::equal(nanguard::read_csv(p).data, ref));
+}
+
+TEST(csv, writer_round_trips_exactly_and_atomically) {
+  const fs::path dir = fs::path(testing::TempDir()) / "nanguard_csv_write";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  at::manual_seed(1);
+  at::Tensor x = at::randn({100, 4}, at::kDouble) * 1e5;
+  x[3][1] = std::numeric_limits<double>::quiet_NaN();
+  x[5][2] = kInf;
+  x[6][0] = -kInf;
+  x[7][3] = 5e-324;  // the smallest subnormal survives too
+  const std::string path = (dir / "out.csv").string();
+  nanguard::write_csv(path, {"a", "b,c", "q\"d", "e"}, x);
+  const auto t = nanguard::read_csv(path);
+  EXPECT_EQ(t.columns, (std::vector<std::string>{"a", "b,c", "q\"d", "e"}));
+  EXPECT_TRUE(at::equal(at::nan_to_num(t.data, 1.5), at::nan_to_num(x, 1.5)));
+  EXPECT_TRUE(std::isnan(at2(t.data, 3, 1)));
+  // Only the target is left: the temporary file was renamed.
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator{}), 1);
+  {
+    nanguard::csv_writer w((dir / "never.csv").string(), {"a"});
+    w.write(at::ones({2, 1}));
+    // no commit: the destructor removes the temporary file
+  }
+  EXPECT_FALSE(fs::exists(dir / "never.csv"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator{}), 1);
+  const std::string msg = error_of([&] { nanguard::write_csv((dir / "x.csv").string(), {"a"}, x); });
+  EXPECT_NE(msg.find("expected a [rows, 1] tensor but got shape [100, 4]"), std::string::npos) << msg;
+  const std::string msg2 = error_of([&] { nanguard::write_csv("/nonexistent/dir/x.csv", {"a"}, x); });
+  EXPECT_NE(msg2.find("check that the directory exists and is writable"), std::string::npos) << msg2;
+}
+
+}  // namespace

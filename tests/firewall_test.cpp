@@ -1,0 +1,349 @@
+// Tests of column_stats (streaming statistics) and firewall (policies).
+#include "nanguard/column_stats.h"
+#include "nanguard/firewall.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace {
+
+using nanguard::column_stats;
+using nanguard::column_stats_options;
+using nanguard::firewall;
+using nanguard::firewall_options;
+using nanguard::nonfinite_policy;
+using nanguard::outlier_policy;
+using nanguard::outlier_rule;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+template <typename F>
+std::string error_of(F&& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+// Finite values of column j, sorted.
+std::vector<double> finite_sorted(const at::Tensor& x, int64_t j) {
+  const at::Tensor c = x.select(1, j).to(at::kDouble).contiguous();
+  std::vector<double> v;
+  for (int64_t i = 0; i < c.numel(); ++i) {
+    const double e = c.data_ptr<double>()[i];
+    if (std::isfinite(e)) v.push_back(e);
+  }
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+// numpy.quantile(v, q) (linear), the reference.
+double np_quantile(const std::vector<double>& s, double q) {
+  const double pos = q * double(s.size() - 1);
+  const size_t lo = size_t(std::floor(pos)), hi = std::min(lo + 1, s.size() - 1);
+  return s[lo] + (s[hi] - s[lo]) * (pos - double(lo));
+}
+
+// Data with NaN/Inf sprinkled in, a constant column and an all-NaN column.
+at::Tensor messy_data(int64_t n) {
+  at::manual_seed(11);
+  at::Tensor x = at::randn({n, 5}, at::kDouble) * at::tensor({1.0, 10.0, 1e-3, 1.0, 1.0}, at::kDouble) +
+                 at::tensor({0.0, 1e6, -5.0, 0.0, 0.0}, at::kDouble);
+  x.select(1, 3).fill_(2.5);   // constant
+  x.select(1, 4).fill_(kNaN);  // nothing finite
+  x[1][0] = kNaN;
+  x[2][0] = kInf;
+  x[3][1] = -kInf;
+  x[4][1] = kNaN;
+  return x;
+}
+
+// ---------------------------------------------------------------- column_stats
+
+TEST(column_stats, matches_reference_moments_and_counts) {
+  // Rounded to float32 first, so the float32 batch below holds the same values.
+  const at::Tensor x = messy_data(1000).to(at::kFloat).to(at::kDouble);
+  column_stats s;
+  // Uneven batches, one of them empty: the merge must not depend on them.
+  s.update(x.slice(0, 0, 1));
+  s.update(x.slice(0, 1, 1));
+  s.update(x.slice(0, 1, 377));
+  s.update(x.slice(0, 377, 1000).to(at::kFloat));  // any floating dtype
+  EXPECT_EQ(s.rows(), 1000);
+  EXPECT_EQ(s.features(), 5);
+  EXPECT_EQ(s.nan_count()[0].item<int64_t>(), 1);
+  EXPECT_EQ(s.posinf_count()[0].item<int64_t>(), 1);
+  EXPECT_EQ(s.neginf_count()[1].item<int64_t>(), 1);
+  EXPECT_EQ(s.nan_count()[1].item<int64_t>(), 1);
+  EXPECT_EQ(s.nan_count()[4].item<int64_t>(), 1000);
+  EXPECT_EQ(s.finite_count()[0].item<int64_t>(), 998);
+  for (int64_t j = 0; j < 4; ++j) {
+    const std::vector<double> v = finite_sorted(x, j);
+    long double sum = 0;
+    for (double e : v) sum += e;
+    const long double mean = sum / v.size();
+    long double m2 = 0;
+    for (double e : v) m2 += (e - mean) * (e - mean);
+    const double sd = std::sqrt(double(m2 / v.size()));
+    EXPECT_NEAR(s.mean()[j].item<double>(), double(mean), 1e-12 * (1 + std::fabs(double(mean)))) << j;
+    EXPECT_NEAR(s.std()[j].item<double>(), sd, 1e-9 * (sd + 1e-300)) << j;
+    EXPECT_EQ(s.min()[j].item<double>(), v.front()) << j;
+    EXPECT_EQ(s.max()[j].item<double>(), v.back()) << j;
+  }
+  EXPECT_TRUE(std::isnan(s.mean()[4].item<double>()));
+  EXPECT_EQ(s.std()[3].item<double>(), 0.0);
+  EXPECT_EQ(s.constant_columns(), (std::vector<int64_t>{3, 4}));
+}
+
+TEST(column_stats, quantiles_median_and_mad_are_exact_within_the_reservoir) {
+  const at::Tensor x = messy_data(999);
+  column_stats s(column_stats_options().reservoir_rows(1000));
+  s.update(x);
+  EXPECT_EQ(s.quantile_rank_error(0.5), 0.0);
+  for (int64_t j = 0; j < 3; ++j) {
+    const std::vector<double> v = finite_sorted(x, j);
+    for (double q : {0.0, 0.001, 0.25, 0.5, 0.9, 0.999, 1.0})
+      EXPECT_DOUBLE_EQ(s.quantile(q)[j].item<double>(), np_quantile(v, q)) << j << " q=" << q;
+    const double med = np_quantile(v, 0.5);
+    std::vector<double> dev;
+    for (double e : v) dev.push_back(std::fabs(e - med));
+    std::sort(dev.begin(), dev.end());
+    EXPECT_DOUBLE_EQ(s.median()[j].item<double>(), med);
+    EXPECT_DOUBLE_EQ(s.mad()[j].item<double>(), np_quantile(dev, 0.5)) << j;
+  }
+  EXPECT_NE(error_of([&] { s.quantile(99.9); }).find("q must be in [0, 1] but is 99.9"),
+            std::string::npos);
+}
+
+// Beyond the reservoir the quantiles are approximate: on uniform data the
+// value *is* the rank, so the error is measured directly against the bound.
+TEST(column_stats, quantiles_stay_within_the_stated_rank_error) {
+  column_stats s(column_stats_options().reservoir_rows(4096).seed(5));
+  for (int b = 0; b < 50; ++b) s.update(at::rand({4000, 3}, at::kDouble));
+  EXPECT_EQ(s.rows(), 200000);
+  EXPECT_EQ(s.sample().size(0), 4096);
+  for (double q : {0.001, 0.01, 0.1, 0.5, 0.9, 0.99, 0.999}) {
+    const double bound = s.quantile_rank_error(q);
+    EXPECT_GT(bound, 0.0);
+    EXPECT_LT(bound, 0.035);
+    for (int64_t j = 0; j < 3; ++j)
+      EXPECT_NEAR(s.quantile(q)[j].item<double>(), q, bound) << "q=" << q << " column " << j;
+  }
+}
+
+TEST(column_stats, sample_is_deterministic_per_seed) {
+  at::manual_seed(2);
+  const at::Tensor x = at::randn({5000, 2}, at::kDouble);
+  column_stats a(column_stats_options().reservoir_rows(100).seed(9));
+  column_stats b(column_stats_options().reservoir_rows(100).seed(9));
+  column_stats c(column_stats_options().reservoir_rows(100).seed(10));
+  a.update(x);
+  b.update(x.slice(0, 0, 1234));
+  b.update(x.slice(0, 1234));
+  c.update(x);
+  EXPECT_TRUE(at::equal(a.sample(), b.sample()));
+  EXPECT_FALSE(at::equal(a.sample(), c.sample()));
+}
+
+TEST(column_stats, zscores_follow_the_3_sigma_and_robust_rules) {
+  // Column 0: 1..9 and 100; column 1: constant (no z-score).
+  std::vector<double> v;
+  for (int i = 1; i <= 9; ++i) v.insert(v.end(), {double(i), 4.0});
+  v.insert(v.end(), {100.0, 4.0});
+  const at::Tensor x = at::tensor(v, at::kDouble).reshape({10, 2});
+  column_stats s;
+  s.update(x);
+  const double mean = 145.0 / 10;
+  double m2 = 0;
+  for (int i = 0; i < 10; ++i) m2 += std::pow(x[i][0].item<double>() - mean, 2);
+  const double sd = std::sqrt(m2 / 10);
+  const at::Tensor z = s.zscore(x);
+  EXPECT_NEAR(z[9][0].item<double>(), (100 - mean) / sd, 1e-12);
+  EXPECT_TRUE(std::isnan(z[0][1].item<double>()));
+  // The mean and std are dragged by the outlier (3σ misses it: z = 3.0)...
+  EXPECT_LT(std::fabs(z[9][0].item<double>()), 3.01);
+  // ...the median (5.5) and MAD (2.5) are not.
+  const at::Tensor rz = s.robust_zscore(x);
+  EXPECT_NEAR(rz[9][0].item<double>(), 0.6745 * (100 - 5.5) / 2.5, 1e-12);
+  EXPECT_GT(rz[9][0].item<double>(), 3.5);
+  EXPECT_LT(std::fabs(rz[8][0].item<double>()), 3.5);
+  EXPECT_TRUE(std::isnan(rz[0][1].item<double>()));
+  const std::string msg = error_of([&] { s.zscore(at::ones({2, 3}, at::kDouble)); });
+  EXPECT_NE(msg.find("the batch has 3 features but the statistics were fitted on 2"), std::string::npos)
+      << msg;
+}
+
+// ---------------------------------------------------------------- firewall
+
+at::Tensor small_batch() {
+  return at::tensor({1.0, 10.0, 2.0,  //
+                     kNaN, 20.0, 3.0,  //
+                     3.0, kInf, 4.0,   //
+                     4.0, 40.0, -kInf,  //
+                     5.0, 50.0, 6.0},
+                    at::kDouble)
+      .reshape({5, 3});
+}
+
+TEST(firewall, raise_names_row_column_and_value) {
+  firewall fw(firewall_options().column_names({"age", "income", "score"}));
+  const std::string msg = error_of([&] { fw.apply(small_batch()); });
+  EXPECT_NE(msg.find("row 1, column 0 ('age') holds nan"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("3 non-finite value(s)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("in rows 1, 2, 3"), std::string::npos) << msg;
+  // A clean batch passes untouched.
+  const at::Tensor ok = at::randn({4, 3});
+  const auto r = fw.apply(ok);
+  EXPECT_TRUE(at::equal(r.batch, ok));
+  EXPECT_TRUE(r.report.clean());
+}
+
+TEST(firewall, drop_removes_the_bad_samples) {
+  firewall fw(firewall_options().nonfinite(nonfinite_policy::drop));
+  const at::Tensor x = small_batch().to(at::kFloat);
+  const auto r = fw.apply(x);
+  EXPECT_EQ(r.batch.scalar_type(), at::kFloat);
+  EXPECT_EQ(r.report.dropped_rows, (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(r.report.rows_in, 5);
+  EXPECT_EQ(r.report.rows_out, 2);
+  EXPECT_TRUE(at::equal(r.batch, x.index_select(0, at::tensor({0, 4}, at::kLong))));
+  EXPECT_EQ(r.report.columns[0].nan, 1);
+  EXPECT_EQ(r.report.columns[1].pos_inf, 1);
+  EXPECT_EQ(r.report.columns[2].neg_inf, 1);
+  EXPECT_EQ(r.report.nonfinite(), 3);
+  EXPECT_EQ(r.report.repaired(), 0);
+}
+
+TEST(firewall, nan_to_num_uses_fitted_extremes_or_the_dtype_limits) {
+  // Unfitted: like at::nan_to_num.
+  const at::Tensor x = small_batch().to(at::kFloat);
+  const auto r = firewall(firewall_options().nonfinite(nonfinite_policy::nan_to_num)).apply(x);
+  EXPECT_TRUE(at::equal(r.batch, at::nan_to_num(x)));
+  EXPECT_EQ(r.report.repaired(), 3);
+  EXPECT_EQ(r.report.changed_rows, (std::vector<int64_t>{1, 2, 3}));
+  // Fitted: ±Inf become the largest / smallest values seen in training.
+  firewall fw(firewall_options().nonfinite(nonfinite_policy::nan_to_num).nan_value(-1));
+  fw.fit(small_batch());
+  const at::Tensor y = fw.apply(small_batch()).batch;
+  EXPECT_EQ(y[1][0].item<double>(), -1.0);
+  EXPECT_EQ(y[2][1].item<double>(), 50.0);
+  EXPECT_EQ(y[3][2].item<double>(), 2.0);
+}
+
+TEST(firewall, impute_median_uses_fitted_or_batch_medians) {
+  const auto own = firewall(firewall_options().nonfinite(nonfinite_policy::impute_median))
+                       .apply(small_batch());
+  // Batch medians of the finite values: col0 {1,3,4,5} -> 3.5, col1 {10,20,40,50} -> 30, col2 {2,3,4,6} -> 3.5.
+  EXPECT_EQ(own.batch[1][0].item<double>(), 3.5);
+  EXPECT_EQ(own.batch[2][1].item<double>(), 30.0);
+  EXPECT_EQ(own.batch[3][2].item<double>(), 3.5);
+  EXPECT_EQ(own.report.repaired(), 3);
+  EXPECT_EQ(own.report.rows_out, 5);
+  EXPECT_FALSE(at::isnan(own.batch).any().item<bool>());
+  firewall fw(firewall_options().nonfinite(nonfinite_policy::impute_median));
+  fw.fit(at::arange(101, at::kDouble).reshape({101, 1}).repeat({1, 3}));  // medians 50
+  const auto r = fw.apply(small_batch());
+  EXPECT_EQ(r.batch[1][0].item<double>(), 50.0);
+  EXPECT_EQ(r.batch[2][1].item<double>(), 50.0);
+  EXPECT_EQ(r.batch[0][0].item<double>(), 1.0);  // finite values untouched
+}
+
+TEST(firewall, clip_to_fitted_quantiles) {
+  at::manual_seed(4);
+  const at::Tensor train = at::randn({20000, 2}, at::kDouble);
+  firewall fw(firewall_options()
+                  .outliers(outlier_policy::clip)
+                  .low_quantile(0.01)
+                  .high_quantile(0.99));
+  fw.fit(train);
+  const double lo0 = np_quantile(finite_sorted(train, 0), 0.01);
+  const double hi1 = np_quantile(finite_sorted(train, 1), 0.99);
+  EXPECT_DOUBLE_EQ(fw.lower_bounds()[0].item<double>(), lo0);
+  EXPECT_DOUBLE_EQ(fw.upper_bounds()[1].item<double>(), hi1);
+  const at::Tensor batch = at::tensor({-50.0, 0.0, 0.5, 80.0, 0.1, 0.2}, at::kDouble).reshape({3, 2});
+  const auto r = fw.apply(batch);
+  EXPECT_DOUBLE_EQ(r.batch[0][0].item<double>(), lo0);
+  EXPECT_DOUBLE_EQ(r.batch[1][1].item<double>(), hi1);
+  EXPECT_EQ(r.batch[2][0].item<double>(), 0.1);
+  EXPECT_EQ(r.report.clipped(), 2);
+  EXPECT_EQ(r.report.outliers(), 2);
+  EXPECT_EQ(r.report.changed_rows, (std::vector<int64_t>{0, 1}));
+  // Clipping the training data keeps 98% of each column inside the bounds.
+  const at::Tensor c = fw.apply(train).batch;
+  EXPECT_EQ(c.select(1, 0).min().item<double>(), lo0);
+}
+
+TEST(firewall, three_sigma_and_robust_z_rules_drop_or_raise) {
+  at::manual_seed(6);
+  const at::Tensor train = at::randn({5000, 1}, at::kDouble) * 2 + 10;
+  column_stats stats;
+  stats.update(train);
+  firewall sigma(firewall_options().outliers(outlier_policy::drop).rule(outlier_rule::three_sigma));
+  sigma.fit(stats);
+  const double m = stats.mean()[0].item<double>(), sd = stats.std()[0].item<double>();
+  EXPECT_NEAR(sigma.upper_bounds()[0].item<double>(), m + 3 * sd, 1e-12);
+  const at::Tensor batch = at::tensor({10.0, m + 3.1 * sd, m - 2.9 * sd, m - 3.2 * sd}, at::kDouble)
+                               .reshape({4, 1});
+  const auto r = sigma.apply(batch);
+  EXPECT_EQ(r.report.dropped_rows, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(r.batch.size(0), 2);
+
+  firewall robust(firewall_options().outliers(outlier_policy::raise).rule(outlier_rule::robust_z)
+                      .column_names({"temp"}));
+  robust.fit(stats);
+  const double med = stats.median()[0].item<double>(), mad = stats.mad()[0].item<double>();
+  EXPECT_NEAR(robust.upper_bounds()[0].item<double>(), med + 3.5 * mad / 0.6745, 1e-12);
+  const std::string msg = error_of([&] { robust.apply(at::full({2, 1}, 1000.0, at::kDouble)); });
+  EXPECT_NE(msg.find("row 0, column 0 ('temp') 1000 is outside the fitted bounds"), std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("2 outlier(s)"), std::string::npos) << msg;
+}
+
+TEST(firewall, label_columns_are_never_made_up) {
+  firewall fw(firewall_options().nonfinite(nonfinite_policy::impute_median).label_columns({2}));
+  const auto r = fw.apply(small_batch());
+  // Row 3's label (column 2) is -inf: the row is dropped, not imputed.
+  EXPECT_EQ(r.report.dropped_rows, (std::vector<int64_t>{3}));
+  EXPECT_EQ(r.report.changed_rows, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(r.batch.size(0), 4);
+  EXPECT_FALSE(at::isnan(r.batch).any().item<bool>());
+}
+
+TEST(firewall, rejects_bad_options_and_unfitted_outlier_policies) {
+  std::string msg = error_of([] { firewall(firewall_options().low_quantile(0.9).high_quantile(0.1)); });
+  EXPECT_NE(msg.find("need 0 <= low_quantile < high_quantile <= 1 but got low_quantile=0.9"),
+            std::string::npos)
+      << msg;
+  msg = error_of([] { firewall(firewall_options().outliers(outlier_policy::clip)).apply(at::ones({2, 2})); });
+  EXPECT_NE(msg.find("outlier policies need fitted bounds; call fit(training_data) first"),
+            std::string::npos)
+      << msg;
+  msg = error_of([] { firewall().apply(at::ones({2, 2, 2})); });
+  EXPECT_NE(msg.find("expected a [batch, features] tensor but got shape [2, 2, 2]"), std::string::npos)
+      << msg;
+  firewall fw;
+  fw.fit(at::ones({3, 2}));
+  msg = error_of([&] { fw.apply(at::ones({3, 5})); });
+  EXPECT_NE(msg.find("the batch has 5 features but the firewall was fitted on 2"), std::string::npos)
+      << msg;
+}
+
+TEST(firewall, report_prints_what_was_done) {
+  const auto r = firewall(firewall_options().nonfinite(nonfinite_policy::drop)).apply(small_batch());
+  const std::string s = nanguard::to_string(r.report, {"a", "b", "c"});
+  EXPECT_NE(s.find("rows 5 -> 2: 3 non-finite"), std::string::npos) << s;
+  EXPECT_NE(s.find("dropped rows: 1, 2, 3"), std::string::npos) << s;
+  EXPECT_NE(s.find("b: nan=0 +inf=1"), std::string::npos) << s;
+}
+
+}  // namespace
