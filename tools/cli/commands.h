@@ -31,5 +31,7 @@ struct usage_error : std::runtime_error {
 
 command add_census_command(CLI::App& app);
 command add_demo_command(CLI::App& app);
+command add_scan_command(CLI::App& app);
+command add_clean_command(CLI::App& app);
 
 }  // namespace nanguard::cli

@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
   const std::vector<command> commands = {
       add_demo_command(app),
       add_census_command(app),
+      add_scan_command(app),
+      add_clean_command(app),
   };
 
   try {
