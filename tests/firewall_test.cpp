@@ -128,6 +128,7 @@ TEST(column_stats, quantiles_median_and_mad_are_exact_within_the_reservoir) {
 // Beyond the reservoir the quantiles are approximate: on uniform data the
 // value *is* the rank, so the error is measured directly against the bound.
 TEST(column_stats, quantiles_stay_within_the_stated_rank_error) {
+  at::manual_seed(5);
   column_stats s(column_stats_options().reservoir_rows(4096).seed(5));
   for (int b = 0; b < 50; ++b) s.update(at::rand({4000, 3}, at::kDouble));
   EXPECT_EQ(s.rows(), 200000);
@@ -139,6 +140,18 @@ TEST(column_stats, quantiles_stay_within_the_stated_rank_error) {
     for (int64_t j = 0; j < 3; ++j)
       EXPECT_NEAR(s.quantile(q)[j].item<double>(), q, bound) << "q=" << q << " column " << j;
   }
+}
+
+TEST(column_stats, takes_a_1d_tensor_as_one_feature) {
+  column_stats s;
+  s.update(at::tensor({1.0, 2.0, 3.0, kNaN}, at::kFloat));
+  EXPECT_EQ(s.features(), 1);
+  EXPECT_EQ(s.median()[0].item<double>(), 2.0);
+  EXPECT_EQ(s.nan_count()[0].item<int64_t>(), 1);
+  const std::string msg = error_of([&] { s.update(at::ones({2, 2, 2})); });
+  EXPECT_NE(msg.find("expected a [rows, features] (or 1-D) tensor but got shape [2, 2, 2]"),
+            std::string::npos)
+      << msg;
 }
 
 TEST(column_stats, sample_is_deterministic_per_seed) {
@@ -238,6 +251,15 @@ TEST(firewall, nan_to_num_uses_fitted_extremes_or_the_dtype_limits) {
   EXPECT_EQ(y[1][0].item<double>(), -1.0);
   EXPECT_EQ(y[2][1].item<double>(), 50.0);
   EXPECT_EQ(y[3][2].item<double>(), 2.0);
+  // Explicit replacement values win.
+  const at::Tensor z = firewall(firewall_options()
+                                    .nonfinite(nonfinite_policy::nan_to_num)
+                                    .posinf_value(1e3)
+                                    .neginf_value(-1e3))
+                           .apply(small_batch())
+                           .batch;
+  EXPECT_EQ(z[2][1].item<double>(), 1e3);
+  EXPECT_EQ(z[3][2].item<double>(), -1e3);
 }
 
 TEST(firewall, impute_median_uses_fitted_or_batch_medians) {
