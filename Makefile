@@ -6,7 +6,7 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 NANGUARD := $(BUILD)/tools/cli/nanguard
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: all setup configure build demo test bench bench-census bench-data clean
+.PHONY: all setup configure build demo test bench bench-census bench-tracer bench-data clean
 
 all: build
 
@@ -27,13 +27,16 @@ demo: build
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure --timeout 900
 
-bench: bench-census bench-data
+bench: bench-census bench-tracer bench-data
 
 bench-census: build
 	$(BUILD)/bench/census_bench
 
 bench-data: build
 	$(BUILD)/bench/data_bench
+
+bench-tracer: build
+	$(BUILD)/bench/tracer_bench
 
 clean:
 	rm -rf $(BUILD)

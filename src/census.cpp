@@ -112,14 +112,19 @@ tensor_stats to_stats(const census_partial& p) {
   return s;
 }
 
+// Elements per has_nonfinite task: a scan is so cheap that waking a second
+// thread only pays off for large tensors (the tracer scans every op output).
+constexpr int64_t kScanChunk = int64_t(1) << 19;
+
 template <typename F>
 bool any_chunk(int64_t n, const F& chunk_has_nonfinite) {
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  if (n <= kScanChunk) return chunk_has_nonfinite(0, n);
+  const int64_t chunks = (n + kScanChunk - 1) / kScanChunk;
   std::atomic<bool> found{false};
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end && !found.load(std::memory_order_relaxed); ++c) {
-      const int64_t start = c * kChunk;
-      if (chunk_has_nonfinite(start, std::min(kChunk, n - start)))
+      const int64_t start = c * kScanChunk;
+      if (chunk_has_nonfinite(start, std::min(kScanChunk, n - start)))
         found.store(true, std::memory_order_relaxed);
     }
   });

@@ -41,7 +41,7 @@ struct node_frame {
 // What a start callback hands its end callback.
 struct op_context : at::ObserverContext {
   std::vector<at::Tensor> inputs;
-  std::vector<std::string> input_names;  // "input 0", ...
+  std::vector<int> argument_of;  // inputs[k] is (in) argument argument_of[k] of the op
   bool self_was_nonfinite = false;       // in-place ops: self before the op
   std::string module;
 };
@@ -183,7 +183,7 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
   std::vector<tensor_record> inputs;
   for (size_t i = 0; i < ctx.inputs.size(); ++i) {
     const at::Tensor& in = ctx.inputs[i];
-    tensor_record r = record_of(in, name_of(st, in, ctx.input_names[i]));
+    tensor_record r = record_of(in, name_of(st, in, "input " + std::to_string(ctx.argument_of[i])));
     const bool self_inplace = i == 0 && in.is_alias_of(out);
     const bool bad = self_inplace ? ctx.self_was_nonfinite : !r.stats.all_finite();
     if (bad) {
@@ -247,9 +247,8 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   auto ctx = std::make_unique<op_context>();
   const auto inputs = fn.inputs();
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const size_t before = ctx->inputs.size();
     collect(inputs[i], ctx->inputs);
-    for (size_t k = before; k < ctx->inputs.size(); ++k) ctx->input_names.push_back("input " + std::to_string(i));
+    ctx->argument_of.resize(ctx->inputs.size(), int(i));
   }
   const bool backward = !node_stack().empty();
   if (!ctx->inputs.empty() && is_inplace(fn.name()))

@@ -1,0 +1,39 @@
+// Whole-step overhead of the op tracer on the reference workload, measured
+// side by side with a plain step and with autograd's DetectAnomalyGuard.
+// Prints `plain_step_s`, `tracer_step_s`, `anomaly_step_s`, `tracer_ratio`
+// and `anomaly_ratio`. Usage: tracer_bench [rounds]
+#include "reference_workload.h"
+
+#include <nanguard/tracer.h>
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+
+int main(int argc, char** argv) {
+  const int rounds = argc > 1 ? std::atoi(argv[1]) : 8;
+  at::set_num_threads(2);
+  torch::manual_seed(0);
+  nanguard::bench::reference_workload w;
+  int64_t findings = 0;
+
+  const auto plain = [&] { w.plain_step(); };
+  const auto traced = [&] {
+    nanguard::tracer t;  // every forward and backward op checked, NaN and Inf
+    t.name_parameters(*w.model);
+    w.plain_step();
+    findings += int64_t(t.findings().size());
+  };
+  const auto anomaly = [&] {
+    torch::autograd::DetectAnomalyGuard guard;
+    w.plain_step();
+  };
+  const auto s = nanguard::bench::median_seconds({plain, traced, anomaly}, rounds);
+  fmt::print("rounds: {} (median step time, variants interleaved)\n", rounds);
+  fmt::print("plain_step_s: {:.4f}\n", s[0]);
+  fmt::print("tracer_step_s: {:.4f}\n", s[1]);
+  fmt::print("anomaly_step_s: {:.4f}\n", s[2]);
+  fmt::print("tracer_ratio: {:.3f}\n", s[1] / s[0]);
+  fmt::print("anomaly_ratio: {:.3f}\n", s[2] / s[0]);
+  if (findings != 0) fmt::print("warning: the healthy workload produced {} findings\n", findings);
+}
