@@ -219,7 +219,8 @@ at::Tensor column_stats::zscore(const at::Tensor& batch) const {
   TORCH_CHECK(rows_ > 0, "nanguard::column_stats::zscore: no data yet; call update() first");
   const at::Tensor s = std();
   const at::Tensor safe = at::where(s > 0, s, at::full_like(s, kNaN));
-  return (as_matrix(batch) - mean()) / safe;
+  const at::Tensor z = (as_matrix(batch) - mean()) / safe;
+  return at::where(at::isfinite(z), z, at::full_like(z, kNaN));  // non-finite x: no z-score
 }
 
 at::Tensor column_stats::robust_zscore(const at::Tensor& batch) const {

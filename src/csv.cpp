@@ -287,11 +287,11 @@ int64_t csv_reader::read_rows(std::vector<double>& out, int64_t max_rows) {
 }
 
 at::Tensor csv_reader::next_batch(int64_t max_rows) {
-  std::vector<double> values;
-  const int64_t n = read_rows(values, max_rows);
+  scratch_.clear();
+  const int64_t n = read_rows(scratch_, max_rows);
   const int64_t ncols = int64_t(columns_.size());
   at::Tensor t = at::empty({n, ncols}, at::kDouble);
-  if (n) std::memcpy(t.data_ptr<double>(), values.data(), values.size() * sizeof(double));
+  if (n) std::memcpy(t.data_ptr<double>(), scratch_.data(), scratch_.size() * sizeof(double));
   return t;
 }
 

@@ -191,6 +191,10 @@ TEST(column_stats, zscores_follow_the_3_sigma_and_robust_rules) {
   EXPECT_GT(rz[9][0].item<double>(), 3.5);
   EXPECT_LT(std::fabs(rz[8][0].item<double>()), 3.5);
   EXPECT_TRUE(std::isnan(rz[0][1].item<double>()));
+  // A non-finite value has no z-score (it is not an outlier, it is missing).
+  const at::Tensor bad = at::tensor({kInf, 4.0, kNaN, 4.0}, at::kDouble).reshape({2, 2});
+  EXPECT_TRUE(at::isnan(s.zscore(bad).select(1, 0)).all().item<bool>());
+  EXPECT_TRUE(at::isnan(s.robust_zscore(bad).select(1, 0)).all().item<bool>());
   const std::string msg = error_of([&] { s.zscore(at::ones({2, 3}, at::kDouble)); });
   EXPECT_NE(msg.find("the batch has 3 features but the statistics were fitted on 2"), std::string::npos)
       << msg;

@@ -86,7 +86,8 @@ class csv_reader {
   int64_t rows_read_ = 0;
   int64_t bytes_consumed_ = 0;
   std::vector<std::string> columns_;
-  std::string field_;  // scratch for quoted fields
+  std::string field_;           // scratch for quoted fields
+  std::vector<double> scratch_;  // next_batch's rows, reused: no heap churn per batch
 };
 
 /// A whole numeric CSV file in memory.

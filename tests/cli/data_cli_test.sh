@@ -2,8 +2,9 @@
 # CLI test of `nanguard scan` and `nanguard clean`: exit codes, output, and
 # the files written. Usage: data_cli_test.sh path/to/nanguard WORK_DIR
 set -u
-NANGUARD=$1
+NANGUARD=$(realpath -- "$1")
 WORK=$2
+[ -x "$NANGUARD" ] || { echo "FAIL: no nanguard binary at '$1'"; exit 1; }
 rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK" || exit 1
 failures=0
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }

@@ -29,6 +29,7 @@ struct clean_args {
 };
 
 int run_clean(const clean_args& a) {
+  keep_memory_bounded();
   column_stats stats = fit_columns(a.path, a.seed);
   auto in = open_csv(a.path);
   const std::vector<std::string> names = in->columns();

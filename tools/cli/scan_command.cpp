@@ -45,6 +45,7 @@ double at_(const at::Tensor& t, int64_t j) { return t.data_ptr<double>()[j]; }
 double num(double v) { return v; }
 
 int run_scan(const scan_args& a) {
+  keep_memory_bounded();
   // ---- pass 1: statistics and a row sample
   const column_stats stats = fit_columns(a.path, a.seed);
   auto header = open_csv(a.path);
@@ -85,6 +86,12 @@ int run_scan(const scan_args& a) {
     const at::Tensor m = feat_median.nan_to_num(0.0).expand_as(x);
     return at::where(at::isfinite(x), x, m);
   };
+  // Per-feature constants of the z-scores (as column_stats::zscore and
+  // robust_zscore compute them), computed once rather than per batch.
+  const auto nan_if_zero = [](const at::Tensor& t) { return at::where(t > 0, t, at::full_like(t, NAN)); };
+  const at::Tensor feat_mean = mean.index_select(0, feat_idx);
+  const at::Tensor feat_sd = nan_if_zero(sd.index_select(0, feat_idx));
+  const at::Tensor feat_mad = nan_if_zero(mad.index_select(0, feat_idx));
   int64_t fitted_rows = 0;
   if (use_forest) {
     const at::Tensor sample = impute(stats.sample().index_select(1, feat_idx));
@@ -111,8 +118,10 @@ int run_scan(const scan_args& a) {
         }
       if (!feats.empty()) {
         const at::Tensor x = b.index_select(1, feat_idx);
-        const at::Tensor z = stats.zscore(b).index_select(1, feat_idx).abs() > a.sigmas;
-        const at::Tensor rz = stats.robust_zscore(b).index_select(1, feat_idx).abs() > a.robust_z;
+        // No z-score for a non-finite x, nor where std / MAD = 0 (NaN > k is false).
+        const at::Tensor finite = at::isfinite(x);
+        const at::Tensor z = finite & (((x - feat_mean) / feat_sd).abs() > a.sigmas);
+        const at::Tensor rz = finite & ((0.6745 * (x - feat_median) / feat_mad).abs() > a.robust_z);
         const at::Tensor zc = z.sum(0), rzc = rz.sum(0);
         for (size_t k = 0; k < feats.size(); ++k) {
           cols[size_t(feats[k])].out_sigma += zc[int64_t(k)].item<int64_t>();
