@@ -238,8 +238,8 @@ int run_scan(const scan_args& a) {
   }());
   fmt::print("rows with a 3σ outlier: {}; with |robust z| > {}: {}\n", rows_sigma, a.robust_z, rows_robust);
   if (use_forest) {
-    fmt::print("isolation forest (100 trees, fitted on {} sampled rows): {} rows score below -0.5; "
-               "most anomalous:\n", fitted_rows, rows_forest);
+    fmt::print("isolation forest (100 trees, fitted on {} sampled rows; scikit-learn's score_samples, "
+               "lower is odder): most anomalous rows\n", fitted_rows);
     for (const auto& [s, r] : worst) fmt::print("  row {:<10} score {:.4f}\n", r, s);
   }
   fmt::print("\nadvice:\n");
