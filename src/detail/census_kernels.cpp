@@ -379,3 +379,75 @@ bool any_nonfinite_16bit(const uint16_t* bits, int64_t n, uint16_t exponent_mask
 }
 
 }  // namespace nanguard::detail
+
+// ---------------------------------------------------------------- sentinel
+// Sum of squares for the sentinel's gradient pass: float lanes per block of
+// kSumsqBlock elements, widened to double per block. A non-finite sum sends
+// the block to an exact scalar loop (NaN/Inf, or squares beyond float range).
+namespace nanguard::detail {
+namespace {
+
+constexpr int64_t kSumsqBlock = 4096;
+
+template <typename T>
+sumsq_partial sumsq_exact(const T* x, int64_t n) {
+  sumsq_partial p;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = double(x[i]);
+    if (std::isfinite(v)) p.sumsq += v * v;
+    else ++p.nonfinite;
+  }
+  return p;
+}
+
+template <typename T, int Bytes, int U>
+NANGUARD_HOT sumsq_partial sumsq_range(const T* x, int64_t n) {
+  using S = simd<T, Bytes>;
+  using V = typename S::value;
+  constexpr int64_t step = int64_t(S::lanes) * U;
+  sumsq_partial total;
+  for (int64_t start = 0; start < n; start += kSumsqBlock) {
+    const int64_t end = std::min(n, start + kSumsqBlock);
+    V acc[U] = {};
+    int64_t i = start;
+    for (; i + step <= end; i += step) {
+#pragma GCC unroll 8
+      for (int u = 0; u < U; ++u) {
+        const V v = S::load(x + i + u * S::lanes);
+        acc[u] += v * v;
+      }
+    }
+    T s = S::sum(acc, U);
+    for (; i < end; ++i) s += x[i] * x[i];
+    if (std::isfinite(s)) {
+      total.sumsq += double(s);
+    } else {
+      const sumsq_partial e = sumsq_exact(x + start, end - start);
+      total.sumsq += e.sumsq;
+      total.nonfinite += e.nonfinite;
+    }
+  }
+  return total;
+}
+
+#define NANGUARD_SUMSQ_KERNELS(isa, target, bytes, regs)                 \
+  target sumsq_partial sumsq_f32_##isa(const float* x, int64_t n) {      \
+    return sumsq_range<float, bytes, regs>(x, n);                        \
+  }                                                                      \
+  target sumsq_partial sumsq_f64_##isa(const double* x, int64_t n) {     \
+    return sumsq_range<double, bytes, regs>(x, n);                       \
+  }
+
+#if NANGUARD_X86
+NANGUARD_SUMSQ_KERNELS(avx512, __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma"))), 64, 8)
+NANGUARD_SUMSQ_KERNELS(avx2, __attribute__((target("avx2,fma"))), 32, 8)
+#endif
+NANGUARD_SUMSQ_KERNELS(baseline, , 16, 8)
+
+}  // namespace
+
+sumsq_partial sumsq_f32(const float* x, int64_t n) { NANGUARD_DISPATCH(sumsq_f32, x, n) }
+
+sumsq_partial sumsq_f64(const double* x, int64_t n) { NANGUARD_DISPATCH(sumsq_f64, x, n) }
+
+}  // namespace nanguard::detail

@@ -48,3 +48,18 @@ bool any_nonfinite_f64(const double* x, int64_t n);
 bool any_nonfinite_16bit(const uint16_t* bits, int64_t n, uint16_t exponent_mask);
 
 }  // namespace nanguard::detail
+
+namespace nanguard::detail {
+
+/// Sum of squares and non-finite count of one gradient range (the sentinel's pass).
+struct sumsq_partial {
+  double sumsq = 0;       ///< sum of x^2 over the finite elements
+  int64_t nonfinite = 0;  ///< NaN and Inf elements
+};
+
+/// Sum of squares of x[0, n) in one vectorised read; NaN/Inf counted apart.
+sumsq_partial sumsq_f32(const float* x, int64_t n);
+/// The same for float64.
+sumsq_partial sumsq_f64(const double* x, int64_t n);
+
+}  // namespace nanguard::detail

@@ -1,0 +1,76 @@
+// events.h — the guard's JSONL event log: one line per step, flushed as it
+// is written, so a crash loses nothing already logged.
+//
+//   nanguard::event_log log("train.jsonl");
+//   nanguard::step_event e;
+//   e.step = 7; e.loss = 0.31; e.grad_norm = 1.2; e.action = "step";
+//   log.write(e);
+//   for (auto& ev : nanguard::read_events("train.jsonl")) std::cout << ev.action << "\n";
+#pragma once
+
+#include <nanguard/finding.h>
+#include <nanguard/sentinel.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace nanguard {
+
+/// One parameter whose gradient held NaN/Inf.
+struct bad_parameter {
+  std::string name;      ///< parameter name
+  int64_t nonfinite = 0; ///< NaN and Inf elements in its gradient
+};
+
+/// Everything the guard knows about one step.
+struct step_event {
+  int64_t step = 0;             ///< the guard's step counter (1-based)
+  double loss = 0;              ///< the loss (unscaled); NaN/Inf when bad
+  double grad_norm = 0;         ///< global grad norm before clipping (unscaled)
+  double clip_coef = 1;         ///< factor the gradients were clipped by
+  double scale = 1;             ///< loss scale used for this step
+  double lr = 0;                ///< learning rate of the first param group
+  bool skipped = false;         ///< true when the optimizer did not step
+  /// "step", "skip", "backoff", "rollback", "abort".
+  std::string action = "step";
+  std::vector<spike> spikes;    ///< loss / grad-norm spikes
+  std::vector<bad_parameter> nonfinite_params;  ///< parameters with bad gradients
+  /// "", "reproduced" or "not reproduced" (replay of a bad step).
+  std::string verdict;
+  std::vector<finding> findings;  ///< the tracer's findings from the replay
+  int64_t rollback_to = -1;     ///< rollback: the step of the restored snapshot
+  std::string bundle;           ///< abort: the repro bundle's directory
+  std::string note;             ///< free text (e.g. an error message)
+};
+
+/// One JSON object, no newline.
+std::string to_json(const step_event& e);
+/// Reads a line written by to_json. Throws c10::Error on malformed input.
+step_event step_event_from_json(const std::string& line);
+
+/// Appends step events to a JSONL file, one flushed line each.
+class event_log {
+ public:
+  /// Opens `path` for appending (truncates first when `truncate`).
+  /// Throws c10::Error when the file cannot be opened.
+  explicit event_log(const std::string& path, bool truncate = false);
+  ~event_log();
+  event_log(const event_log&) = delete;
+  event_log& operator=(const event_log&) = delete;
+  /// Writes one line and flushes it.
+  void write(const step_event& e);
+  /// The file it writes.
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+/// Every event of a JSONL log, in order.
+std::vector<step_event> read_events(const std::string& path);
+
+}  // namespace nanguard

@@ -1,0 +1,163 @@
+// guard.h — what a user puts in a LibTorch training loop to keep it finite.
+//
+// Every step: the loss is checked before backward; after backward one fused
+// pass over the gradients (the sentinel) gives the norms, unscaling and
+// clipping ride on it, and spikes are flagged. When anything is not finite
+// nothing is stepped: the guard replays the same step (same batch, same
+// parameters, same RNG state) under the tracer to name the op that made the
+// NaN/Inf, then its policy acts (skip, back off the loss scale, roll back and
+// lower the LR, or write a repro bundle and throw). Every step is a line in
+// the JSONL event log.
+//
+//   nanguard::guard g(model, optimizer, nanguard::guard_options()
+//                                           .policy(nanguard::policy::rollback)
+//                                           .max_norm(1.0)
+//                                           .event_log("train.jsonl"));
+//   for (auto& [x, y] : batches) {
+//     nanguard::step_event e = g.step({x, y}, [&](const std::vector<at::Tensor>& b) {
+//       return torch::nn::functional::cross_entropy(model->forward(b[0]), b[1]);
+//     });
+//     if (e.skipped) std::cerr << "step " << e.step << ": " << e.action << "\n";
+//   }
+//
+// NOTE: the step closure must be a function of the batch, the parameters and
+// the RNG only (no other hidden state that changes between calls), so that
+// a replay repeats it.
+#pragma once
+
+#include <nanguard/events.h>
+#include <nanguard/loss_scaler.h>
+#include <nanguard/schedule.h>
+#include <nanguard/sentinel.h>
+#include <nanguard/snapshot.h>
+#include <nanguard/tracer.h>
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torch::nn {
+class Module;
+template <typename Contained>
+class ModuleHolder;
+}  // namespace torch::nn
+namespace torch::optim {
+class Optimizer;
+}  // namespace torch::optim
+
+namespace nanguard {
+
+/// What the guard does with a step whose loss or gradients are not finite.
+/// In every case the optimizer does not step on it.
+enum class policy {
+  skip,      ///< drop the step (the loss scaler, if enabled, still backs off)
+  backoff,   ///< drop the step and back off the loss scale
+  rollback,  ///< restore the last snapshot, multiply the LR by rollback_lr_factor
+  abort,     ///< write a repro bundle, then throw nonfinite_error
+};
+
+/// "skip", "backoff", "rollback", "abort".
+const char* to_string(policy p);
+
+/// Options of a `guard`.
+struct guard_options {
+  /// The remedy for a non-finite step.
+  TORCH_ARG(nanguard::policy, policy) = policy::skip;
+  /// Clip the global grad norm to this (0: no clipping).
+  TORCH_ARG(double, max_norm) = 0.0;
+  /// Clamp gradient elements to ±clip_value after norm clipping (0: off).
+  TORCH_ARG(double, clip_value) = 0.0;
+  /// Dynamic loss scaling; disabled by default (enable it for float16).
+  TORCH_ARG(loss_scaler_options, scaler) = loss_scaler_options().enabled(false);
+  /// Spike detection on the loss and the grad norm.
+  TORCH_ARG(spike_options, spikes) = {};
+  /// Replay a bad step under the tracer to name the op (and give a verdict).
+  TORCH_ARG(bool, replay) = true;
+  /// Options of the replay's tracer.
+  TORCH_ARG(tracer_options, tracer) = {};
+  /// JSONL event log path ("" : no log file).
+  TORCH_ARG(std::string, event_log) = "";
+  /// Truncate the event log at start (false: append).
+  TORCH_ARG(bool, truncate_event_log) = true;
+  /// Where abort writes repro bundles.
+  TORCH_ARG(std::string, bundle_dir) = "nanguard-bundles";
+  /// Save the parameters in the bundle too.
+  TORCH_ARG(bool, bundle_parameters) = true;
+  /// rollback: snapshot every this many steps (and once at start); a due
+  /// snapshot waits for a step with finite values and no spike.
+  TORCH_ARG(int64_t, snapshot_every) = 100;
+  /// rollback: snapshots kept.
+  TORCH_ARG(int64_t, snapshot_keep) = 2;
+  /// rollback: the LR is multiplied by this on every rollback.
+  TORCH_ARG(double, rollback_lr_factor) = 0.5;
+  /// rollback: false runs the offending batch again after rolling back.
+  TORCH_ARG(bool, rollback_skip_batch) = true;
+  /// Non-finite steps in a row after which the guard aborts whatever the
+  /// policy (0: never).
+  TORCH_ARG(int64_t, max_bad_steps) = 0;
+  /// An LR schedule the guard applies every step (times the rollback factor).
+  TORCH_ARG(std::optional<schedule_options>, schedule) = std::nullopt;
+};
+
+/// The step closure: batch → scalar loss (forward only; the guard does backward).
+using step_fn = std::function<at::Tensor(const std::vector<at::Tensor>& batch)>;
+
+/// Guards the training steps of one model and its optimizer.
+///
+/// NOTE: single-threaded use; the model and optimizer must outlive the guard.
+class guard {
+ public:
+  /// Guards `model`'s parameters, stepped by `optimizer`. Validates options.
+  guard(torch::nn::Module& model, torch::optim::Optimizer& optimizer, guard_options options = {});
+  /// The same for a module holder (`torch::nn::Linear`, a TORCH_MODULE type).
+  template <typename Impl>
+  guard(torch::nn::ModuleHolder<Impl>& model, torch::optim::Optimizer& optimizer, guard_options options = {})
+      : guard(*model.ptr(), optimizer, std::move(options)) {}
+  ~guard();
+  guard(const guard&) = delete;
+  guard& operator=(const guard&) = delete;
+
+  /// Runs one guarded step on `batch`: zero grads, loss = fn(batch), checks,
+  /// (scaled) backward, sentinel pass, unscale + clip, optimizer step, or the
+  /// policy. Returns the step's event (also written to the log).
+  /// Throws nonfinite_error under policy abort (after writing the bundle),
+  /// and c10::Error when the loss scale falls below its minimum.
+  step_event step(const std::vector<at::Tensor>& batch, const step_fn& fn);
+
+  /// Steps run so far.
+  int64_t steps() const;
+  /// Steps the optimizer did not take.
+  int64_t skipped() const;
+  /// Rollbacks so far.
+  int64_t rollbacks() const;
+  /// The product of the rollback LR factors so far.
+  double lr_factor() const;
+  /// The loss scaler.
+  loss_scaler& scaler();
+  /// The sentinel.
+  nanguard::sentinel& sentinel();
+  /// The snapshot ring (empty unless the policy is rollback).
+  snapshot_ring& snapshots();
+  /// The options it was made with.
+  const guard_options& options() const;
+
+  struct impl;  ///< the state (defined in guard.cpp)
+
+ private:
+  std::unique_ptr<impl> impl_;
+};
+
+namespace detail {
+/// Runs `fn` and returns clones of the inputs of the first call of ATen op
+/// `op` on this thread whose floating inputs are finite and whose output is
+/// not (the producer); empty if none. Used for the bundle's culprit inputs.
+std::vector<at::Tensor> capture_producer_inputs(const std::string& op, const std::function<void()>& fn);
+}  // namespace detail
+
+}  // namespace nanguard

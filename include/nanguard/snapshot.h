@@ -1,0 +1,76 @@
+// snapshot.h — an in-memory ring of parameter, buffer and optimizer state,
+// for rolling a diverged run back, and a diff that ranks the parameters by
+// how far they moved since the last good snapshot (which layer diverged).
+//
+//   nanguard::snapshot_ring ring(*model, optimizer, /*capacity=*/2);
+//   if (step % 100 == 0) ring.take(step);
+//   ...
+//   for (auto& c : ring.diff()) std::cout << c.name << " " << c.relative << "\n";
+//   int64_t back_to = ring.restore();   // parameters and optimizer state
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
+namespace torch::optim {
+class Optimizer;
+}  // namespace torch::optim
+
+namespace nanguard {
+
+/// How far one parameter moved between a snapshot and now.
+struct param_change {
+  std::string name;          ///< parameter name
+  double relative = 0;       ///< |now - then| / (|then| + 1e-12); Inf when now is not finite
+  double absolute = 0;       ///< |now - then| (L2)
+  double norm_then = 0;      ///< |then| (L2)
+  double norm_now = 0;       ///< |now| (L2); NaN/Inf when not finite
+  bool finite = true;        ///< whether the parameter is finite now
+};
+
+/// A ring of the last `capacity` snapshots of a model and its optimizer.
+///
+/// NOTE: copies live in memory (one copy of parameters, buffers and
+/// optimizer state per snapshot).
+class snapshot_ring {
+ public:
+  /// Watches `module` (parameters and buffers) and `optimizer` (its state).
+  /// REQUIRES: capacity >= 1; both outlive the ring.
+  snapshot_ring(torch::nn::Module& module, torch::optim::Optimizer& optimizer, int64_t capacity = 2);
+  ~snapshot_ring();
+
+  /// Copies the current state, tagged with `step`; drops the oldest when full.
+  void take(int64_t step);
+  /// Restores the newest snapshot in place (parameters keep their identity);
+  /// returns its step. Throws c10::Error when the ring is empty.
+  int64_t restore();
+  /// Drops the newest snapshot (e.g. when it led to a second divergence).
+  void drop_newest();
+  /// Newest snapshot vs the current parameters, largest relative change first.
+  std::vector<param_change> diff() const;
+
+  /// Snapshots held.
+  int64_t size() const { return int64_t(ring_.size()); }
+  /// True when no snapshot is held.
+  bool empty() const { return ring_.empty(); }
+  /// Step of the newest snapshot; -1 when empty.
+  int64_t newest_step() const;
+
+  struct data;  ///< one snapshot (defined in snapshot.cpp)
+
+ private:
+  torch::nn::Module& module_;
+  torch::optim::Optimizer& optimizer_;
+  int64_t capacity_;
+  std::deque<std::shared_ptr<const data>> ring_;
+};
+
+}  // namespace nanguard

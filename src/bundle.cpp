@@ -1,0 +1,152 @@
+#include "nanguard/bundle.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/Dict.h>
+#include <ATen/core/List.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/version.h>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fmt/format.h>
+#include <fstream>
+
+namespace nanguard {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+json number(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+double number_from(const json& j) {
+  if (j.is_number()) return j.get<double>();
+  const std::string s = j.get<std::string>();
+  if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
+  return s == "-inf" ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();
+}
+
+void write_file(const fs::path& path, const char* data, size_t size) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(data, std::streamsize(size));
+  out.flush();
+  TORCH_CHECK(out.good(), "nanguard::write_bundle: cannot write '", path.string(),
+              "'; check that the directory is writable and the disk not full");
+}
+
+void save(const fs::path& path, const c10::IValue& v) {
+  const std::vector<char> bytes = torch::jit::pickle_save(v);
+  write_file(path, bytes.data(), bytes.size());
+}
+
+c10::IValue load(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK(in, "nanguard::read_bundle: '", path.string(), "' is missing; is this a directory "
+              "written by write_bundle?");
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  try {
+    return torch::jit::pickle_load(bytes);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "nanguard::read_bundle: '", path.string(), "' is not a pickled tensor file: ", e.what());
+  }
+}
+
+c10::IValue tensor_list(const std::vector<at::Tensor>& ts) {
+  c10::List<at::Tensor> l;
+  for (const auto& t : ts) l.push_back(t.defined() ? t.detach().cpu() : at::Tensor());
+  return l;
+}
+
+std::vector<at::Tensor> from_list(const c10::IValue& v, const fs::path& path) {
+  TORCH_CHECK(v.isTensorList() || v.isList(), "nanguard::read_bundle: '", path.string(),
+              "' should hold a list of tensors but holds ", v.tagKind());
+  std::vector<at::Tensor> out;
+  for (const auto& e : v.toListRef()) out.push_back(e.isTensor() ? e.toTensor() : at::Tensor());
+  return out;
+}
+
+}  // namespace
+
+const char* version() { return "0.1.0"; }
+
+std::string write_bundle(const std::string& parent, const bundle& b) {
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  TORCH_CHECK(!ec, "nanguard::write_bundle: cannot create '", parent, "': ", ec.message());
+  const fs::path tmp = fs::path(parent) / fmt::format(".tmp-step-{}-{}", b.step, ::getpid());
+  fs::remove_all(tmp, ec);
+  fs::create_directory(tmp, ec);
+  TORCH_CHECK(!ec, "nanguard::write_bundle: cannot create '", tmp.string(), "': ", ec.message());
+
+  json meta;
+  meta["format"] = "nanguard-bundle/1";
+  meta["step"] = b.step;
+  meta["lr"] = number(b.lr);
+  meta["scale"] = number(b.scale);
+  meta["loss"] = number(b.loss);
+  meta["policy"] = b.policy;
+  meta["verdict"] = b.verdict;
+  meta["versions"] = {{"nanguard", version()}, {"torch", TORCH_VERSION}};
+  meta["finding"] = b.finding ? json::parse(to_json(*b.finding)) : json(nullptr);
+  meta["files"] = {"batch.pt", "rng_state.pt", "culprit_inputs.pt", "parameters.pt"};
+  const std::string text = meta.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+  write_file(tmp / "meta.json", text.data(), text.size());
+
+  save(tmp / "batch.pt", tensor_list(b.batch));
+  save(tmp / "rng_state.pt", b.rng_state.defined() ? b.rng_state : at::empty({0}, at::kByte));
+  save(tmp / "culprit_inputs.pt", tensor_list(b.culprit_inputs));
+  c10::Dict<std::string, at::Tensor> params;
+  for (const auto& [name, t] : b.parameters) params.insert(name, t.detach().cpu());
+  save(tmp / "parameters.pt", params);
+
+  fs::path dest = fs::path(parent) / fmt::format("step-{:06d}", b.step);
+  for (int k = 2; fs::exists(dest); ++k) dest = fs::path(parent) / fmt::format("step-{:06d}-{}", b.step, k);
+  fs::rename(tmp, dest, ec);
+  TORCH_CHECK(!ec, "nanguard::write_bundle: cannot rename '", tmp.string(), "' to '", dest.string(),
+              "': ", ec.message());
+  return dest.string();
+}
+
+bundle read_bundle(const std::string& dir) {
+  const fs::path d(dir);
+  std::ifstream in(d / "meta.json");
+  TORCH_CHECK(in, "nanguard::read_bundle: '", (d / "meta.json").string(),
+              "' is missing; pass the directory write_bundle returned");
+  json meta;
+  try {
+    in >> meta;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "nanguard::read_bundle: '", (d / "meta.json").string(), "' is not JSON: ", e.what());
+  }
+  bundle b;
+  b.step = meta.value("step", int64_t(-1));
+  b.lr = number_from(meta.value("lr", json(0.0)));
+  b.scale = number_from(meta.value("scale", json(1.0)));
+  b.loss = number_from(meta.value("loss", json(0.0)));
+  b.policy = meta.value("policy", std::string());
+  b.verdict = meta.value("verdict", std::string());
+  if (meta.contains("versions")) {
+    b.nanguard_version = meta["versions"].value("nanguard", std::string());
+    b.torch_version = meta["versions"].value("torch", std::string());
+  }
+  if (meta.contains("finding") && !meta["finding"].is_null()) b.finding = finding_from_json(meta["finding"].dump());
+  b.batch = from_list(load(d / "batch.pt"), d / "batch.pt");
+  const c10::IValue rng = load(d / "rng_state.pt");
+  TORCH_CHECK(rng.isTensor(), "nanguard::read_bundle: rng_state.pt should hold a tensor");
+  b.rng_state = rng.toTensor();
+  b.culprit_inputs = from_list(load(d / "culprit_inputs.pt"), d / "culprit_inputs.pt");
+  const c10::IValue params = load(d / "parameters.pt");
+  TORCH_CHECK(params.isGenericDict(), "nanguard::read_bundle: parameters.pt should hold a dict");
+  for (const auto& e : params.toGenericDict())
+    b.parameters.emplace_back(e.key().toStringRef(), e.value().toTensor());
+  return b;
+}
+
+}  // namespace nanguard

@@ -1,0 +1,375 @@
+#include "nanguard/guard.h"
+
+#include "nanguard/bundle.h"
+#include "nanguard/census.h"
+#include "nanguard/clip.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/record_function.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cmath>
+#include <mutex>
+
+namespace nanguard {
+
+const char* to_string(policy p) {
+  switch (p) {
+    case policy::skip: return "skip";
+    case policy::backoff: return "backoff";
+    case policy::rollback: return "rollback";
+    case policy::abort: return "abort";
+  }
+  return "?";
+}
+
+namespace detail {
+namespace {
+
+// State of capture_producer_inputs; RecordFunction callbacks are plain
+// function pointers, so it lives in a thread-local.
+struct capture_state {
+  std::string op;
+  bool done = false;
+  std::vector<at::Tensor> inputs;
+};
+thread_local capture_state* t_capture = nullptr;
+
+bool ivalue_nonfinite(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    return t.defined() && t.is_floating_point() && has_nonfinite(t);
+  }
+  if (v.isTensorList())
+    for (const at::Tensor& t : v.toTensorVector())
+      if (t.defined() && t.is_floating_point() && has_nonfinite(t)) return true;
+  return false;
+}
+
+std::unique_ptr<at::ObserverContext> capture_start(const at::RecordFunction& fn) {
+  capture_state* s = t_capture;
+  if (!s || s->done || s->op != fn.name()) return nullptr;
+  at::RecordFunctionGuard no_recursion(false);
+  // Inputs are cloned at the start: in-place ops overwrite them.
+  for (const auto& v : fn.inputs())
+    if (ivalue_nonfinite(v)) return nullptr;
+  s->inputs.clear();
+  for (const auto& v : fn.inputs())
+    if (v.isTensor() && v.toTensor().defined()) s->inputs.push_back(v.toTensor().detach().clone());
+  return nullptr;
+}
+
+void capture_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  capture_state* s = t_capture;
+  if (!s || s->done || s->op != fn.name() || s->inputs.empty()) return;
+  at::RecordFunctionGuard no_recursion(false);
+  for (const auto& v : fn.outputs())
+    if (ivalue_nonfinite(v)) {
+      s->done = true;
+      return;
+    }
+  s->inputs.clear();
+}
+
+}  // namespace
+
+std::vector<at::Tensor> capture_producer_inputs(const std::string& op, const std::function<void()>& fn) {
+  capture_state state;
+  state.op = op;
+  capture_state* previous = t_capture;
+  t_capture = &state;
+  const auto handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback(capture_start, capture_end).needsInputs(true).needsOutputs(true)
+          .scopes({at::RecordScope::FUNCTION}));
+  try {
+    fn();
+  } catch (...) {
+    at::removeCallback(handle);
+    t_capture = previous;
+    throw;
+  }
+  at::removeCallback(handle);
+  t_capture = previous;
+  return state.done ? state.inputs : std::vector<at::Tensor>{};
+}
+
+}  // namespace detail
+
+struct guard::impl {
+  impl(torch::nn::Module& m, torch::optim::Optimizer& o, guard_options opts)
+      : model(m), optimizer(o), options(std::move(opts)),
+        scaler(options.scaler()),
+        sentinel(m.named_parameters().pairs(), options.spikes()),
+        ring(m, o, options.snapshot_keep()) {}
+
+  torch::nn::Module& model;
+  torch::optim::Optimizer& optimizer;
+  guard_options options;
+  loss_scaler scaler;
+  nanguard::sentinel sentinel;
+  snapshot_ring ring;
+  std::optional<warmup_cosine> schedule;
+  std::unique_ptr<event_log> log;
+  int64_t step = 0;
+  int64_t skipped = 0;
+  int64_t rollbacks = 0;
+  int64_t bad_in_a_row = 0;
+  double lr_factor = 1.0;
+  bool retrying = false;
+  bool snapshot_pending = false;
+
+  at::Tensor rng_state() {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    return gen.get_state();
+  }
+  void set_rng_state(const at::Tensor& s) {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(s);
+  }
+
+  void write(const step_event& e) {
+    if (log) log->write(e);
+  }
+
+  // Runs the step again from the same RNG state, under the tracer; fills the
+  // event's findings and verdict. Leaves gradients zeroed and the RNG where
+  // the original step left it.
+  void replay(const std::vector<at::Tensor>& batch, const step_fn& fn, const at::Tensor& rng_before,
+              step_event& e) {
+    const at::Tensor rng_after = rng_state();
+    optimizer.zero_grad();
+    set_rng_state(rng_before);
+    bool reproduced = false;
+    try {
+      tracer t(options.tracer());
+      t.name_parameters(model);
+      for (size_t i = 0; i < batch.size(); ++i)
+        if (batch[i].defined()) t.name_tensor(batch[i], "batch[" + std::to_string(i) + "]");
+      t.set_step(step);
+      try {
+        const at::Tensor loss = fn(batch);
+        bool loss_ok;
+        {
+          tracer_pause pause(t);
+          loss_ok = sentinel.check_loss(loss);
+        }
+        if (!loss_ok) {
+          reproduced = true;
+        } else {
+          scaler.scale(loss).backward();
+          tracer_pause pause(t);
+          reproduced = !sentinel.inspect_grads(scaler.inv_scale()).finite();
+        }
+      } catch (const nonfinite_error& ex) {
+        reproduced = true;
+        e.note = std::string("replay: ") + ex.what();
+      }
+      reproduced = reproduced || t.found();
+      e.findings = t.findings();
+    } catch (const std::exception& ex) {
+      e.note = std::string("replay failed: ") + ex.what();
+    }
+    e.verdict = reproduced ? "reproduced" : "not reproduced";
+    optimizer.zero_grad();
+    set_rng_state(rng_after);
+  }
+
+  // Writes the repro bundle of a bad step; returns its directory.
+  std::string write_repro_bundle(const std::vector<at::Tensor>& batch, const step_fn& fn,
+                                 const at::Tensor& rng_before, const step_event& e) {
+    bundle b;
+    b.step = e.step;
+    b.lr = e.lr;
+    b.scale = e.scale;
+    b.loss = e.loss;
+    b.policy = to_string(options.policy());
+    b.verdict = e.verdict;
+    b.batch = batch;
+    b.rng_state = rng_before;
+    if (!e.findings.empty()) b.finding = e.findings.front();
+    if (options.bundle_parameters())
+      for (const auto& item : model.named_parameters()) b.parameters.emplace_back(item.key(), item.value());
+    if (b.finding && b.finding->role == role::producer && !b.finding->op.empty()) {
+      // One more replay, watching only the producer's op, to keep its inputs.
+      const at::Tensor rng_after = rng_state();
+      set_rng_state(rng_before);
+      try {
+        b.culprit_inputs = detail::capture_producer_inputs(b.finding->op, [&] {
+          const at::Tensor loss = fn(batch);
+          if (std::isfinite(loss.item<double>())) scaler.scale(loss).backward();
+        });
+      } catch (const std::exception&) {
+        // The bundle is still useful without the culprit's inputs.
+      }
+      optimizer.zero_grad();
+      set_rng_state(rng_after);
+    }
+    return write_bundle(options.bundle_dir(), b);
+  }
+};
+
+guard::guard(torch::nn::Module& model, torch::optim::Optimizer& optimizer, guard_options options)
+    : impl_(std::make_unique<impl>(model, optimizer, std::move(options))) {
+  const auto& o = impl_->options;
+  TORCH_CHECK(o.max_norm() >= 0 && std::isfinite(o.max_norm()),
+              "nanguard::guard_options: max_norm must be finite and >= 0 but is ", o.max_norm(),
+              "; 0 disables clipping, 1.0 is common");
+  TORCH_CHECK(o.clip_value() >= 0 && std::isfinite(o.clip_value()),
+              "nanguard::guard_options: clip_value must be finite and >= 0 but is ", o.clip_value(),
+              "; 0 disables value clipping");
+  TORCH_CHECK(o.snapshot_every() >= 1, "nanguard::guard_options: snapshot_every must be >= 1 but is ",
+              o.snapshot_every(), "; e.g. 100");
+  TORCH_CHECK(o.rollback_lr_factor() > 0 && o.rollback_lr_factor() <= 1,
+              "nanguard::guard_options: rollback_lr_factor must be in (0, 1] but is ", o.rollback_lr_factor(),
+              "; e.g. 0.5 halves the LR on every rollback");
+  TORCH_CHECK(o.max_bad_steps() >= 0, "nanguard::guard_options: max_bad_steps must be >= 0 but is ",
+              o.max_bad_steps(), "; 0 never aborts on its own");
+  TORCH_CHECK(!optimizer.param_groups().empty(),
+              "nanguard::guard: the optimizer has no param groups; make it with model->parameters()");
+  if (o.schedule()) impl_->schedule.emplace(*o.schedule());
+  if (!o.event_log().empty()) impl_->log = std::make_unique<event_log>(o.event_log(), o.truncate_event_log());
+  if (o.policy() == policy::rollback) impl_->ring.take(0);
+}
+
+guard::~guard() = default;
+
+step_event guard::step(const std::vector<at::Tensor>& batch, const step_fn& fn) {
+  impl& s = *impl_;
+  const guard_options& o = s.options;
+  step_event e;
+  e.step = ++s.step;
+  if (s.schedule) s.schedule->apply(s.optimizer, s.step - 1, s.lr_factor);
+  e.lr = get_lr(s.optimizer);
+  e.scale = s.scaler.get_scale();
+  const at::Tensor rng_before = s.rng_state();
+
+  s.optimizer.zero_grad();
+  grad_report report;
+  bool finite;
+  {
+    const at::Tensor loss = fn(batch);
+    finite = s.sentinel.check_loss(loss, &e.loss);
+    if (finite) {
+      s.scaler.scale(loss).backward();
+      report = s.sentinel.inspect_grads(s.scaler.inv_scale());
+      e.grad_norm = report.total_norm;
+      finite = report.finite();
+    } else {
+      e.grad_norm = std::numeric_limits<double>::quiet_NaN();
+    }
+  }
+
+  if (finite) {
+    e.spikes = s.sentinel.observe(e.loss, e.grad_norm);
+    e.clip_coef = clip_coefficient(e.grad_norm, o.max_norm());
+    s.sentinel.apply_factor_(s.scaler.inv_scale() * e.clip_coef);  // unscale + clip: one write
+    if (o.clip_value() > 0) clip_grad_value_(s.sentinel.parameters(), o.clip_value());
+    s.optimizer.step();
+    s.scaler.update(false);
+    s.bad_in_a_row = 0;
+    if (o.policy() == policy::rollback) {
+      // Only calm steps make a "last good" snapshot: a run that is already
+      // diverging (spiking) but still finite is not worth returning to.
+      s.snapshot_pending = s.snapshot_pending || s.step % o.snapshot_every() == 0;
+      if (s.snapshot_pending && e.spikes.empty()) {
+        s.ring.take(s.step);
+        s.snapshot_pending = false;
+      }
+    }
+    s.write(e);
+    return e;
+  }
+
+  // Not finite: nothing is stepped. Name the op first, then act.
+  for (size_t i = 0; i < report.nonfinite_counts.size(); ++i)
+    if (report.nonfinite_counts[i] > 0)
+      e.nonfinite_params.push_back({s.sentinel.names()[i], report.nonfinite_counts[i]});
+  if (o.replay()) s.replay(batch, fn, rng_before, e);
+  s.optimizer.zero_grad();
+  e.skipped = true;
+  ++s.skipped;
+  ++s.bad_in_a_row;
+
+  policy p = o.policy();
+  if (o.max_bad_steps() > 0 && s.bad_in_a_row >= o.max_bad_steps()) {
+    p = policy::abort;
+    e.note = "max_bad_steps=" + std::to_string(o.max_bad_steps()) + " non-finite steps in a row";
+  }
+
+  if (p == policy::abort) {
+    e.action = "abort";
+    e.bundle = s.write_repro_bundle(batch, fn, rng_before, e);
+    s.write(e);
+    finding f;
+    if (!e.findings.empty()) {
+      f = e.findings.front();
+    } else {
+      f.step = s.step;
+      f.op = e.nonfinite_params.empty() ? "loss" : "backward";
+      f.role = role::input;
+      f.culprit = e.nonfinite_params.empty() ? "loss" : e.nonfinite_params.front().name;
+      f.value = e.nonfinite_params.empty() ? e.loss : std::numeric_limits<double>::quiet_NaN();
+    }
+    throw nonfinite_error(f);
+  }
+
+  // The loss scaler backs off on every non-finite step (GradScaler semantics).
+  const auto backoff = [&] {
+    try {
+      s.scaler.update(true);
+    } catch (const std::exception& ex) {
+      e.note = ex.what();
+      s.write(e);
+      throw;
+    }
+  };
+  switch (p) {
+    case policy::skip:
+      e.action = "skip";
+      backoff();
+      break;
+    case policy::backoff:
+      e.action = "backoff";
+      if (!s.scaler.enabled()) e.note = "loss scaling is disabled: the step was skipped";
+      backoff();
+      break;
+    case policy::rollback: {
+      e.action = "rollback";
+      e.rollback_to = s.ring.restore();
+      s.lr_factor *= o.rollback_lr_factor();
+      if (!s.schedule) scale_lr(s.optimizer, o.rollback_lr_factor());
+      else s.schedule->apply(s.optimizer, s.step - 1, s.lr_factor);
+      ++s.rollbacks;
+      s.sentinel.reset_spikes();  // the windows hold the divergence
+      s.snapshot_pending = false;
+      backoff();
+      break;
+    }
+    case policy::abort: break;  // handled above
+  }
+  s.write(e);
+  if (p == policy::rollback && !o.rollback_skip_batch() && !s.retrying) {
+    s.retrying = true;
+    struct reset {
+      bool& flag;
+      ~reset() { flag = false; }
+    } r{s.retrying};
+    return step(batch, fn);
+  }
+  return e;
+}
+
+int64_t guard::steps() const { return impl_->step; }
+int64_t guard::skipped() const { return impl_->skipped; }
+int64_t guard::rollbacks() const { return impl_->rollbacks; }
+double guard::lr_factor() const { return impl_->lr_factor; }
+loss_scaler& guard::scaler() { return impl_->scaler; }
+nanguard::sentinel& guard::sentinel() { return impl_->sentinel; }
+snapshot_ring& guard::snapshots() { return impl_->ring; }
+const guard_options& guard::options() const { return impl_->options; }
+
+}  // namespace nanguard

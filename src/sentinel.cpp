@@ -1,0 +1,173 @@
+#include "nanguard/sentinel.h"
+
+#include "nanguard/census.h"
+
+#include "detail/census_kernels.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace nanguard {
+namespace {
+
+// Elements per work item of the fused pass: big gradients split, so two
+// threads share even one large matrix; small ones are one item each.
+constexpr int64_t kItem = int64_t(1) << 16;
+
+struct work_item {
+  int64_t param;
+  int64_t start;
+  int64_t len;
+};
+
+double median_of(std::vector<double>& v) {
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + mid, v.end());
+  double m = v[mid];
+  if (v.size() % 2 == 0) m = (m + *std::max_element(v.begin(), v.begin() + mid)) / 2;
+  return m;
+}
+
+}  // namespace
+
+spike_detector::spike_detector(spike_options options) : options_(std::move(options)) {
+  TORCH_CHECK(options_.window() >= 3, "nanguard::spike_options: window must be at least 3 but is ",
+              options_.window(), "; set spike_options().window(50) or larger");
+  TORCH_CHECK(options_.min_samples() >= 3 && options_.min_samples() <= options_.window(),
+              "nanguard::spike_options: min_samples must be in [3, window=", options_.window(),
+              "] but is ", options_.min_samples(), "; lower min_samples or raise window");
+  TORCH_CHECK(options_.threshold() > 0, "nanguard::spike_options: threshold must be positive but is ",
+              options_.threshold(), "; a robust z-score of 6 to 10 is typical");
+}
+
+double spike_detector::observe(double x) {
+  if (!std::isfinite(x)) return 0;
+  double z = 0;
+  if (int64_t(values_.size()) >= options_.min_samples()) {
+    std::vector<double> v(values_.begin(), values_.end());
+    const double med = median_of(v);
+    double mean_ad = 0;
+    for (double& e : v) {
+      e = std::fabs(e - med);
+      mean_ad += e;
+    }
+    mean_ad /= double(v.size());
+    const double mad = median_of(v);
+    // MAD is 0 when over half the window is one value: fall back to the mean
+    // absolute deviation (Iglewicz & Hoaglin), floored so a flat window is
+    // not set off by rounding jitter.
+    const double floor = 1e-6 * std::max(1.0, std::fabs(med));
+    z = mad > 0 ? 0.6745 * (x - med) / std::max(mad, floor)
+                : (x - med) / std::max(1.253314 * mean_ad, floor);
+  }
+  values_.push_back(x);
+  if (int64_t(values_.size()) > options_.window()) values_.pop_front();
+  return z;
+}
+
+std::string to_string(const spike& s) { return fmt::format("{} {:.6g} (z={:.3g})", s.series, s.value, s.z); }
+
+sentinel::sentinel(std::vector<std::pair<std::string, at::Tensor>> named_parameters,
+                   spike_options spikes)
+    : loss_spikes_(spikes), norm_spikes_(spikes) {
+  names_.reserve(named_parameters.size());
+  params_.reserve(named_parameters.size());
+  for (auto& [name, p] : named_parameters) {
+    TORCH_CHECK(p.defined(), "nanguard::sentinel: parameter '", name,
+                "' is undefined; pass the module's named_parameters()");
+    names_.push_back(name);
+    params_.push_back(p);
+  }
+}
+
+bool sentinel::check_loss(const at::Tensor& loss, double* value) const {
+  TORCH_CHECK(loss.defined() && loss.numel() == 1,
+              "nanguard::sentinel::check_loss: the loss must hold one element but ",
+              loss.defined() ? "has shape " + c10::str(loss.sizes()) : std::string("is undefined"),
+              "; reduce it first (e.g. loss.mean())");
+  const double v = loss.item<double>();
+  if (value) *value = v;
+  return std::isfinite(v);
+}
+
+grad_report sentinel::inspect_grads(double inv_scale) const {
+  TORCH_CHECK(std::isfinite(inv_scale) && inv_scale > 0,
+              "nanguard::sentinel::inspect_grads: inv_scale must be finite and positive but is ",
+              inv_scale, "; pass 1 / loss_scale");
+  const int64_t n = int64_t(params_.size());
+  grad_report r;
+  r.norms.assign(n, 0.0);
+  r.nonfinite_counts.assign(n, 0);
+  std::vector<double> sumsq(n, 0.0);
+
+  // Contiguous float32/float64 CPU gradients go through the fused kernel;
+  // anything else (float16, bfloat16, strided, other devices) through census.
+  std::vector<work_item> items;
+  std::vector<at::Tensor> grads(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const at::Tensor& g = params_[i].grad();
+    if (!g.defined() || g.numel() == 0) continue;
+    grads[i] = g;
+    const bool fast = g.is_cpu() && g.is_contiguous() &&
+                      (g.scalar_type() == at::kFloat || g.scalar_type() == at::kDouble);
+    if (!fast) {
+      const tensor_stats s = census(g);
+      sumsq[i] = s.l2_norm * s.l2_norm;
+      r.nonfinite_counts[i] = s.nonfinite();
+      continue;
+    }
+    for (int64_t s = 0; s < g.numel(); s += kItem)
+      items.push_back({i, s, std::min(kItem, g.numel() - s)});
+  }
+  std::vector<detail::sumsq_partial> parts(items.size());
+  at::parallel_for(0, int64_t(items.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      const work_item& w = items[k];
+      const at::Tensor& g = grads[w.param];
+      parts[k] = g.scalar_type() == at::kFloat
+                     ? detail::sumsq_f32(g.data_ptr<float>() + w.start, w.len)
+                     : detail::sumsq_f64(g.data_ptr<double>() + w.start, w.len);
+    }
+  });
+  for (size_t k = 0; k < items.size(); ++k) {
+    sumsq[items[k].param] += parts[k].sumsq;
+    r.nonfinite_counts[items[k].param] += parts[k].nonfinite;
+  }
+  double total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    r.norms[i] = std::sqrt(sumsq[i]) * inv_scale;
+    total += sumsq[i];
+    if (r.nonfinite_counts[i] > 0) {
+      if (r.nonfinite == 0) r.first_nonfinite_name = names_[i];
+      r.nonfinite += r.nonfinite_counts[i];
+      r.norms[i] = std::numeric_limits<double>::quiet_NaN();
+    }
+  }
+  r.total_norm = r.nonfinite > 0 ? std::numeric_limits<double>::quiet_NaN()
+                                 : std::sqrt(total) * inv_scale;
+  return r;
+}
+
+void sentinel::apply_factor_(double factor) const {
+  if (factor == 1.0) return;
+  at::NoGradGuard no_grad;
+  for (const at::Tensor& p : params_) {
+    at::Tensor g = p.grad();
+    if (g.defined()) g.mul_(factor);
+  }
+}
+
+std::vector<spike> sentinel::observe(double loss, double grad_norm) {
+  std::vector<spike> out;
+  const double zl = loss_spikes_.observe(loss);
+  if (loss_spikes_.is_spike(zl)) out.push_back({"loss", loss, zl});
+  const double zn = norm_spikes_.observe(grad_norm);
+  if (norm_spikes_.is_spike(zn)) out.push_back({"grad_norm", grad_norm, zn});
+  return out;
+}
+
+}  // namespace nanguard

@@ -1,0 +1,132 @@
+#include "nanguard/bundle.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("nanguard_bundle_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  return d;
+}
+
+nanguard::bundle sample() {
+  nanguard::bundle b;
+  b.step = 42;
+  b.lr = 1e-3;
+  b.scale = 512;
+  b.loss = INFINITY;
+  b.policy = "abort";
+  b.verdict = "reproduced";
+  nanguard::finding f;
+  f.step = 42;
+  f.op = "aten::exp";
+  f.module = "head";
+  f.index = 3;
+  f.value = INFINITY;
+  b.finding = f;
+  b.batch = {torch::randn({4, 3}), torch::arange(4)};
+  b.rng_state = at::detail::getDefaultCPUGenerator().get_state();
+  b.culprit_inputs = {torch::full({5}, 100.0)};
+  b.parameters = {{"head.weight", torch::randn({2, 3})}, {"head.bias", torch::zeros({2})}};
+  return b;
+}
+
+TEST(bundle, round_trip) {
+  const fs::path dir = fresh_dir("round_trip");
+  const auto b = sample();
+  const std::string path = nanguard::write_bundle(dir.string(), b);
+  EXPECT_EQ((dir / "step-000042").string(), path);
+  for (const char* f : {"meta.json", "batch.pt", "rng_state.pt", "culprit_inputs.pt", "parameters.pt"})
+    EXPECT_TRUE(fs::exists(fs::path(path) / f)) << f;
+  const auto back = nanguard::read_bundle(path);
+  EXPECT_EQ(42, back.step);
+  EXPECT_EQ(1e-3, back.lr);
+  EXPECT_EQ(512, back.scale);
+  EXPECT_TRUE(std::isinf(back.loss));
+  EXPECT_EQ("abort", back.policy);
+  EXPECT_EQ("reproduced", back.verdict);
+  EXPECT_EQ("0.1.0", back.nanguard_version);
+  EXPECT_EQ(0u, back.torch_version.find("1."));
+  ASSERT_TRUE(back.finding.has_value());
+  EXPECT_EQ("aten::exp", back.finding->op);
+  EXPECT_EQ("head", back.finding->module);
+  ASSERT_EQ(2u, back.batch.size());
+  EXPECT_TRUE(at::equal(b.batch[0], back.batch[0]));
+  EXPECT_TRUE(at::equal(b.batch[1], back.batch[1]));
+  EXPECT_TRUE(at::equal(b.rng_state, back.rng_state));
+  ASSERT_EQ(1u, back.culprit_inputs.size());
+  EXPECT_TRUE(at::equal(b.culprit_inputs[0], back.culprit_inputs[0]));
+  ASSERT_EQ(2u, back.parameters.size());
+  EXPECT_EQ("head.weight", back.parameters[0].first);
+  EXPECT_TRUE(at::equal(b.parameters[0].second, back.parameters[0].second));
+  // The stored RNG state replays the same draws.
+  auto gen = at::detail::getDefaultCPUGenerator();
+  gen.set_state(back.rng_state);
+  const auto first = torch::rand({3});
+  gen.set_state(b.rng_state);
+  EXPECT_TRUE(at::equal(first, torch::rand({3})));
+  fs::remove_all(dir);
+}
+
+TEST(bundle, a_second_bundle_of_the_same_step_gets_a_suffix_and_no_temp_is_left) {
+  const fs::path dir = fresh_dir("suffix");
+  const auto b = sample();
+  const std::string first = nanguard::write_bundle(dir.string(), b);
+  const std::string second = nanguard::write_bundle(dir.string(), b);
+  EXPECT_NE(first, second);
+  EXPECT_EQ((dir / "step-000042-2").string(), second);
+  int entries = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    ++entries;
+    EXPECT_NE('.', e.path().filename().string()[0]) << e.path();
+  }
+  EXPECT_EQ(2, entries);
+  fs::remove_all(dir);
+}
+
+TEST(bundle, python_torch_load_reads_the_tensors) {
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3-torch is not installed";
+  const fs::path dir = fresh_dir("python");
+  const std::string path = nanguard::write_bundle(dir.string(), sample());
+  const std::string script =
+      "import torch, json, sys; d = sys.argv[1]; "
+      "b = torch.load(d + '/batch.pt'); assert len(b) == 2 and list(b[0].shape) == [4, 3]; "
+      "c = torch.load(d + '/culprit_inputs.pt'); assert float(c[0][0]) == 100.0; "
+      "p = torch.load(d + '/parameters.pt'); assert list(p.keys()) == ['head.weight', 'head.bias']; "
+      "r = torch.load(d + '/rng_state.pt'); assert r.dtype == torch.uint8; "
+      "m = json.load(open(d + '/meta.json')); assert m['finding']['op'] == 'aten::exp'";
+  EXPECT_EQ(0, std::system(("/usr/bin/python3 -c \"" + script + "\" " + path).c_str()));
+  fs::remove_all(dir);
+}
+
+TEST(bundle, reading_a_directory_that_is_not_a_bundle_says_so) {
+  const fs::path dir = fresh_dir("missing");
+  fs::create_directories(dir);
+  try {
+    nanguard::read_bundle(dir.string());
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("meta.json' is missing"));
+  }
+  const std::string path = nanguard::write_bundle(dir.string(), sample());
+  fs::remove(fs::path(path) / "batch.pt");
+  try {
+    nanguard::read_bundle(path);
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("batch.pt' is missing"));
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace

@@ -1,0 +1,94 @@
+#include "nanguard/events.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(events, round_trip_keeps_nan_inf_spikes_and_findings) {
+  nanguard::step_event e;
+  e.step = 12;
+  e.loss = NAN;
+  e.grad_norm = INFINITY;
+  e.scale = 1024;
+  e.lr = 3e-4;
+  e.skipped = true;
+  e.action = "rollback";
+  e.spikes = {{"loss", 9.5, 11.2}};
+  e.nonfinite_params = {{"encoder.0.weight", 3}};
+  e.verdict = "reproduced";
+  nanguard::finding f;
+  f.step = 12;
+  f.op = "aten::div";
+  f.module = "norm";
+  f.value = NAN;
+  f.index = 4;
+  e.findings = {f};
+  e.rollback_to = 10;
+  const std::string line = nanguard::to_json(e);
+  EXPECT_EQ(std::string::npos, line.find('\n'));
+  const auto back = nanguard::step_event_from_json(line);
+  EXPECT_EQ(12, back.step);
+  EXPECT_TRUE(std::isnan(back.loss));
+  EXPECT_TRUE(std::isinf(back.grad_norm));
+  EXPECT_EQ(1024, back.scale);
+  EXPECT_EQ(3e-4, back.lr);
+  EXPECT_TRUE(back.skipped);
+  EXPECT_EQ("rollback", back.action);
+  ASSERT_EQ(1u, back.spikes.size());
+  EXPECT_EQ("loss", back.spikes[0].series);
+  ASSERT_EQ(1u, back.nonfinite_params.size());
+  EXPECT_EQ("encoder.0.weight", back.nonfinite_params[0].name);
+  EXPECT_EQ(3, back.nonfinite_params[0].nonfinite);
+  EXPECT_EQ("reproduced", back.verdict);
+  ASSERT_EQ(1u, back.findings.size());
+  EXPECT_EQ("aten::div", back.findings[0].op);
+  EXPECT_EQ("norm", back.findings[0].module);
+  EXPECT_EQ(4, back.findings[0].index);
+  EXPECT_EQ(10, back.rollback_to);
+}
+
+TEST(events, each_line_is_on_disk_as_soon_as_it_is_written) {
+  const fs::path p = fs::temp_directory_path() / ("nanguard_events_" + std::to_string(::getpid()) + ".jsonl");
+  fs::remove(p);
+  nanguard::event_log log(p.string());
+  for (int i = 1; i <= 3; ++i) {
+    nanguard::step_event e;
+    e.step = i;
+    log.write(e);
+    // Read through another handle while the log is still open.
+    const auto events = nanguard::read_events(p.string());
+    ASSERT_EQ(size_t(i), events.size());
+    EXPECT_EQ(i, events.back().step);
+  }
+  fs::remove(p);
+}
+
+TEST(events, errors_say_what_is_wrong) {
+  try {
+    nanguard::step_event_from_json("{\"loss\": 1}");
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("expected an object with 'step' and 'action'"));
+  }
+  try {
+    nanguard::step_event_from_json("not json");
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("not JSON"));
+  }
+  try {
+    nanguard::read_events("/nonexistent/events.jsonl");
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("cannot open '/nonexistent/events.jsonl'"));
+  }
+}
+
+}  // namespace

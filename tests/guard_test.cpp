@@ -1,0 +1,412 @@
+// The guard end to end: the acceptance tests (rollback and abort on
+// a run that blows up under a high LR, fp16-emulated overflow handled by
+// backoff, a NaN injected once judged "not reproduced"), plus the plumbing:
+// clipping and unscaling match a plain loop, the RNG survives a replay, and
+// the event log records every step.
+#include "nanguard/bundle.h"
+#include "nanguard/guard.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+
+namespace {
+
+namespace fs = std::filesystem;
+using nanguard::guard;
+using nanguard::guard_options;
+using nanguard::policy;
+using nanguard::step_event;
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("nanguard_guard_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+bool all_finite(torch::nn::Module& m) {
+  for (const auto& p : m.parameters())
+    if (!torch::isfinite(p).all().item<bool>()) return false;
+  return true;
+}
+
+// Linear regression, trained at lr 0.1 until step 30, when the LR is raised
+// to 1.5 (above 2 / lambda_max): it blows up some 20 steps later.
+struct regression {
+  torch::nn::Linear model{nullptr};
+  at::Tensor x, y;
+  regression() {
+    torch::manual_seed(1);
+    model = torch::nn::Linear(8, 1);
+    x = torch::randn({64, 8});
+    y = x.matmul(torch::randn({8, 1})) + 0.5 + 0.1 * torch::randn({64, 1});
+  }
+  nanguard::step_fn loss_fn() {
+    // The squares overflow float32 before their mean (taken in double) does:
+    // the producer is aten::pow.
+    return [this](const std::vector<at::Tensor>& b) {
+      return (model->forward(b[0]) - b[1]).pow(2).to(at::kDouble).mean();
+    };
+  }
+  step_event step(guard& g, torch::optim::Optimizer& opt) {
+    if (g.steps() == 30) nanguard::set_lr(opt, 1.5);
+    return g.step({x, y}, loss_fn());
+  }
+};
+
+TEST(guard, rollback_recovers_a_run_that_blows_up_under_a_high_lr) {
+  regression r;
+  torch::optim::SGD opt(r.model->parameters(), torch::optim::SGDOptions(0.1));
+  const fs::path dir = fresh_dir("rollback");
+  const std::string log = (dir / "events.jsonl").string();
+  guard g(r.model, opt, guard_options().policy(policy::rollback).snapshot_every(10).event_log(log));
+  std::vector<double> losses;
+  for (int i = 0; i < 400; ++i) {
+    const step_event e = r.step(g, opt);
+    if (!e.skipped) losses.push_back(e.loss);
+  }
+  ASSERT_GE(g.rollbacks(), 1);
+  EXPECT_LT(g.lr_factor(), 1.0);
+  EXPECT_NEAR(1.5 * g.lr_factor(), nanguard::get_lr(opt), 1e-12);
+  EXPECT_TRUE(all_finite(*r.model));
+  ASSERT_GE(losses.size(), 20u);
+  EXPECT_TRUE(std::isfinite(losses.back()));
+  EXPECT_LT(losses.back(), 0.1 * losses.front()) << "the loss did not fall";
+  EXPECT_LT(losses.back(), 0.02) << "the loss did not come back to the noise level";
+  EXPECT_LE(losses.back(), losses[losses.size() - 20] * (1 + 1e-6));
+
+  const auto events = nanguard::read_events(log);
+  ASSERT_EQ(400u, events.size());
+  int rollbacks = 0;
+  for (const auto& e : events) {
+    if (e.action != "rollback") continue;
+    ++rollbacks;
+    EXPECT_TRUE(e.skipped);
+    EXPECT_GE(e.rollback_to, 0);
+    EXPECT_EQ(0, e.rollback_to % 10);
+    EXPECT_EQ("reproduced", e.verdict);
+    ASSERT_FALSE(e.findings.empty()) << "the replay named no op";
+    EXPECT_EQ(nanguard::role::producer, e.findings.front().role);
+  }
+  EXPECT_EQ(g.rollbacks(), rollbacks);
+  fs::remove_all(dir);
+}
+
+TEST(guard, abort_writes_a_bundle_that_names_the_producer) {
+  regression r;
+  torch::optim::SGD opt(r.model->parameters(), torch::optim::SGDOptions(0.1));
+  const fs::path dir = fresh_dir("abort");
+  guard g(r.model, opt, guard_options().policy(policy::abort).bundle_dir((dir / "bundles").string()));
+  int64_t bad_step = -1;
+  std::string message;
+  nanguard::finding thrown;
+  for (int i = 0; i < 400 && bad_step < 0; ++i) {
+    try {
+      r.step(g, opt);
+    } catch (const nanguard::nonfinite_error& e) {
+      bad_step = g.steps();
+      message = e.what();
+      thrown = e.finding();
+    }
+  }
+  ASSERT_GT(bad_step, 1) << "the run never blew up";
+  EXPECT_EQ(bad_step, thrown.step);
+  EXPECT_EQ(nanguard::role::producer, thrown.role);
+  EXPECT_NE(std::string::npos, message.find(thrown.op)) << message;
+
+  std::vector<fs::path> bundles;
+  for (const auto& d : fs::directory_iterator(dir / "bundles")) bundles.push_back(d.path());
+  ASSERT_EQ(1u, bundles.size()) << "one bundle, no temporary directory left";
+  EXPECT_EQ(fmt::format("step-{:06d}", bad_step), bundles[0].filename().string());
+  const nanguard::bundle b = nanguard::read_bundle(bundles[0].string());
+  EXPECT_EQ(bad_step, b.step);
+  EXPECT_EQ("abort", b.policy);
+  EXPECT_EQ("reproduced", b.verdict);
+  EXPECT_TRUE(std::isinf(b.loss) || std::isnan(b.loss));
+  EXPECT_DOUBLE_EQ(1.5, b.lr);
+  EXPECT_GT(bad_step, 31);
+  ASSERT_TRUE(b.finding.has_value());
+  EXPECT_EQ(thrown.op, b.finding->op);
+  EXPECT_EQ("aten::pow", b.finding->op);
+  EXPECT_EQ(nanguard::direction::forward, b.finding->direction);
+  ASSERT_EQ(2u, b.batch.size());
+  EXPECT_TRUE(at::equal(r.x, b.batch[0]));
+  EXPECT_TRUE(at::equal(r.y, b.batch[1]));
+  EXPECT_GT(b.rng_state.numel(), 0);
+  ASSERT_EQ(2u, b.parameters.size());
+  EXPECT_EQ("weight", b.parameters[0].first);
+  // The culprit's inputs are finite, and the op makes a NaN/Inf of them again.
+  ASSERT_FALSE(b.culprit_inputs.empty());
+  for (const auto& t : b.culprit_inputs) EXPECT_TRUE(torch::isfinite(t).all().item<bool>());
+  const at::Tensor again = b.culprit_inputs[0].pow(2);
+  EXPECT_FALSE(torch::isfinite(again).all().item<bool>());
+  fs::remove_all(dir);
+}
+
+// float16 emulated on the CPU: the activation round-trips through Half in
+// the forward pass, and so does its gradient in backward, which overflows
+// while the loss scale is too high.
+TEST(guard, backoff_handles_an_fp16_overflow) {
+  torch::manual_seed(2);
+  torch::nn::Linear l1(16, 16), l2(16, 1);
+  torch::nn::Sequential model(l1, l2);
+  const at::Tensor x = torch::randn({32, 16}), y = torch::randn({32, 1}) * 1000;
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+  guard g(*model, opt, guard_options().policy(policy::backoff).max_norm(1e6)
+                           .scaler(nanguard::loss_scaler_options().init_scale(65536)));
+  const auto fn = [&](const std::vector<at::Tensor>& b) {
+    const at::Tensor h = l1->forward(b[0]).to(at::kHalf).to(at::kFloat);
+    return (l2->forward(h) - b[1]).pow(2).mean();
+  };
+  std::vector<step_event> events;
+  for (int i = 0; i < 40; ++i) events.push_back(g.step({x, y}, fn));
+  ASSERT_EQ("backoff", events[0].action);
+  EXPECT_TRUE(events[0].skipped);
+  EXPECT_DOUBLE_EQ(65536, events[0].scale);
+  EXPECT_FALSE(events[0].nonfinite_params.empty());
+  EXPECT_EQ("reproduced", events[0].verdict);
+  ASSERT_FALSE(events[0].findings.empty());
+  EXPECT_EQ(nanguard::direction::backward, events[0].findings[0].direction);
+  int backoffs = 0;
+  while (backoffs < 40 && events[backoffs].action == "backoff") ++backoffs;
+  EXPECT_LT(backoffs, 20);
+  int total_backoffs = 0;
+  for (const auto& e : events) total_backoffs += e.action == "backoff";
+  EXPECT_DOUBLE_EQ(65536 * std::pow(0.5, total_backoffs), g.scaler().get_scale());
+  EXPECT_EQ(total_backoffs, g.skipped());
+  EXPECT_EQ("step", events.back().action);
+  EXPECT_TRUE(all_finite(*model));
+  EXPECT_LT(events.back().loss, events[backoffs].loss);
+}
+
+TEST(guard, a_nan_injected_once_is_not_reproduced) {
+  torch::manual_seed(3);
+  torch::nn::Linear model(4, 1);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01));
+  guard g(model, opt);
+  const at::Tensor x = torch::randn({16, 4}), y = torch::randn({16, 1});
+  int calls = 0;
+  const auto fn = [&](const std::vector<at::Tensor>& b) {
+    at::Tensor pred = model->forward(b[0]);
+    if (++calls == 5) pred = pred + std::numeric_limits<float>::quiet_NaN();  // a flipped bit, once
+    return (pred - b[1]).pow(2).mean();
+  };
+  std::vector<step_event> events;
+  for (int i = 0; i < 8; ++i) events.push_back(g.step({x, y}, fn));
+  EXPECT_EQ(9, calls) << "one replay";
+  const step_event& bad = events[4];
+  EXPECT_EQ("skip", bad.action);
+  EXPECT_TRUE(bad.skipped);
+  EXPECT_TRUE(std::isnan(bad.loss));
+  EXPECT_EQ("not reproduced", bad.verdict);
+  EXPECT_TRUE(bad.findings.empty());
+  for (int i : {0, 1, 2, 3, 5, 6, 7}) EXPECT_EQ("step", events[i].action) << i;
+  EXPECT_EQ(1, g.skipped());
+}
+
+TEST(guard, replay_names_a_deterministic_producer_and_nothing_is_stepped) {
+  torch::manual_seed(4);
+  torch::nn::Linear model(4, 1);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  guard g(model, opt);
+  const at::Tensor x = torch::randn({16, 4}), y = torch::randn({16, 1});
+  // The NaN is born in backward: sqrt'(0) = Inf, times 0 ... from a zero column.
+  const auto fn = [&](const std::vector<at::Tensor>& b) {
+    return (model->forward(b[0]) - b[1]).pow(2).mean() + b[2].sqrt().sum();
+  };
+  g.step({x, y, torch::ones({3})}, fn);
+  const auto before = model->weight.clone();
+  const step_event e = g.step({x, y, torch::full({3}, -1.0)}, fn);
+  EXPECT_EQ("skip", e.action);
+  EXPECT_EQ("reproduced", e.verdict);
+  ASSERT_EQ(1u, e.findings.size());
+  EXPECT_EQ("aten::sqrt", e.findings[0].op);
+  EXPECT_EQ(nanguard::role::producer, e.findings[0].role);
+  EXPECT_EQ(2, e.findings[0].step);
+  EXPECT_TRUE(at::equal(before, model->weight)) << "a bad step must not move the parameters";
+  EXPECT_FALSE(model->weight.grad().defined() && model->weight.grad().abs().sum().item<double>() > 0);
+}
+
+TEST(guard, replay_leaves_the_rng_where_the_step_left_it) {
+  const auto run = [](bool replay) {
+    torch::manual_seed(5);
+    torch::nn::Sequential model(torch::nn::Linear(4, 8), torch::nn::Dropout(0.5), torch::nn::Linear(8, 1));
+    torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+    guard g(*model, opt, guard_options().replay(replay));
+    const auto fn = [&](const std::vector<at::Tensor>& b) {
+      return model->forward(b[0]).mean() + b[1].log().sum();
+    };
+    g.step({torch::randn({8, 4}), torch::full({2}, -1.0)}, fn);  // NaN
+    return torch::rand({4});
+  };
+  EXPECT_TRUE(at::equal(run(false), run(true)));
+}
+
+TEST(guard, dropout_step_reproduces_under_the_same_rng) {
+  torch::manual_seed(6);
+  torch::nn::Sequential model(torch::nn::Linear(4, 64), torch::nn::Dropout(0.5), torch::nn::Linear(64, 1));
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  guard g(*model, opt);
+  // The NaN appears only when dropout keeps unit 0 of sample 0 alive: the
+  // verdict can only be "reproduced" if the replay draws the same mask.
+  const auto fn = [&](const std::vector<at::Tensor>& b) {
+    const at::Tensor h = model[1]->as<torch::nn::Dropout>()->forward(model[0]->as<torch::nn::Linear>()->forward(b[0]));
+    const at::Tensor alive = (h.select(1, 0) != 0).to(at::kFloat);
+    return h.sum() * 0 + (alive - 1).sqrt().sum();  // sqrt(0) fine, sqrt(-1) NaN
+  };
+  int reproduced = 0, bad = 0;
+  for (int i = 0; i < 6; ++i) {
+    const step_event e = g.step({torch::randn({8, 4})}, fn);
+    if (e.skipped) {
+      ++bad;
+      reproduced += e.verdict == "reproduced";
+    }
+  }
+  EXPECT_GT(bad, 0);
+  EXPECT_EQ(bad, reproduced);
+}
+
+TEST(guard, clipping_and_unscaling_match_a_plain_loop) {
+  const auto make = [] {
+    torch::manual_seed(7);
+    return torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::Tanh(), torch::nn::Linear(32, 2));
+  };
+  auto plain = make(), guarded = make();
+  torch::optim::AdamW o1(plain->parameters(), torch::optim::AdamWOptions(1e-2));
+  torch::optim::AdamW o2(guarded->parameters(), torch::optim::AdamWOptions(1e-2));
+  guard g(*guarded, o2, guard_options().max_norm(0.5).scaler(nanguard::loss_scaler_options().init_scale(1024)));
+  torch::manual_seed(8);
+  for (int i = 0; i < 5; ++i) {
+    const at::Tensor x = torch::randn({16, 8}) * 3, y = torch::randn({16, 2});
+    o1.zero_grad();
+    const at::Tensor l1 = torch::mse_loss(plain->forward(x), y);
+    l1.backward();
+    const double n1 = torch::nn::utils::clip_grad_norm_(plain->parameters(), 0.5);
+    o1.step();
+    const step_event e = g.step({x, y}, [&](const std::vector<at::Tensor>& b) {
+      return torch::mse_loss(guarded->forward(b[0]), b[1]);
+    });
+    EXPECT_NEAR(l1.item<double>(), e.loss, 1e-6);
+    EXPECT_NEAR(n1, e.grad_norm, 1e-5 * n1);
+    EXPECT_NEAR(std::min(1.0, 0.5 / (n1 + 1e-6)), e.clip_coef, 1e-6);
+    EXPECT_DOUBLE_EQ(1024, e.scale);
+  }
+  const auto p1 = plain->parameters(), p2 = guarded->parameters();
+  for (size_t i = 0; i < p1.size(); ++i) EXPECT_TRUE(torch::allclose(p1[i], p2[i], 1e-5, 1e-6)) << i;
+}
+
+TEST(guard, rollback_without_skipping_runs_the_batch_again) {
+  regression r;
+  torch::optim::SGD opt(r.model->parameters(), torch::optim::SGDOptions(0.1));
+  guard g(r.model, opt, guard_options().policy(policy::rollback).snapshot_every(5).rollback_skip_batch(false));
+  step_event e;
+  for (int i = 0; i < 200 && g.rollbacks() == 0; ++i) e = r.step(g, opt);
+  ASSERT_EQ(1, g.rollbacks());
+  EXPECT_EQ(g.steps(), e.step);
+  EXPECT_EQ("step", e.action) << "the retry at half the LR stepped";
+  EXPECT_DOUBLE_EQ(0.75, e.lr);
+}
+
+TEST(guard, max_bad_steps_aborts_whatever_the_policy) {
+  torch::nn::Linear model(2, 1);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  const fs::path dir = fresh_dir("max_bad");
+  guard g(model, opt, guard_options().max_bad_steps(3).bundle_dir(dir.string()).replay(false));
+  const auto fn = [&](const std::vector<at::Tensor>& b) { return model->forward(b[0]).mean() * b[1]; };
+  const std::vector<at::Tensor> batch{torch::ones({1, 2}), torch::full({}, NAN)};
+  EXPECT_TRUE(g.step(batch, fn).skipped);
+  EXPECT_TRUE(g.step(batch, fn).skipped);
+  try {
+    g.step(batch, fn);
+    FAIL() << "expected nonfinite_error";
+  } catch (const nanguard::nonfinite_error& e) {
+    EXPECT_EQ("loss", e.finding().culprit);
+  }
+  EXPECT_EQ(1, std::distance(fs::directory_iterator(dir), fs::directory_iterator()));
+  fs::remove_all(dir);
+}
+
+TEST(guard, schedule_and_event_log_record_every_step) {
+  torch::nn::Linear model(2, 1);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(1.0));
+  const fs::path dir = fresh_dir("log");
+  const std::string log = (dir / "e.jsonl").string();
+  {
+    guard g(model, opt, guard_options().event_log(log)
+                            .schedule(nanguard::schedule_options(0.1).warmup_steps(2).total_steps(10)));
+    const auto fn = [&](const std::vector<at::Tensor>& b) { return model->forward(b[0]).pow(2).mean(); };
+    for (int i = 0; i < 4; ++i) g.step({torch::ones({4, 2})}, fn);
+  }
+  const auto events = nanguard::read_events(log);
+  ASSERT_EQ(4u, events.size());
+  const nanguard::warmup_cosine ref(nanguard::schedule_options(0.1).warmup_steps(2).total_steps(10));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(i + 1, events[i].step);
+    EXPECT_DOUBLE_EQ(ref.lr(i), events[i].lr);
+    EXPECT_EQ("step", events[i].action);
+    EXPECT_FALSE(events[i].skipped);
+  }
+  fs::remove_all(dir);
+}
+
+TEST(guard, loss_spike_is_logged_as_a_warning) {
+  torch::nn::Linear model(2, 1);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(1e-4));
+  guard g(model, opt, guard_options().spikes(nanguard::spike_options().window(20).min_samples(5)));
+  const auto fn = [&](const std::vector<at::Tensor>& b) { return model->forward(b[0]).mean() * 0 + b[1]; };
+  for (int i = 0; i < 10; ++i) EXPECT_TRUE(g.step({torch::ones({1, 2}), torch::full({}, 1.0 + 0.01 * (i % 3))}, fn).spikes.empty());
+  const step_event e = g.step({torch::ones({1, 2}), torch::full({}, 50.0)}, fn);
+  ASSERT_EQ(1u, e.spikes.size());
+  EXPECT_EQ("loss", e.spikes[0].series);
+  EXPECT_DOUBLE_EQ(50.0, e.spikes[0].value);
+  EXPECT_FALSE(e.skipped);
+}
+
+TEST(guard, options_are_validated_with_clear_messages) {
+  torch::nn::Linear model(2, 1);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  try {
+    guard g(model, opt, guard_options().max_norm(-1));
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("max_norm must be finite and >= 0 but is -1"));
+  }
+  try {
+    guard g(model, opt, guard_options().rollback_lr_factor(2));
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("rollback_lr_factor must be in (0, 1] but is 2"));
+  }
+  try {
+    guard g(model, opt, guard_options().event_log("/nonexistent-dir/x.jsonl"));
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("cannot open '/nonexistent-dir/x.jsonl'"));
+  }
+}
+
+TEST(guard, loss_scale_floor_stops_with_a_clear_error) {
+  torch::nn::Linear model(2, 1);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  guard g(model, opt, guard_options().policy(policy::backoff).replay(false)
+                          .scaler(nanguard::loss_scaler_options().init_scale(4).min_scale(1)));
+  const auto fn = [&](const std::vector<at::Tensor>& b) { return model->forward(b[0]).mean() * b[1]; };
+  const std::vector<at::Tensor> batch{torch::ones({1, 2}), torch::full({}, NAN)};
+  g.step(batch, fn);
+  g.step(batch, fn);
+  EXPECT_DOUBLE_EQ(1, g.scaler().get_scale());
+  try {
+    g.step(batch, fn);
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("below min_scale=1")) << e.what();
+  }
+}
+
+}  // namespace

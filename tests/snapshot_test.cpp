@@ -1,0 +1,108 @@
+#include "nanguard/snapshot.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+namespace {
+
+void train_step(torch::nn::Module& m, torch::optim::Optimizer& o) {
+  o.zero_grad();
+  const auto x = torch::randn({8, 4});
+  m.as<torch::nn::Sequential>()->forward(x).pow(2).mean().backward();
+  o.step();
+}
+
+torch::nn::Sequential make() {
+  torch::manual_seed(0);
+  return torch::nn::Sequential(torch::nn::Linear(4, 8), torch::nn::BatchNorm1d(8), torch::nn::Linear(8, 1));
+}
+
+template <typename Opt>
+void restores_exactly(Opt& opt, torch::nn::Sequential& m) {
+  nanguard::snapshot_ring ring(*m, opt, 2);
+  train_step(*m, opt);
+  ring.take(1);
+  const auto params = m->parameters();
+  std::vector<at::Tensor> saved;
+  for (const auto& p : params) saved.push_back(p.clone());
+  const auto buffers_saved = m->buffers()[0].clone();
+  // Continue: the reference trajectory.
+  torch::manual_seed(42);
+  train_step(*m, opt);
+  train_step(*m, opt);
+  std::vector<at::Tensor> want;
+  for (const auto& p : params) want.push_back(p.clone());
+  EXPECT_EQ(1, ring.restore());
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(at::equal(saved[i], params[i])) << i;
+  EXPECT_TRUE(at::equal(buffers_saved, m->buffers()[0]));
+  // Same steps again from the restored state: same parameters, so the
+  // optimizer state was restored deeply (not aliased to the live one).
+  torch::manual_seed(42);
+  train_step(*m, opt);
+  train_step(*m, opt);
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(at::allclose(want[i], params[i], 1e-6, 1e-7)) << i;
+}
+
+TEST(snapshot, restores_parameters_buffers_and_adamw_state) {
+  auto m = make();
+  torch::optim::AdamW opt(m->parameters(), torch::optim::AdamWOptions(1e-2));
+  restores_exactly(opt, m);
+}
+
+TEST(snapshot, restores_sgd_momentum) {
+  auto m = make();
+  torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(1e-2).momentum(0.9));
+  restores_exactly(opt, m);
+}
+
+TEST(snapshot, restores_an_empty_optimizer_state_and_keeps_the_lr) {
+  auto m = make();
+  torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(1e-2));
+  nanguard::snapshot_ring ring(*m, opt);
+  ring.take(0);
+  train_step(*m, opt);
+  EXPECT_FALSE(opt.state().empty());
+  opt.param_groups()[0].options().set_lr(5e-3);
+  ring.restore();
+  EXPECT_TRUE(opt.state().empty());
+  EXPECT_EQ(5e-3, opt.param_groups()[0].options().get_lr());
+}
+
+TEST(snapshot, ring_keeps_the_newest_and_diff_ranks_the_diverged_layer_first) {
+  auto m = make();
+  torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1));
+  nanguard::snapshot_ring ring(*m, opt, 2);
+  for (int s : {10, 20, 30}) ring.take(s);
+  EXPECT_EQ(2, ring.size());
+  EXPECT_EQ(30, ring.newest_step());
+  {
+    torch::NoGradGuard ng;
+    m[2]->as<torch::nn::Linear>()->weight.mul_(3);       // +200 %
+    m[0]->as<torch::nn::Linear>()->weight.add_(1e-3);    // small
+    m[0]->as<torch::nn::Linear>()->bias[0] = NAN;
+  }
+  const auto d = ring.diff();
+  ASSERT_EQ(m->parameters().size(), d.size());
+  EXPECT_EQ("0.bias", d[0].name);
+  EXPECT_FALSE(d[0].finite);
+  EXPECT_TRUE(std::isinf(d[0].relative));
+  EXPECT_EQ("2.weight", d[1].name);
+  EXPECT_NEAR(2.0, d[1].relative, 1e-5);
+  EXPECT_EQ(0.0, d.back().relative);
+  ring.drop_newest();
+  EXPECT_EQ(20, ring.newest_step());
+}
+
+TEST(snapshot, restore_without_a_snapshot_says_what_to_do) {
+  auto m = make();
+  torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1));
+  nanguard::snapshot_ring ring(*m, opt);
+  try {
+    ring.restore();
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("no snapshot was taken yet; call take(step) first"));
+  }
+}
+
+}  // namespace
