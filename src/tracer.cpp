@@ -38,10 +38,13 @@ struct node_frame {
   int64_t sequence_nr;
 };
 
+// An autograd node's start callback pushed a node_frame.
+struct node_context : at::ObserverContext {};
+
 // What a start callback hands its end callback.
 struct op_context : at::ObserverContext {
   std::vector<at::Tensor> inputs;
-  std::vector<int> argument_of;  // inputs[k] is (in) argument argument_of[k] of the op
+  std::vector<int> argument_of;  // inputs[k] came from the op's argument argument_of[k]
   bool self_was_nonfinite = false;       // in-place ops: self before the op
   std::string module;
 };
@@ -73,7 +76,19 @@ std::vector<node_frame>& node_stack() {
   return stack;
 }
 
+// True while this thread runs a tracer callback. ATen ops the callback
+// runs (a contiguous copy, a census) must not be traced in turn: they would
+// recurse. A plain flag, because at::RecordFunctionGuard rebuilds ATen's
+// callback cache each time (microseconds per op).
+thread_local bool in_callback = false;
+
+struct callback_scope {
+  callback_scope() { in_callback = true; }
+  ~callback_scope() { in_callback = false; }
+};
+
 tracer::state* current_state() {
+  if (in_callback) return nullptr;
   tracer::state* s = thread_tracer;
   return s ? s : global_tracer.load(std::memory_order_acquire);
 }
@@ -241,9 +256,9 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   if (!st || st->done.load(std::memory_order_relaxed)) return nullptr;
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
     node_stack().push_back({fn.name(), fn.seqNr()});
-    return nullptr;
+    return std::make_unique<node_context>();  // tells the end callback to pop
   }
-  at::RecordFunctionGuard no_recursion(false);
+  callback_scope no_recursion;
   auto ctx = std::make_unique<op_context>();
   const auto inputs = fn.inputs();
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -263,15 +278,14 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
 
 void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
-    auto& stack = node_stack();
-    if (!stack.empty()) stack.pop_back();
+    if (dynamic_cast<node_context*>(raw)) node_stack().pop_back();
     return;
   }
   tracer::state* st = current_state();
   auto* ctx = static_cast<op_context*>(raw);
   if (!st || !ctx || st->done.load(std::memory_order_relaxed)) return;
   if (allocates_only(fn.name())) return;
-  at::RecordFunctionGuard no_recursion(false);
+  callback_scope no_recursion;
   const bool inplace = is_inplace(fn.name());
   const auto& outputs = fn.outputs();
   for (size_t i = 0; i < outputs.size(); ++i) {
