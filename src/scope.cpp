@@ -18,6 +18,20 @@ scope::scope(const std::string& name) {
   stack.push_back(stack.empty() || stack.back().empty() ? name : stack.back() + "." + name);
 }
 
+namespace {
+
+std::string child_name(const torch::nn::Module& parent, const torch::nn::Module& child) {
+  for (const auto& c : parent.named_children())
+    if (c.value().get() == &child) return c.key();
+  TORCH_CHECK(false, "nanguard::scope: the module is not a child of ", parent.name(),
+              "; register it with register_module or pass its name as a string");
+}
+
+}  // namespace
+
+scope::scope(const torch::nn::Module& parent, const torch::nn::Module& child)
+    : scope(child_name(parent, child)) {}
+
 scope::~scope() { scope_stack().pop_back(); }
 
 const std::string& current_scope() {

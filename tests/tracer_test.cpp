@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <thread>
 
 namespace {
 
@@ -240,6 +241,46 @@ TEST(tracer, scopes_the_children_of_a_sequential) {
   nanguard::forward_scoped(*seq, at::randn({2, 3}));
   EXPECT_EQ("1", only_finding(t).module);
   EXPECT_EQ("aten::log", only_finding(t).op);
+}
+
+TEST(tracer, scopes_the_children_of_module_lists_and_dicts) {
+  torch::nn::ModuleList list(torch::nn::Linear(2, 2), torch::nn::Linear(2, 2));
+  torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>> children;
+  children.insert("gate", std::make_shared<torch::nn::LinearImpl>(2, 2));
+  torch::nn::ModuleDict dict(children);
+  nanguard::tracer t(nanguard::tracer_options().max_findings(2));
+  {
+    nanguard::scope s(*list, *list[1]);
+    at::log(at::zeros({1}));
+  }
+  {
+    nanguard::scope s(*dict, *dict["gate"]);
+    at::exp(at::full({1}, 1000.0));
+  }
+  ASSERT_EQ(2u, t.findings().size());
+  EXPECT_EQ("1", t.findings()[0].module);
+  EXPECT_EQ("gate", t.findings()[1].module);
+  try {
+    nanguard::scope s(*list, *dict["gate"]);
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what_without_backtrace()).find("not a child of"));
+  }
+}
+
+TEST(tracer, all_threads_mode_sees_other_threads) {
+  nanguard::tracer t(nanguard::tracer_options().all_threads(true));
+  std::thread worker([] { at::log(at::zeros({3})); });
+  worker.join();
+  ASSERT_TRUE(t.found());
+  EXPECT_EQ("aten::log", t.findings().front().op);
+}
+
+TEST(tracer, thread_local_mode_ignores_other_threads) {
+  nanguard::tracer t;
+  std::thread worker([] { at::log(at::zeros({3})); });
+  worker.join();
+  EXPECT_FALSE(t.found());
 }
 
 TEST(finding, renders_one_line_text_and_json_round_trip) {

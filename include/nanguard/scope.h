@@ -18,6 +18,7 @@
 #include <string>
 
 namespace torch::nn {
+class Module;
 class SequentialImpl;
 }  // namespace torch::nn
 
@@ -28,6 +29,14 @@ class scope {
  public:
   /// Opens `name` (a dotted path) inside the current scope.
   explicit scope(const std::string& name);
+  /// Opens the name `parent` registered `child` under: for the children of a
+  /// ModuleList ("0", "1", ...), a ModuleDict (its keys) or any module.
+  ///
+  ///   for (size_t i = 0; i < layers->size(); ++i) {
+  ///     nanguard::scope s(*layers, *layers[i]);
+  ///     x = layers[i]->as<Block>()->forward(x);
+  ///   }
+  scope(const torch::nn::Module& parent, const torch::nn::Module& child);
   ~scope();
   scope(const scope&) = delete;
   scope& operator=(const scope&) = delete;
