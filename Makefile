@@ -6,7 +6,7 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 NANGUARD := $(BUILD)/tools/cli/nanguard
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: all setup configure build demo test bench bench-census bench-tracer bench-data clean
+.PHONY: all setup configure build demo test bench bench-census bench-tracer bench-data bench-guard clean
 
 all: build
 
@@ -27,7 +27,7 @@ demo: build
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure --timeout 900
 
-bench: bench-census bench-tracer bench-data
+bench: bench-census bench-tracer bench-data bench-guard
 
 bench-census: build
 	$(BUILD)/bench/census_bench
@@ -37,6 +37,9 @@ bench-data: build
 
 bench-tracer: build
 	$(BUILD)/bench/tracer_bench
+
+bench-guard: build
+	$(BUILD)/bench/guard_bench
 
 clean:
 	rm -rf $(BUILD)
