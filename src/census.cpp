@@ -223,7 +223,9 @@ std::string to_string(const tensor_stats& s) {
       s.numel, s.nan, s.pos_inf, s.neg_inf, s.zeros, s.subnormal, s.min, s.max, s.mean, s.std,
       s.l2_norm, s.absmax, s.fp16_overflow, s.fp16_underflow, s.bf16_overflow);
   if (s.first_nonfinite_index >= 0)
-    out += fmt::format(" first_nonfinite[{}]={}", s.first_nonfinite_index, s.first_nonfinite_value);
+    out += fmt::format(" first_nonfinite[{}]={}", s.first_nonfinite_index,
+                       std::isnan(s.first_nonfinite_value) ? std::string("nan")
+                                                           : fmt::format("{}", s.first_nonfinite_value));
   return out;
 }
 

@@ -89,6 +89,12 @@ std::string shape_string(const std::vector<int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
+// "nan", "inf", "-inf" (fmt would print "-nan" for some NaNs).
+std::string value_string(double v) {
+  if (std::isnan(v)) return "nan";
+  return fmt::format("{}", v);
+}
+
 }  // namespace
 
 const char* to_string(direction d) { return d == direction::forward ? "forward" : "backward"; }
@@ -106,7 +112,7 @@ std::string to_string(const finding& f) {
   std::string node = f.node.empty() ? "" : fmt::format(" ({} of {})", f.node, f.forward_op.empty() ? "?" : f.forward_op);
   std::string culprit = f.culprit.empty() ? "" : fmt::format(" from {}", f.culprit);
   return fmt::format("step {} {} {}{}{}: {}{}, output {} [{}] = {}", f.step, to_string(f.direction), f.op,
-                     node, where, to_string(f.role), culprit, f.output, f.index, f.value);
+                     node, where, to_string(f.role), culprit, f.output, f.index, value_string(f.value));
 }
 
 std::string to_text(const finding& f) {
@@ -118,7 +124,7 @@ std::string to_text(const finding& f) {
   out += fmt::format("  module:    {}\n", f.module.empty() ? "(unknown)" : f.module);
   out += fmt::format("  role:      {}{}\n", to_string(f.role),
                      f.culprit.empty() ? "" : " (non-finite " + f.culprit + ")");
-  out += fmt::format("  element:   output {} flat index {} = {}\n", f.output, f.index, f.value);
+  out += fmt::format("  element:   output {} flat index {} = {}\n", f.output, f.index, value_string(f.value));
   for (const auto* group : {&f.inputs, &f.outputs})
     for (const auto& r : *group)
       out += fmt::format("  {:<10} {} {}: {}\n", r.name + ":", r.dtype, shape_string(r.shape),

@@ -111,6 +111,16 @@ bool is_inplace(const char* op) {
   return n > 1 && op[n - 1] == '_' && op[n - 2] != '_';
 }
 
+// In-place ops that overwrite all of self: its old values are not an input.
+bool overwrites_self(const char* op) {
+  static const char* const names[] = {"aten::copy_",    "aten::fill_",    "aten::zero_",
+                                      "aten::normal_",  "aten::uniform_", "aten::random_",
+                                      "aten::bernoulli_", "aten::exponential_", "aten::set_"};
+  for (const char* n : names)
+    if (std::strcmp(op, n) == 0) return true;
+  return false;
+}
+
 // Ops whose outputs are uninitialised memory: garbage, not a finding.
 bool allocates_only(const char* op) {
   static const char* const prefixes[] = {"aten::empty", "aten::new_empty", "aten::resize", "aten::set_"};
@@ -198,8 +208,9 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
   std::vector<tensor_record> inputs;
   for (size_t i = 0; i < ctx.inputs.size(); ++i) {
     const at::Tensor& in = ctx.inputs[i];
+    const bool self_inplace = i == 0 && ctx.argument_of[0] == 0 && in.is_alias_of(out);
     tensor_record r = record_of(in, name_of(st, in, "input " + std::to_string(ctx.argument_of[i])));
-    const bool self_inplace = i == 0 && in.is_alias_of(out);
+    if (self_inplace) r.name += " (in place: as the op left it)";
     const bool bad = self_inplace ? ctx.self_was_nonfinite : !r.stats.all_finite();
     if (bad) {
       any_bad_input = true;
@@ -261,12 +272,13 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   callback_scope no_recursion;
   auto ctx = std::make_unique<op_context>();
   const auto inputs = fn.inputs();
-  for (size_t i = 0; i < inputs.size(); ++i) {
+  const bool inplace = is_inplace(fn.name());
+  for (size_t i = inplace && overwrites_self(fn.name()) ? 1 : 0; i < inputs.size(); ++i) {
     collect(inputs[i], ctx->inputs);
     ctx->argument_of.resize(ctx->inputs.size(), int(i));
   }
   const bool backward = !node_stack().empty();
-  if (!ctx->inputs.empty() && is_inplace(fn.name()))
+  if (inplace && !ctx->inputs.empty() && ctx->argument_of[0] == 0)
     ctx->self_was_nonfinite = has_nonfinite(ctx->inputs[0]);
   if (!backward) {
     std::lock_guard<std::mutex> lock(st->mutex);

@@ -46,8 +46,12 @@ void sqrt_backward(tracer&) {
 void nan_in_batch(tracer& t) {
   torch::nn::Linear lin(8, 4);
   t.name_parameters(*lin, "input_layer");
-  at::Tensor batch = at::randn({16, 8});
-  batch[5][2] = NAN;  // a corrupt sample
+  at::Tensor batch;
+  {
+    tracer_pause loading(t);  // the data loader is not under study
+    batch = at::randn({16, 8});
+    batch[5][2] = NAN;  // a corrupt sample
+  }
   t.name_tensor(batch, "batch");
   lin(batch);
 }
