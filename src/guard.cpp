@@ -143,7 +143,7 @@ struct guard::impl {
     const at::Tensor rng_after = rng_state();
     optimizer.zero_grad();
     set_rng_state(rng_before);
-    bool reproduced = false;
+    bool reproduced = false, failed = false;
     try {
       tracer t(options.tracer());
       t.name_parameters(model);
@@ -171,9 +171,11 @@ struct guard::impl {
       reproduced = reproduced || t.found();
       e.findings = t.findings();
     } catch (const std::exception& ex) {
+      // E.g. a tracer already lives on this thread, or the step itself threw.
+      failed = true;
       e.note = std::string("replay failed: ") + ex.what();
     }
-    e.verdict = reproduced ? "reproduced" : "not reproduced";
+    e.verdict = failed ? "replay failed" : reproduced ? "reproduced" : "not reproduced";
     optimizer.zero_grad();
     set_rng_state(rng_after);
   }

@@ -410,3 +410,20 @@ TEST(guard, loss_scale_floor_stops_with_a_clear_error) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(guard, a_replay_that_cannot_run_says_so) {
+  torch::nn::Linear model(2, 1);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  guard g(model, opt);
+  const auto fn = [&](const std::vector<at::Tensor>& b) { return model->forward(b[0]).mean() * b[1]; };
+  nanguard::tracer user_tracer;  // one tracer per thread: the replay cannot make its own
+  user_tracer.pause();
+  const step_event e = g.step({torch::ones({1, 2}), torch::full({}, NAN)}, fn);
+  EXPECT_EQ("replay failed", e.verdict);
+  EXPECT_NE(std::string::npos, e.note.find("replay failed: ")) << e.note;
+  EXPECT_TRUE(e.skipped);
+}
+
+}  // namespace

@@ -38,7 +38,7 @@ struct step_event {
   std::string action = "step";
   std::vector<spike> spikes;    ///< loss / grad-norm spikes
   std::vector<bad_parameter> nonfinite_params;  ///< parameters with bad gradients
-  /// "", "reproduced" or "not reproduced" (replay of a bad step).
+  /// "", "reproduced", "not reproduced" or "replay failed" (replay of a bad step).
   std::string verdict;
   std::vector<finding> findings;  ///< the tracer's findings from the replay
   int64_t rollback_to = -1;     ///< rollback: the step of the restored snapshot
