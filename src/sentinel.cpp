@@ -112,10 +112,12 @@ grad_report sentinel::inspect_grads(double inv_scale) const {
     const at::Tensor& g = params_[i].grad();
     if (!g.defined() || g.numel() == 0) continue;
     grads[i] = g;
-    const bool fast = g.is_cpu() && g.is_contiguous() &&
+    const bool strided = g.layout() == at::kStrided;
+    const bool fast = strided && g.is_cpu() && g.is_contiguous() &&
                       (g.scalar_type() == at::kFloat || g.scalar_type() == at::kDouble);
     if (!fast) {
-      const tensor_stats s = census(g);
+      // Sparse gradients (Embedding(sparse=true)) are measured by their values.
+      const tensor_stats s = census(strided ? g : g.is_sparse() ? g.coalesce().values() : g.to_dense());
       sumsq[i] = s.l2_norm * s.l2_norm;
       r.nonfinite_counts[i] = s.nonfinite();
       continue;

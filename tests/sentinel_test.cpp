@@ -148,3 +148,17 @@ TEST(sentinel, observe_reports_grad_norm_spikes) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(sentinel, measures_sparse_gradients_by_their_values) {
+  torch::nn::Embedding emb(torch::nn::EmbeddingOptions(10, 4).sparse(true));
+  emb->forward(torch::tensor({1, 3, 3})).sum().backward();
+  ASSERT_TRUE(emb->weight.grad().is_sparse());
+  const nanguard::sentinel s(emb->named_parameters().pairs());
+  const auto r = s.inspect_grads();
+  EXPECT_TRUE(r.finite());
+  EXPECT_NEAR(emb->weight.grad().to_dense().norm().item<double>(), r.total_norm, 1e-6);
+}
+
+}  // namespace
