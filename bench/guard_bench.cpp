@@ -9,7 +9,8 @@
 //   guarded_scaled the guard with the loss scaler on at 2^16 (fp16 setting)
 // Also times the gradient pass alone against LibTorch's clip_grad_norm_.
 // Prints `plain_step_s`, `guarded_step_s`, `guarded_scaled_step_s`,
-// `guard_ratio`, `guard_scaled_ratio`, `sentinel_pass_ms`, `libtorch_clip_ms`.
+// `guard_ratio`, `guard_scaled_ratio`, the same in process CPU time
+// (`guard_cpu_ratio`, ...), `sentinel_pass_ms`, `libtorch_clip_ms`.
 // Usage: guard_bench [rounds]
 #include "reference_workload.h"
 
@@ -21,6 +22,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <string>
 
 namespace {
@@ -57,13 +59,18 @@ int main(int argc, char** argv) {
       [&] { skipped += gs.step(batch, fn).skipped; },
   };
   for (const auto& v : variants) v();  // warm-up
-  std::vector<std::vector<double>> t(variants.size());
+  // Wall time, and process CPU time (all threads), which other processes on
+  // a busy machine disturb much less.
+  std::vector<std::vector<double>> t(variants.size()), cpu(variants.size());
   for (int r = 0; r < rounds; ++r)
     for (size_t k = 0; k < variants.size(); ++k) {
       const size_t i = (k + size_t(r)) % variants.size();
+      const std::clock_t c0 = std::clock();
       t[i].push_back(nanguard::bench::seconds(variants[i]));
+      cpu[i].push_back(double(std::clock() - c0) / CLOCKS_PER_SEC);
     }
   const double sp = median(t[0]), sg = median(t[1]), ss = median(t[2]);
+  const double cp = median(cpu[0]), cg = median(cpu[1]), cs = median(cpu[2]);
 
   // The gradient pass alone, on the workload's real gradients.
   w.optimizer.zero_grad();
@@ -80,6 +87,10 @@ int main(int argc, char** argv) {
   fmt::print("guarded_scaled_step_s: {:.4f}\n", ss);
   fmt::print("guard_ratio: {:.3f}\n", sg / sp);
   fmt::print("guard_scaled_ratio: {:.3f}\n", ss / sp);
+  fmt::print("plain_step_cpu_s: {:.4f}\n", cp);
+  fmt::print("guarded_step_cpu_s: {:.4f}\n", cg);
+  fmt::print("guard_cpu_ratio: {:.3f}\n", cg / cp);
+  fmt::print("guard_scaled_cpu_ratio: {:.3f}\n", cs / cp);
   fmt::print("sentinel_pass_ms: {:.3f}\n", pass[0] * 1e3);
   fmt::print("libtorch_clip_ms: {:.3f}\n", pass[1] * 1e3);
   if (skipped) fmt::print("warning: the healthy workload skipped {} steps\n", skipped);

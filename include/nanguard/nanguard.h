@@ -8,9 +8,23 @@
 //   at::Tensor grad = ...;
 //   if (nanguard::has_nonfinite(grad))
 //     std::cerr << nanguard::census(grad) << "\n";
+//
+// A guarded training step (see guard.h):
+//
+//   nanguard::guard g(model, optimizer, nanguard::guard_options().max_norm(1.0));
+//   g.step({x, y}, [&](const std::vector<at::Tensor>& b) { return loss_fn(model->forward(b[0]), b[1]); });
 #pragma once
 
 #include <nanguard/census.h>
 #include <nanguard/finding.h>
 #include <nanguard/scope.h>
 #include <nanguard/tracer.h>
+#include <nanguard/bundle.h>
+#include <nanguard/clip.h>
+#include <nanguard/events.h>
+#include <nanguard/guard.h>
+#include <nanguard/loss_scaler.h>
+#include <nanguard/safe_ops.h>
+#include <nanguard/schedule.h>
+#include <nanguard/sentinel.h>
+#include <nanguard/snapshot.h>
