@@ -44,11 +44,52 @@ class SqrtNet(nn.Module):
         return self.root(torch.relu(self.lin(x))).sum(1)
 
 
+class Blow(nn.Module):
+    """Scales up past float16's range (65504): fine in float32 and bfloat16."""
+
+    def forward(self, x):
+        return x * 1e5
+
+
+class Squash(nn.Module):
+    """Scales back down: its forward is in range, its backward values are tiny."""
+
+    def forward(self, x):
+        return x * 1e-5
+
+
+class Fp16Net(nn.Module):
+    """One module (blow) overflows float16; the precision advisor must name it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 8)
+        self.blow = Blow()
+        self.squash = Squash()
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.head(self.squash(self.blow(self.lin(x))))
+
+
+class ClfNet(nn.Module):
+    """A small classifier whose values stay well within float16 and bfloat16."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = nn.Linear(4, 8)
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.hidden(x)))
+
+
 def main():
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(0)
-    for name, model in [("norm_net", NormNet()), ("sqrt_net", SqrtNet())]:
+    for name, model in [("norm_net", NormNet()), ("sqrt_net", SqrtNet()),
+                        ("fp16_net", Fp16Net()), ("clf_net", ClfNet())]:
         torch.jit.script(model).save(os.path.join(out, name + ".pt"))
 
 

@@ -33,5 +33,6 @@ command add_census_command(CLI::App& app);
 command add_demo_command(CLI::App& app);
 command add_scan_command(CLI::App& app);
 command add_clean_command(CLI::App& app);
+command add_advise_command(CLI::App& app);
 
 }  // namespace nanguard::cli

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
       add_census_command(app),
       add_scan_command(app),
       add_clean_command(app),
+      add_advise_command(app),
   };
 
   try {
