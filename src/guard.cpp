@@ -341,6 +341,14 @@ step_event guard::step(const std::vector<at::Tensor>& batch, const step_fn& fn) 
       break;
     case policy::rollback: {
       e.action = "rollback";
+      {
+        // Which layers moved most since the snapshot: the diverged ones.
+        const auto changes = s.ring.diff();
+        std::string moved = "moved most since the snapshot:";
+        for (size_t i = 0; i < changes.size() && i < 3; ++i)
+          moved += " " + changes[i].name + " (x" + c10::str(changes[i].relative) + ")";
+        e.note = e.note.empty() ? moved : e.note + "; " + moved;
+      }
       e.rollback_to = s.ring.restore();
       s.lr_factor *= o.rollback_lr_factor();
       if (!s.schedule) scale_lr(s.optimizer, o.rollback_lr_factor());

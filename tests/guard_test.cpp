@@ -91,6 +91,7 @@ TEST(guard, rollback_recovers_a_run_that_blows_up_under_a_high_lr) {
     EXPECT_GE(e.rollback_to, 0);
     EXPECT_EQ(0, e.rollback_to % 10);
     EXPECT_EQ("reproduced", e.verdict);
+    EXPECT_NE(std::string::npos, e.note.find("moved most since the snapshot: ")) << e.note;
     ASSERT_FALSE(e.findings.empty()) << "the replay named no op";
     EXPECT_EQ(nanguard::role::producer, e.findings.front().role);
   }

@@ -43,7 +43,7 @@ struct step_event {
   std::vector<finding> findings;  ///< the tracer's findings from the replay
   int64_t rollback_to = -1;     ///< rollback: the step of the restored snapshot
   std::string bundle;           ///< abort: the repro bundle's directory
-  std::string note;             ///< free text (e.g. an error message)
+  std::string note;             ///< free text: an error, or on rollback the parameters that moved most
 };
 
 /// One JSON object, no newline.
