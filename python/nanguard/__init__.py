@@ -1,0 +1,51 @@
+"""nanguard: find where a NaN or Inf is born in PyTorch training, and keep
+training finite.
+
+The heavy lifting is nanguard's C++ core (the ``_nanguard`` extension, on the
+same LibTorch as ``torch``); tensors cross without copies.
+
+>>> import torch, nanguard
+>>> nanguard.census(torch.tensor([1.0, float("nan")])).nan
+1
+>>> with nanguard.trace(model) as t:          # doctest: +SKIP
+...     loss = loss_fn(model(x), y)
+...     loss.backward()
+>>> print(t.findings[0])                        # doctest: +SKIP
+step 0 forward aten::div in norm: producer, output 0 [0] = nan
+"""
+import torch  # noqa: F401  (loads LibTorch before the extension)
+
+from . import _nanguard
+from ._trace import AllowRule, Finding, NonFiniteError, Trace, trace
+from ._guard import Guard, StepResult
+
+__all__ = [
+    "census", "has_nonfinite", "TensorStats", "trace", "Trace", "Finding",
+    "NonFiniteError", "AllowRule", "Guard", "StepResult",
+]
+
+#: One-pass statistics of a tensor (``nanguard::tensor_stats``).
+TensorStats = _nanguard.TensorStats
+
+
+def census(tensor):
+    """Statistics of ``tensor`` in one vectorised pass, as a ``TensorStats``.
+
+    Fields: numel, nan, pos_inf, neg_inf, finite, zeros, subnormal, min, max,
+    mean, std, l2_norm, absmax, fp16_overflow, fp16_underflow, bf16_overflow,
+    first_nonfinite_index, first_nonfinite_value; ``.to_dict()`` gives them
+    all. Raises ``ValueError`` for integer, bool or complex tensors.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"nanguard.census: expected a torch.Tensor, got {type(tensor).__name__}")
+    return _nanguard.census(tensor.detach())
+
+
+def has_nonfinite(tensor):
+    """True when ``tensor`` holds a NaN or an Inf (stops at the first one).
+
+    Integer and bool tensors are always finite.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"nanguard.has_nonfinite: expected a torch.Tensor, got {type(tensor).__name__}")
+    return _nanguard.has_nonfinite(tensor.detach())

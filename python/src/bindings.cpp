@@ -1,0 +1,254 @@
+/// bindings.cpp — the `_nanguard` extension: nanguard's C++ core for Python.
+///
+/// Tensors cross as at::Tensor through LibTorch's own pybind11 casters
+/// (torch/csrc/utils/pybind.h): no copies. The pure-Python package
+/// `nanguard` (python/nanguard) wraps these bindings in Pythonic classes.
+#include <nanguard/census.h>
+#include <nanguard/clip.h>
+#include <nanguard/finding.h>
+#include <nanguard/loss_scaler.h>
+#include <nanguard/scope.h>
+#include <nanguard/sentinel.h>
+#include <nanguard/tracer.h>
+
+#include <torch/csrc/utils/pybind.h>
+#include <torch/nn/module.h>
+
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+/// Scopes opened from Python (module forward hooks), innermost last.
+std::vector<std::unique_ptr<nanguard::scope>>& python_scopes() {
+  thread_local std::vector<std::unique_ptr<nanguard::scope>> scopes;
+  return scopes;
+}
+
+/// A tree of empty torch::nn::Modules that holds `named` tensors under their
+/// dotted names, so tracer::name_parameters names Python parameters (and,
+/// through them, the modules that own them) exactly as for a C++ model.
+std::shared_ptr<torch::nn::Module> mirror_of(
+    const std::vector<std::pair<std::string, at::Tensor>>& named) {
+  auto root = std::make_shared<torch::nn::Module>();
+  for (const auto& [name, tensor] : named) {
+    TORCH_CHECK(tensor.defined(), "nanguard: the parameter '", name, "' is undefined");
+    std::shared_ptr<torch::nn::Module> m = root;
+    size_t start = 0;
+    for (size_t dot; (dot = name.find('.', start)) != std::string::npos; start = dot + 1) {
+      const std::string part = name.substr(start, dot - start);
+      auto children = m->named_children();
+      if (auto* c = children.find(part)) m = *c;
+      else m = m->register_module(part, std::make_shared<torch::nn::Module>());
+    }
+    const std::string leaf = name.substr(start);
+    if (!m->named_parameters(/*recurse=*/false).contains(leaf))
+      m->register_parameter(leaf, tensor, tensor.requires_grad());
+  }
+  return root;
+}
+
+/// The tracer as Python holds it: closed explicitly on the thread that made it.
+class py_tracer {
+ public:
+  explicit py_tracer(nanguard::tracer_options o) : t_(std::make_unique<nanguard::tracer>(std::move(o))) {}
+  nanguard::tracer& get() {
+    TORCH_CHECK(t_, "nanguard: the tracer is closed");
+    return *t_;
+  }
+  void close() { t_.reset(); }
+  bool closed() const { return !t_; }
+
+ private:
+  std::unique_ptr<nanguard::tracer> t_;
+};
+
+py::dict stats_dict(const nanguard::tensor_stats& s) {
+  py::dict d;
+  d["numel"] = s.numel;
+  d["nan"] = s.nan;
+  d["pos_inf"] = s.pos_inf;
+  d["neg_inf"] = s.neg_inf;
+  d["finite"] = s.finite;
+  d["zeros"] = s.zeros;
+  d["subnormal"] = s.subnormal;
+  d["min"] = s.min;
+  d["max"] = s.max;
+  d["mean"] = s.mean;
+  d["std"] = s.std;
+  d["l2_norm"] = s.l2_norm;
+  d["absmax"] = s.absmax;
+  d["fp16_overflow"] = s.fp16_overflow;
+  d["fp16_underflow"] = s.fp16_underflow;
+  d["bf16_overflow"] = s.bf16_overflow;
+  d["first_nonfinite_index"] = s.first_nonfinite_index;
+  d["first_nonfinite_value"] = s.first_nonfinite_value;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_nanguard, m) {
+  m.doc() = "nanguard's C++ core (census, tracer, scope, sentinel, loss scaler)";
+  // c10::Error → ValueError with the message only (no C++ backtrace).
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+    }
+  });
+
+  // ------------------------------------------------------------ census
+  py::class_<nanguard::tensor_stats>(m, "TensorStats", "One-pass statistics of a tensor (census).")
+      .def_readonly("numel", &nanguard::tensor_stats::numel)
+      .def_readonly("nan", &nanguard::tensor_stats::nan)
+      .def_readonly("pos_inf", &nanguard::tensor_stats::pos_inf)
+      .def_readonly("neg_inf", &nanguard::tensor_stats::neg_inf)
+      .def_readonly("finite", &nanguard::tensor_stats::finite)
+      .def_readonly("zeros", &nanguard::tensor_stats::zeros)
+      .def_readonly("subnormal", &nanguard::tensor_stats::subnormal)
+      .def_readonly("min", &nanguard::tensor_stats::min)
+      .def_readonly("max", &nanguard::tensor_stats::max)
+      .def_readonly("mean", &nanguard::tensor_stats::mean)
+      .def_readonly("std", &nanguard::tensor_stats::std)
+      .def_readonly("l2_norm", &nanguard::tensor_stats::l2_norm)
+      .def_readonly("absmax", &nanguard::tensor_stats::absmax)
+      .def_readonly("fp16_overflow", &nanguard::tensor_stats::fp16_overflow)
+      .def_readonly("fp16_underflow", &nanguard::tensor_stats::fp16_underflow)
+      .def_readonly("bf16_overflow", &nanguard::tensor_stats::bf16_overflow)
+      .def_readonly("first_nonfinite_index", &nanguard::tensor_stats::first_nonfinite_index)
+      .def_readonly("first_nonfinite_value", &nanguard::tensor_stats::first_nonfinite_value)
+      .def_property_readonly("nonfinite", &nanguard::tensor_stats::nonfinite, "NaN and Inf elements.")
+      .def("all_finite", &nanguard::tensor_stats::all_finite, "True when every element is finite.")
+      .def("to_dict", &stats_dict, "Every field as a dict.")
+      .def("__str__", [](const nanguard::tensor_stats& s) { return nanguard::to_string(s); })
+      .def("__repr__", [](const nanguard::tensor_stats& s) {
+        return "<nanguard.TensorStats " + nanguard::to_string(s) + ">";
+      });
+  m.def("census", &nanguard::census, py::arg("tensor"), py::call_guard<py::gil_scoped_release>(),
+        "One vectorised pass: NaN/Inf/zero/subnormal counts, min/max/mean/std, norms, headroom.");
+  m.def("has_nonfinite", &nanguard::has_nonfinite, py::arg("tensor"),
+        py::call_guard<py::gil_scoped_release>(), "True when the tensor holds a NaN or an Inf.");
+
+  // ------------------------------------------------------------ findings
+  m.def("finding_to_string", [](const std::string& json) {
+    return nanguard::to_string(nanguard::finding_from_json(json));
+  });
+  m.def("finding_to_text", [](const std::string& json) {
+    return nanguard::to_text(nanguard::finding_from_json(json));
+  });
+
+  // ------------------------------------------------------------ scope
+  m.def("scope_push", [](const std::string& name) {
+    python_scopes().push_back(std::make_unique<nanguard::scope>(name));
+  }, py::arg("name"), "Opens a nanguard::scope named `name` inside the current one (this thread).");
+  m.def("scope_pop", []() {
+    auto& s = python_scopes();
+    TORCH_CHECK(!s.empty(), "nanguard: scope_pop without a matching scope_push");
+    s.pop_back();
+  }, "Closes the innermost scope opened by scope_push.");
+  m.def("scope_depth", []() { return python_scopes().size(); },
+        "Scopes opened by scope_push and not yet closed (this thread).");
+  m.def("current_scope", []() { return nanguard::current_scope(); },
+        "The dotted path of the innermost open scope on this thread.");
+
+  // ------------------------------------------------------------ tracer
+  py::class_<py_tracer>(m, "Tracer", "nanguard::tracer: observes every ATen op of this thread.")
+      .def(py::init([](int64_t max_findings, bool capture_backtrace,
+                       const std::vector<std::tuple<std::string, std::string, bool, bool, bool>>& allow) {
+             nanguard::tracer_options o;
+             o.max_findings(max_findings).capture_backtrace(capture_backtrace);
+             std::vector<nanguard::allow_rule> rules;
+             for (const auto& [op, module, nan, pos_inf, neg_inf] : allow)
+               rules.push_back(nanguard::allow_rule().op(op).module(module).nan(nan).pos_inf(pos_inf).neg_inf(neg_inf));
+             o.allow(std::move(rules));
+             return std::make_unique<py_tracer>(std::move(o));
+           }),
+           py::arg("max_findings"), py::arg("capture_backtrace"), py::arg("allow"))
+      .def("name_parameters", [](py_tracer& t, const std::vector<std::pair<std::string, at::Tensor>>& named) {
+        t.get().name_parameters(*mirror_of(named));
+      }, py::arg("named_parameters"), "Names parameters (and through them modules) from (name, tensor) pairs.")
+      .def("name_tensor", [](py_tracer& t, const at::Tensor& x, const std::string& name) {
+        t.get().name_tensor(x, name);
+      })
+      .def("set_step", [](py_tracer& t, int64_t step) { t.get().set_step(step); })
+      .def("found", [](py_tracer& t) { return t.get().found(); })
+      .def("findings_json", [](py_tracer& t) {
+        std::vector<std::string> out;
+        for (const auto& f : t.get().findings()) out.push_back(nanguard::to_json(f));
+        return out;
+      })
+      .def("clear", [](py_tracer& t) { t.get().clear(); })
+      .def("pause", [](py_tracer& t) { t.get().pause(); })
+      .def("resume", [](py_tracer& t) { t.get().resume(); })
+      .def("active", [](py_tracer& t) { return t.get().active(); })
+      .def("close", &py_tracer::close, "Stops observing and frees the tracer (call on its thread).")
+      .def_property_readonly("closed", &py_tracer::closed);
+
+  // ------------------------------------------------------------ sentinel
+  py::class_<nanguard::grad_report>(m, "GradReport", "What one pass over the gradients found.")
+      .def_readonly("total_norm", &nanguard::grad_report::total_norm)
+      .def_readonly("nonfinite", &nanguard::grad_report::nonfinite)
+      .def_readonly("norms", &nanguard::grad_report::norms)
+      .def_readonly("nonfinite_counts", &nanguard::grad_report::nonfinite_counts)
+      .def_readonly("first_nonfinite_name", &nanguard::grad_report::first_nonfinite_name)
+      .def("finite", &nanguard::grad_report::finite);
+  py::class_<nanguard::sentinel>(m, "Sentinel", "nanguard::sentinel: fused check of loss and gradients.")
+      .def(py::init([](std::vector<std::pair<std::string, at::Tensor>> named, int64_t window,
+                       double threshold, int64_t min_samples) {
+             return nanguard::sentinel(std::move(named), nanguard::spike_options()
+                                                             .window(window)
+                                                             .threshold(threshold)
+                                                             .min_samples(min_samples));
+           }),
+           py::arg("named_parameters"), py::arg("window") = 50, py::arg("threshold") = 8.0,
+           py::arg("min_samples") = 10)
+      .def("check_loss", [](const nanguard::sentinel& s, const at::Tensor& loss) {
+        double v = 0;
+        const bool ok = s.check_loss(loss, &v);
+        return std::make_pair(ok, v);
+      }, py::arg("loss"), "(finite, value) of a one-element loss.")
+      .def("inspect_grads", &nanguard::sentinel::inspect_grads, py::arg("inv_scale") = 1.0,
+           py::call_guard<py::gil_scoped_release>())
+      .def("apply_factor_", &nanguard::sentinel::apply_factor_, py::arg("factor"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("observe", [](nanguard::sentinel& s, double loss, double norm) {
+        std::vector<std::tuple<std::string, double, double>> out;
+        for (const auto& sp : s.observe(loss, norm)) out.emplace_back(sp.series, sp.value, sp.z);
+        return out;
+      }, "Spikes of loss and grad norm as (series, value, z).")
+      .def("reset_spikes", &nanguard::sentinel::reset_spikes)
+      .def_property_readonly("names", &nanguard::sentinel::names);
+  m.def("clip_coefficient", &nanguard::clip_coefficient, py::arg("total_norm"), py::arg("max_norm"));
+
+  // ------------------------------------------------------------ loss scaler
+  py::class_<nanguard::loss_scaler>(m, "LossScaler", "nanguard::loss_scaler (GradScaler semantics).")
+      .def(py::init([](bool enabled, double init_scale, double growth_factor, double backoff_factor,
+                       int64_t growth_interval, int64_t hysteresis, double min_scale, double max_scale) {
+             return nanguard::loss_scaler(nanguard::loss_scaler_options()
+                                              .enabled(enabled)
+                                              .init_scale(init_scale)
+                                              .growth_factor(growth_factor)
+                                              .backoff_factor(backoff_factor)
+                                              .growth_interval(growth_interval)
+                                              .hysteresis(hysteresis)
+                                              .min_scale(min_scale)
+                                              .max_scale(max_scale));
+           }),
+           py::arg("enabled") = true, py::arg("init_scale") = 65536.0, py::arg("growth_factor") = 2.0,
+           py::arg("backoff_factor") = 0.5, py::arg("growth_interval") = 2000, py::arg("hysteresis") = 1,
+           py::arg("min_scale") = 1.0, py::arg("max_scale") = 16777216.0)
+      .def("scale", &nanguard::loss_scaler::scale)
+      .def("get_scale", &nanguard::loss_scaler::get_scale)
+      .def("inv_scale", &nanguard::loss_scaler::inv_scale)
+      .def("update", &nanguard::loss_scaler::update, py::arg("found_nonfinite"))
+      .def("set_scale", &nanguard::loss_scaler::set_scale)
+      .def_property_readonly("enabled", &nanguard::loss_scaler::enabled);
+}

@@ -1,0 +1,147 @@
+"""nanguard.Guard: healthy steps, skip, rollback recovery, abort, event log."""
+import json
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import nanguard
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 8)
+        self.norm = nn.LayerNorm(8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(self.norm(torch.relu(self.lin(x))))
+
+
+def data(n=64):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 4, generator=g)
+    return x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+
+
+def test_healthy_steps_match_plain_training_with_clipping():
+    x, y = data()
+    a, b = Net(), Net()
+    b.load_state_dict(a.state_dict())
+    oa = torch.optim.SGD(a.parameters(), lr=0.1)
+    ob = torch.optim.SGD(b.parameters(), lr=0.1)
+    g = nanguard.Guard(b, ob, max_norm=0.5)
+    for _ in range(5):
+        oa.zero_grad()
+        F.cross_entropy(a(x), y).backward()
+        ref = torch.nn.utils.clip_grad_norm_(a.parameters(), 0.5)
+        oa.step()
+        r = g.step(lambda: F.cross_entropy(b(x), y))
+        assert r.action == "step" and not r.skipped
+        assert r.grad_norm == pytest.approx(ref.item(), rel=1e-4)
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.allclose(pa, pb, atol=1e-5)
+
+
+def test_skip_localizes_by_replay_and_leaves_parameters_alone(tmp_path):
+    x, y = data()
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    log = tmp_path / "events.jsonl"
+    g = nanguard.Guard(model, opt, policy="skip", event_log=str(log))
+    before = [p.detach().clone() for p in model.parameters()]
+    r = g.step(lambda: F.cross_entropy(model(x), y) + torch.sqrt(model.lin.bias - 100).sum())
+    assert r.skipped and r.action == "skip" and r.reason == "non-finite loss"
+    assert r.verdict == "reproduced"
+    assert r.finding.op == "aten::sqrt" and r.finding.role == "producer"
+    for p, q in zip(model.parameters(), before):
+        assert torch.equal(p, q)
+    g.close()
+    line = json.loads(log.read_text().splitlines()[0])
+    assert line["action"] == "skip" and line["finding"]["op"] == "aten::sqrt"
+
+
+def test_nonfinite_gradient_names_the_backward_op():
+    x, y = data()
+    model = Net()
+    g = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    # sqrt(0) has an infinite derivative: the forward is finite, backward is not.
+    r = g.step(lambda: F.cross_entropy(model(x), y) + torch.sqrt(model.lin.bias * 0).sum())
+    assert r.reason == "non-finite gradient"
+    assert r.first_nonfinite_param == "lin.bias"
+    assert r.finding.direction == "backward" and r.finding.node == "SqrtBackward0"
+
+
+def test_run_recovered_by_rollback():
+    """Corrupted batches in the middle of a run make the loss NaN: the guard
+    names the op, rolls back to the last good snapshot, lowers the LR, and
+    the run goes on to a lower loss with finite parameters."""
+    x, y = data()
+    bad = x.clone()
+    bad[3, 2] = float("inf")  # inf - inf = NaN inside the first Linear
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    g = nanguard.Guard(model, opt, policy="rollback", snapshot_every=5, rollback_lr_factor=0.5)
+    first = F.cross_entropy(model(x), y).item()
+    results = [g.step(lambda: F.cross_entropy(model(x), y)) for _ in range(7)]
+    results += [g.step(lambda: F.cross_entropy(model(bad), y)) for _ in range(2)]
+    results += [g.step(lambda: F.cross_entropy(model(x), y)) for _ in range(30)]
+    rolled = [r for r in results if r.action == "rollback"]
+    assert len(rolled) == 2 and g.rollbacks == 2
+    assert rolled[0].reason == "non-finite loss" and rolled[0].verdict == "reproduced"
+    assert rolled[0].finding.module == "lin" and rolled[0].finding.role == "input"
+    assert all(math.isfinite(p.detach().sum().item()) for p in model.parameters())
+    final = F.cross_entropy(model(x), y).item()
+    assert math.isfinite(final) and final < first
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.125)
+
+
+def test_rollback_restores_the_snapshot_exactly():
+    x, y = data()
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    g = nanguard.Guard(model, opt, policy="rollback", snapshot_every=2, rollback_lr_factor=0.5)
+    for _ in range(2):
+        g.step(lambda: F.cross_entropy(model(x), y))
+    snap = {k: v.clone() for k, v in model.state_dict().items()}
+    g.step(lambda: F.cross_entropy(model(x), y))
+    r = g.step(lambda: F.cross_entropy(model(x), y) * float("nan"))
+    assert r.action == "rollback"
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, snap[k])
+    assert opt.param_groups[0]["lr"] == pytest.approx(5e-3)
+
+
+def test_abort_raises_with_the_finding(tmp_path):
+    x, y = data()
+    model = Net()
+    g = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), policy="abort",
+                       bundle_dir=str(tmp_path / "b"))
+    with pytest.raises(nanguard.NonFiniteError, match="aten::log") as e:
+        g.step(lambda: torch.log(model(x) * 0).sum())
+    assert e.value.finding.op == "aten::log"
+    assert (tmp_path / "b" / "step-0.pt").exists()
+
+
+def test_loss_scaler_backs_off():
+    x, y = data()
+    model = Net()
+    g = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), policy="backoff",
+                       loss_scale={"init_scale": 2.0 ** 24}, replay=False)
+    r = g.step(lambda: F.cross_entropy(model(x), y) * 1e32)  # x 2^24 overflows float32
+    assert r.skipped and r.action == "backoff" and r.scale == 2.0 ** 23
+    while r.skipped:
+        r = g.step(lambda: F.cross_entropy(model(x), y) * 1e32)
+    assert r.action == "step" and r.scale < 2.0 ** 21
+
+
+def test_bad_options_are_clear_errors():
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="policy must be one of"):
+        nanguard.Guard(model, opt, policy="ignore")
+    with pytest.raises(ValueError, match="rollback_lr_factor"):
+        nanguard.Guard(model, opt, rollback_lr_factor=2)

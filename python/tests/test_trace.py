@@ -1,0 +1,181 @@
+"""nanguard.trace on the classic NaN/Inf scenarios."""
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import nanguard
+
+
+class Norm(nn.Module):
+    """Standardises the last dimension: 0/0 = NaN when a row is constant."""
+
+    def forward(self, x):
+        return (x - x.mean(-1, keepdim=True)) / x.std(-1, keepdim=True)
+
+
+class NormNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.norm = Norm()
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.norm(self.lin(x)))
+
+
+def test_std_zero_normalisation_names_div_in_norm():
+    model = NormNet()
+    with torch.no_grad():
+        model.lin.weight.zero_()  # every row constant: std = 0
+        model.lin.bias.fill_(0.5)
+    with nanguard.trace(model) as t:
+        model(torch.randn(8, 4)).sum().backward()
+    assert len(t.findings) == 1
+    f = t.findings[0]
+    assert (f.op, f.direction, f.role, f.module) == ("aten::div", "forward", "producer", "norm")
+    assert math.isnan(f.value)
+    assert str(f).startswith("step 0 forward aten::div in norm: producer")
+    assert "module:    norm" in f.to_text()
+    d = f.to_dict()
+    assert d["op"] == "aten::div" and d["inputs"][1]["stats"]["max"] == 0
+    assert math.isnan(d["value"])
+
+
+def test_log_softmax_underflow():
+    # log(softmax(x)) underflows to log(0) = -inf for a large logit gap.
+    logits = torch.tensor([[0.0, 200.0, -200.0]], requires_grad=True)
+    with nanguard.trace() as t:
+        p = torch.softmax(logits, -1)
+        torch.log(p).sum()
+    f = t.findings[0]
+    assert (f.op, f.role, f.direction) == ("aten::log", "producer", "forward")
+    assert f.value == -math.inf
+    # The stable form is finite.
+    with nanguard.trace() as t:
+        F.log_softmax(logits, -1).sum().backward()
+    assert t.findings == []
+
+
+def test_sqrt_backward_inf():
+    x = torch.tensor([0.0, 1.0, 4.0], requires_grad=True)
+    with nanguard.trace() as t:
+        torch.sqrt(x).sum().backward()
+    f = t.findings[0]
+    assert f.direction == "backward"
+    assert f.node == "SqrtBackward0"
+    assert f.forward_op == "aten::sqrt"
+    assert f.role == "producer"
+    assert f.value == math.inf
+
+
+def test_nan_in_data_is_role_input():
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+    x = torch.randn(5, 3)
+    x[2, 1] = float("nan")
+    with nanguard.trace(model) as t:
+        t.name_tensor(x, "batch")
+        model(x).sum().backward()
+    f = t.findings[0]
+    assert f.role == "input"
+    assert f.culprit == "batch"
+    assert f.module == "0"
+    assert f.direction == "forward"
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Linear(8, 8)
+        self.k = nn.Linear(8, 8)
+
+    def forward(self, x, mask):
+        scores = self.q(x) @ self.k(x).transpose(-1, -2) / math.sqrt(8)
+        scores = scores.masked_fill(~mask, -math.inf)
+        return torch.softmax(scores, -1)
+
+
+class AttnNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = Attention()
+
+    def forward(self, x, mask):
+        return self.attn(x, mask) @ x
+
+
+def test_masked_attention_is_fine():
+    model = AttnNet()
+    x = torch.randn(2, 5, 8)
+    mask = torch.ones(2, 5, 5, dtype=torch.bool).tril()  # causal: every row keeps one
+    with nanguard.trace(model) as t:
+        model(x, mask).sum().backward()
+    assert t.findings == []
+
+
+def test_fully_masked_row_names_softmax():
+    model = AttnNet()
+    x = torch.randn(2, 5, 8)
+    mask = torch.ones(2, 5, 5, dtype=torch.bool).tril()
+    mask[1, 3, :] = False  # a row with nothing to attend to
+    with nanguard.trace(model) as t:
+        model(x, mask).sum().backward()
+    f = t.findings[0]
+    assert f.op == "aten::_softmax"
+    assert f.module == "attn"
+    assert f.direction == "forward"
+    assert math.isnan(f.value)
+
+
+def test_raise_on_finding_raises_at_exit_with_the_finding():
+    x = torch.tensor([0.0, 1.0])
+    with pytest.raises(nanguard.NonFiniteError, match="aten::div") as e:
+        with nanguard.trace(raise_on_finding=True):
+            x / x
+    assert e.value.finding.op == "aten::div"
+
+
+def test_check_raises_inside_the_block():
+    x = torch.tensor([-1.0])
+    with nanguard.trace(raise_on_finding=True) as t:
+        t.check()  # nothing yet
+        torch.log(x)
+        with pytest.raises(nanguard.NonFiniteError):
+            t.check()
+        t.clear()
+
+
+def test_allow_rules_and_max_findings():
+    x = torch.tensor([0.0, 1.0])
+    with nanguard.trace(allow=[nanguard.AllowRule(op="aten::log", neg_inf=True)]) as t:
+        torch.log(x)
+    assert t.findings == []
+    with nanguard.trace(max_findings=2) as t:
+        torch.log(x)
+        torch.sqrt(-x - 1)
+    assert [f.op for f in t.findings] == ["aten::log", "aten::sqrt"]
+    with pytest.raises(ValueError, match="max_findings"):
+        nanguard.trace(max_findings=0)
+
+
+def test_scopes_are_balanced_after_a_failing_forward():
+    class Boom(nn.Module):
+        def forward(self, x):
+            raise KeyError("boom")
+
+    model = nn.Sequential(nn.Linear(2, 2), Boom())
+    with pytest.raises(KeyError):
+        with nanguard.trace(model):
+            model(torch.randn(1, 2))
+    assert nanguard._nanguard.scope_depth() == 0
+    assert nanguard._nanguard.current_scope() == ""
+
+
+def test_nothing_is_observed_after_the_block():
+    with nanguard.trace() as t:
+        pass
+    torch.log(torch.tensor([0.0]))
+    assert t.findings == []
