@@ -396,20 +396,30 @@ precision_report precision_advisor::report() const {
   for (const auto& [module, mh] : state_->backward_histograms)
     if (!under_any(module, r.keep_fp32))
       for (int b = 0; b < kBins; ++b) h[size_t(b)] += mh[size_t(b)];
-  int64_t nonzero = 0;
-  for (int64_t c : h) nonzero += c;
-  const double allowed = o.underflow_tolerance() * double(nonzero);
-  auto underflowing = [&](int k) {  // values whose exponent e satisfies e + k < -24
-    int64_t n = 0;
-    for (int b = 0; b < kBins; ++b)
-      if (b + kMinExp + k < kFp16MinSubnormalExp) n += h[size_t(b)];
-    return n;
+  // The smallest k keeping all but the tolerated fraction of `hist` from
+  // flushing to zero (e + k >= -24 for a value of exponent e); 0 if empty.
+  auto min_k = [&](const std::array<int64_t, kBins>& hist) {
+    int64_t nonzero = 0;
+    for (int64_t c : hist) nonzero += c;
+    if (nonzero == 0) return 0;
+    const double allowed = o.underflow_tolerance() * double(nonzero);
+    int k = -64;
+    for (;; ++k) {
+      int64_t flushed = 0;
+      for (int b = 0; b < kBins && b + kMinExp + k < kFp16MinSubnormalExp; ++b) flushed += hist[size_t(b)];
+      if (double(flushed) <= allowed || k >= 200) return k;
+    }
   };
   const int k_cap = int(std::floor(std::log2(o.max_loss_scale())));
-  int k_min = -64;
-  if (nonzero == 0) k_min = 0;
-  else
-    while (k_min < 200 && double(underflowing(k_min)) > allowed) ++k_min;
+  const int k_min = min_k(h);
+  // Whose values need the most scaling: a module's backward, or the gradients.
+  int k_worst = min_k(state_->gradient_histogram);
+  r.loss_scale_min_from = "the gradients";
+  for (const auto& [module, mh] : state_->backward_histograms) {
+    if (under_any(module, r.keep_fp32)) continue;
+    const int k = min_k(mh);
+    if (k > k_worst) k_worst = k, r.loss_scale_min_from = fmt::format("the backward of {}", label(module));
+  }
   // Upper bound: the largest 2^k that keeps every backward value (outside
   // the modules kept in fp32) and every gradient within fp16's range.
   double backward_absmax = 0;
@@ -453,10 +463,11 @@ precision_report precision_advisor::report() const {
   if (r.loss_scale_fits) {
     a.push_back(fmt::format(
         "fp16 needs a loss scale in [{}, {}]{}: below, more than {:g}% of the nonzero backward and gradient "
-        "values flush to zero in fp16 (|x| < 6e-8); above, the backward pass overflows (largest backward |x| {:.4g})",
+        "values flush to zero in fp16 (|x| < 6e-8; the smallest are in {}); above, the backward pass overflows "
+        "(largest backward |x| {:.4g})",
         fmt_scale(r.loss_scale_min), fmt_scale(r.loss_scale_max),
         r.loss_scale_min <= 1 && r.loss_scale_max >= 1 ? " (1, no scaling, is in range)" : "",
-        o.underflow_tolerance() * 100, backward_absmax));
+        o.underflow_tolerance() * 100, r.loss_scale_min_from, backward_absmax));
   } else {
     a.push_back(fmt::format(
         "no fp16 loss scale fits: the backward values need at least {} but the backward pass overflows above {} "
@@ -514,7 +525,10 @@ std::string to_json(const precision_report& r) {
   j["bf16_safe"] = r.bf16_safe;
   j["bf16_overflow_modules"] = r.bf16_overflow_modules;
   j["keep_fp32"] = r.keep_fp32;
-  j["loss_scale"] = {{"min", r.loss_scale_min}, {"max", r.loss_scale_max}, {"fits", r.loss_scale_fits}};
+  j["loss_scale"] = {{"min", r.loss_scale_min},
+                     {"max", r.loss_scale_max},
+                     {"fits", r.loss_scale_fits},
+                     {"min_from", r.loss_scale_min_from}};
   j["advice"] = r.advice;
   j["forward"] = json_of(r.forward);
   j["backward"] = json_of(r.backward);

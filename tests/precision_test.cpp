@@ -96,6 +96,9 @@ TEST(precision_advisor, names_the_module_that_overflows_fp16_and_emulation_confi
   EXPECT_NE(std::string::npos, text.find("fp16 needs a loss scale in [")) << text;
   EXPECT_TRUE(r.loss_scale_fits);
   EXPECT_LE(r.loss_scale_min, r.loss_scale_max);
+  // squash (x * 1e-5) makes the backward values tiny: they set the minimum scale.
+  EXPECT_EQ("the backward of squash", r.loss_scale_min_from);
+  EXPECT_GE(r.loss_scale_min, 16.0);
 
   // Verification: every op output rounded to fp16.
   torch::NoGradGuard no_grad;

@@ -28,3 +28,5 @@
 #include <nanguard/schedule.h>
 #include <nanguard/sentinel.h>
 #include <nanguard/snapshot.h>
+#include <nanguard/precision.h>
+#include <nanguard/fpe.h>

@@ -130,6 +130,7 @@ struct precision_report {
   double loss_scale_min = 1;           ///< smallest power-of-two loss scale keeping backward values from flushing to zero
   double loss_scale_max = 1;           ///< largest power-of-two loss scale the backward pass allows
   bool loss_scale_fits = false;        ///< loss_scale_min <= loss_scale_max
+  std::string loss_scale_min_from;     ///< whose values need the most scaling, e.g. "the backward of squash"
   std::vector<std::string> advice;     ///< sentences, most important first
 };
 
