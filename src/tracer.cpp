@@ -43,6 +43,7 @@ struct node_context : at::ObserverContext {};
 
 // What a start callback hands its end callback.
 struct op_context : at::ObserverContext {
+  const char* op = "";
   std::vector<at::Tensor> inputs;
   std::vector<int> argument_of;  // inputs[k] came from the op's argument argument_of[k]
   bool self_was_nonfinite = false;       // in-place ops: self before the op
@@ -74,6 +75,25 @@ std::atomic<tracer::state*> global_tracer{nullptr};
 std::vector<node_frame>& node_stack() {
   thread_local std::vector<node_frame> stack;
   return stack;
+}
+
+// The ops running on this thread, outermost first: a composite op (aten::mean)
+// runs others inside it, not all of them recorded.
+std::vector<const op_context*>& op_stack() {
+  thread_local std::vector<const op_context*> stack;
+  return stack;
+}
+
+// The enclosing op that made `t` with work ATen does not record (e.g. the
+// sum inside aten::mean): the innermost one `t` did not come in through.
+const op_context* unrecorded_maker(const at::Tensor& t) {
+  const auto& stack = op_stack();
+  for (auto it = stack.rbegin(); it != stack.rend(); ++it) {
+    bool came_in = false;
+    for (const auto& in : (*it)->inputs) came_in |= t.is_alias_of(in);
+    if (!came_in) return *it;
+  }
+  return nullptr;
 }
 
 // True while this thread runs a tracer callback. ATen ops the callback
@@ -242,9 +262,25 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
     f.role = role::producer;
   } else {
     const at::Tensor& culprit = ctx.inputs[first_bad_input];
-    const bool came_from_an_op = st.reported.count(culprit.data_ptr()) > 0;
-    f.role = came_from_an_op ? role::propagator : role::input;
-    f.culprit = inputs[first_bad_input].name;
+    const std::string& culprit_name = inputs[first_bad_input].name;
+    const bool named = culprit_name.rfind("input ", 0) != 0;
+    const op_context* maker = named ? nullptr : unrecorded_maker(culprit);
+    if (st.reported.count(culprit.data_ptr())) {
+      f.role = role::propagator;
+      f.culprit = culprit_name;
+    } else if (maker) {
+      // Made inside an enclosing op by unrecorded work: that op is the producer.
+      f.op = maker->op;
+      f.role = role::producer;
+      if (!backward) f.module = maker->module;
+      inputs.clear();
+      for (size_t i = 0; i < maker->inputs.size(); ++i)
+        inputs.push_back(record_of(maker->inputs[i], name_of(st, maker->inputs[i],
+                                                             "input " + std::to_string(maker->argument_of[i]))));
+    } else {
+      f.role = role::input;
+      f.culprit = culprit_name;
+    }
   }
   f.inputs = std::move(inputs);
   for (size_t i = 0; i < fn.outputs().size(); ++i) {
@@ -271,6 +307,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   }
   callback_scope no_recursion;
   auto ctx = std::make_unique<op_context>();
+  ctx->op = fn.name();
   const auto inputs = fn.inputs();
   const bool inplace = is_inplace(fn.name());
   for (size_t i = inplace && overwrites_self(fn.name()) ? 1 : 0; i < inputs.size(); ++i) {
@@ -285,6 +322,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     ctx->module = module_of(*st, ctx->inputs);
     if (fn.seqNr() >= 0) st->forward_ops[fn.seqNr()] = {fn.name(), ctx->module};
   }
+  op_stack().push_back(ctx.get());
   return ctx;
 }
 
@@ -293,9 +331,11 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
     if (dynamic_cast<node_context*>(raw)) node_stack().pop_back();
     return;
   }
-  tracer::state* st = current_state();
   auto* ctx = static_cast<op_context*>(raw);
-  if (!st || !ctx || st->done.load(std::memory_order_relaxed)) return;
+  if (!ctx) return;  // started while not tracing (or from inside a callback)
+  op_stack().pop_back();  // ops end innermost first
+  tracer::state* st = current_state();
+  if (!st || st->done.load(std::memory_order_relaxed)) return;
   if (allocates_only(fn.name())) return;
   callback_scope no_recursion;
   const bool inplace = is_inplace(fn.name());

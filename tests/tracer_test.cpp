@@ -116,6 +116,18 @@ TEST(tracer, names_a_nan_in_the_input_batch_as_input) {
   EXPECT_EQ(direction::forward, f.direction);
 }
 
+TEST(tracer, an_unnamed_nan_batch_is_still_an_input) {
+  torch::manual_seed(0);
+  torch::nn::Linear lin(4, 3);
+  at::Tensor batch = at::randn({6, 4});
+  batch[0][0] = NAN;
+  nanguard::tracer t;
+  lin->forward(batch);
+  const auto& f = only_finding(t);
+  EXPECT_EQ(role::input, f.role);
+  EXPECT_EQ(0u, f.culprit.rfind("input ", 0)) << f.culprit;
+}
+
 at::Tensor masked_attention(const at::Tensor& mask) {
   at::manual_seed(1);
   const at::Tensor scores = at::randn({2, 4, 4});
@@ -147,6 +159,19 @@ TEST(tracer, reports_an_unlisted_infinity_from_masked_fill) {
   nanguard::tracer t(nanguard::tracer_options().allow({}));
   at::zeros({3}).masked_fill(at::ones({3}, at::kBool), -INFINITY);
   EXPECT_EQ("aten::masked_fill_", only_finding(t).op);
+}
+
+TEST(tracer, names_a_composite_op_whose_internals_overflow) {
+  // aten::mean sums without recording the sum, then divides in place: the
+  // overflow is mean's, not the division's.
+  nanguard::tracer t;
+  at::full({8}, 3e38f).mean();
+  const auto& f = only_finding(t);
+  EXPECT_EQ("aten::mean", f.op);
+  EXPECT_EQ(role::producer, f.role);
+  EXPECT_EQ(kInf, f.value);
+  ASSERT_EQ(1u, f.inputs.size());
+  EXPECT_EQ(8, f.inputs[0].stats.finite);
 }
 
 TEST(tracer, collects_producer_then_propagators) {
