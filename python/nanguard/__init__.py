@@ -21,11 +21,16 @@ from ._guard import Guard, StepResult
 
 __all__ = [
     "census", "has_nonfinite", "TensorStats", "trace", "Trace", "Finding",
-    "NonFiniteError", "AllowRule", "Guard", "StepResult",
+    "NonFiniteError", "AllowRule", "Guard", "StepResult", "IsolationForest",
 ]
 
 #: One-pass statistics of a tensor (``nanguard::tensor_stats``).
 TensorStats = _nanguard.TensorStats
+
+#: ``nanguard::isolation_forest``: ``IsolationForest(n_estimators=100,
+#: max_samples=256, contamination=0.0, seed=0).fit(x).score_samples(x)``
+#: gives scikit-learn's scores per row of a finite [rows, features] tensor.
+IsolationForest = _nanguard.IsolationForest
 
 
 def census(tensor):

@@ -6,6 +6,7 @@
 #include <nanguard/census.h>
 #include <nanguard/clip.h>
 #include <nanguard/finding.h>
+#include <nanguard/isolation_forest.h>
 #include <nanguard/loss_scaler.h>
 #include <nanguard/scope.h>
 #include <nanguard/sentinel.h>
@@ -227,6 +228,30 @@ PYBIND11_MODULE(_nanguard, m) {
       .def("reset_spikes", &nanguard::sentinel::reset_spikes)
       .def_property_readonly("names", &nanguard::sentinel::names);
   m.def("clip_coefficient", &nanguard::clip_coefficient, py::arg("total_norm"), py::arg("max_norm"));
+
+  // ------------------------------------------------------------ isolation forest
+  py::class_<nanguard::isolation_forest>(m, "IsolationForest",
+                                         "Isolation forest on a [rows, features] tensor (scikit-learn's scores).")
+      .def(py::init([](int64_t n_estimators, int64_t max_samples, double contamination, uint64_t seed) {
+             return nanguard::isolation_forest(nanguard::isolation_forest_options()
+                                                   .n_estimators(n_estimators)
+                                                   .max_samples(max_samples)
+                                                   .contamination(contamination)
+                                                   .seed(seed));
+           }),
+           py::arg("n_estimators") = 100, py::arg("max_samples") = 256, py::arg("contamination") = 0.0,
+           py::arg("seed") = 0)
+      .def("fit", &nanguard::isolation_forest::fit, py::arg("x"), py::return_value_policy::reference_internal,
+           py::call_guard<py::gil_scoped_release>(), "Grows the trees on finite x [rows, features]; returns self.")
+      .def("score_samples", &nanguard::isolation_forest::score_samples, py::arg("x"),
+           py::call_guard<py::gil_scoped_release>(), "Per-row score (float64); lower is more abnormal.")
+      .def("decision_function", &nanguard::isolation_forest::decision_function, py::arg("x"),
+           py::call_guard<py::gil_scoped_release>(), "score_samples(x) - offset: negative for outliers.")
+      .def("predict", &nanguard::isolation_forest::predict, py::arg("x"),
+           py::call_guard<py::gil_scoped_release>(), "-1 for outliers, +1 for inliers (int64).")
+      .def_property_readonly("offset", &nanguard::isolation_forest::offset)
+      .def_property_readonly("fitted", &nanguard::isolation_forest::fitted)
+      .def_property_readonly("features", &nanguard::isolation_forest::features);
 
   // ------------------------------------------------------------ loss scaler
   py::class_<nanguard::loss_scaler>(m, "LossScaler", "nanguard::loss_scaler (GradScaler semantics).")

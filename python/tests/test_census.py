@@ -48,3 +48,17 @@ def test_census_errors_are_python_exceptions():
 def test_census_does_not_copy_grad_tensors():
     w = torch.randn(10, requires_grad=True)
     assert nanguard.census(w * 2).numel == 10
+
+
+def test_isolation_forest_scores_the_outlier_lowest():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(500, 4, generator=g, dtype=torch.float64)
+    x[17] = 8.0
+    forest = nanguard.IsolationForest(n_estimators=50, seed=1).fit(x)
+    assert forest.fitted and forest.features == 4
+    scores = forest.score_samples(x)
+    assert scores.shape == (500,) and scores.dtype == torch.float64
+    assert int(scores.argmin()) == 17
+    assert int(forest.predict(x)[17]) == -1
+    with pytest.raises(ValueError):
+        nanguard.IsolationForest(n_estimators=0)
