@@ -198,13 +198,28 @@ std::string name_of(tracer::state& st, const at::Tensor& t, const std::string& f
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   if (auto it = st.parameters.find(impl); it != st.parameters.end()) return it->second;
   if (auto it = st.named.find(impl); it != st.named.end()) return it->second;
+  if (t.is_view() && t._base().defined()) {  // e.g. weight.t() inside aten::linear
+    const std::string base = name_of(st, at::Tensor(t._base()), "");
+    if (!base.empty()) return base + " (view)";
+  }
   return fallback;
+}
+
+// True inside ops that compare against infinities on purpose (isfinite(x)
+// builds an inf scalar): what they make inside is not a finding.
+bool inside_infinity_test() {
+  static const char* const ops[] = {"aten::isfinite", "aten::isinf", "aten::isposinf",
+                                    "aten::isneginf", "aten::nan_to_num", "aten::nan_to_num_"};
+  for (const op_context* c : op_stack())
+    for (const char* op : ops)
+      if (std::strcmp(c->op, op) == 0) return true;
+  return false;
 }
 
 void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_context& ctx,
                          const at::Tensor& out, int output_index) {
   std::lock_guard<std::mutex> lock(st.mutex);
-  if (st.done.load()) return;
+  if (st.done.load() || inside_infinity_test()) return;
   const void* out_data = out.data_ptr();
   if (st.reported.count(out_data) || st.allowed.count(out_data)) return;  // a nested op's result
 

@@ -196,6 +196,28 @@ TEST(tracer, stops_at_the_first_finding_by_default) {
   EXPECT_EQ("aten::exp", only_finding(t).op);
 }
 
+TEST(tracer, isfinite_and_nan_to_num_are_not_findings) {
+  at::Tensor x = at::randn({8});
+  x[3] = INFINITY;
+  nanguard::tracer t;
+  at::isfinite(x);
+  at::isinf(x);
+  at::nan_to_num(x);
+  EXPECT_FALSE(t.found()) << (t.found() ? nanguard::to_text(t.findings().front()) : "");
+}
+
+TEST(tracer, names_a_parameter_seen_through_a_view) {
+  torch::nn::Linear lin(3, 2);
+  torch::NoGradGuard no_grad;
+  lin->weight[0][1] = NAN;
+  nanguard::tracer t;
+  t.name_parameters(*lin, "proj");
+  at::mm(at::ones({1, 3}), lin->weight.t());
+  const auto& f = only_finding(t);
+  EXPECT_EQ(role::input, f.role);
+  EXPECT_EQ("proj.weight (view)", f.culprit);
+}
+
 TEST(tracer, skips_views_and_integer_outputs) {
   const at::Tensor bad = at::full({4, 4}, NAN);
   nanguard::tracer t;
