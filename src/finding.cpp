@@ -117,7 +117,8 @@ std::string to_string(const finding& f) {
 
 std::string to_text(const finding& f) {
   std::string out = fmt::format("non-finite value at step {}\n", f.step);
-  out += fmt::format("  op:        {} ({})\n", f.op, to_string(f.direction));
+  out += fmt::format("  op:        {} ({}{})\n", f.op, to_string(f.direction),
+                     f.caller.empty() ? "" : ", inside " + f.caller);
   if (!f.node.empty())
     out += fmt::format("  node:      {} (created by forward {})\n", f.node,
                        f.forward_op.empty() ? "?" : f.forward_op);
@@ -136,6 +137,7 @@ std::string to_text(const finding& f) {
 std::string to_json(const finding& f) {
   const json j = {{"step", f.step},
                   {"op", f.op},
+                  {"caller", f.caller},
                   {"direction", to_string(f.direction)},
                   {"node", f.node},
                   {"forward_op", f.forward_op},
@@ -164,6 +166,7 @@ finding finding_from_json(const std::string& text) {
     finding f;
     f.step = j.at("step");
     f.op = j.at("op");
+    f.caller = j.value("caller", "");
     f.direction = j.at("direction") == "backward" ? direction::backward : direction::forward;
     f.node = j.at("node");
     f.forward_op = j.at("forward_op");

@@ -273,6 +273,7 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
     f.sequence_nr = fn.seqNr();
   }
   f.module = module;
+  if (!op_stack().empty() && op_stack().front()->op != op) f.caller = op_stack().front()->op;
   if (!any_bad_input || bad_inputs_allowed) {
     f.role = role::producer;
   } else {
@@ -286,6 +287,7 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
     } else if (maker) {
       // Made inside an enclosing op by unrecorded work: that op is the producer.
       f.op = maker->op;
+      f.caller = maker == op_stack().front() ? "" : op_stack().front()->op;
       f.role = role::producer;
       if (!backward) f.module = maker->module;
       inputs.clear();

@@ -174,6 +174,16 @@ TEST(tracer, names_a_composite_op_whose_internals_overflow) {
   EXPECT_EQ(8, f.inputs[0].stats.finite);
 }
 
+TEST(tracer, names_the_outer_op_a_cast_ran_inside) {
+  nanguard::tracer t;
+  at::full({4}, 1e6f).to(at::kHalf);
+  const auto& f = only_finding(t);
+  EXPECT_EQ("aten::copy_", f.op);
+  EXPECT_EQ("aten::to", f.caller);
+  EXPECT_NE(std::string::npos, nanguard::to_text(f).find("inside aten::to")) << nanguard::to_text(f);
+  EXPECT_EQ("aten::to", nanguard::finding_from_json(nanguard::to_json(f)).caller);
+}
+
 TEST(tracer, collects_producer_then_propagators) {
   nanguard::tracer t(nanguard::tracer_options().max_findings(3));
   const at::Tensor a = at::log(at::zeros({4}));  // -inf: producer

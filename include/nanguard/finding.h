@@ -38,6 +38,7 @@ struct tensor_record {
 struct finding {
   int64_t step = -1;                     ///< training step (tracer::set_step)
   std::string op;                        ///< the ATen op, e.g. "aten::div"
+  std::string caller;                    ///< the outermost op it ran inside ("aten::to"), if any
   nanguard::direction direction = direction::forward;
   std::string node;                      ///< backward: autograd node, e.g. "SqrtBackward0"
   std::string forward_op;                ///< backward: the forward op that made the node
