@@ -1,5 +1,7 @@
 #include "nanguard/bundle.h"
 
+#include "detail/json_number.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/Dict.h>
 #include <ATen/core/List.h>
@@ -20,18 +22,8 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-json number(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  return v;
-}
-
-double number_from(const json& j) {
-  if (j.is_number()) return j.get<double>();
-  const std::string s = j.get<std::string>();
-  if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
-  return s == "-inf" ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();
-}
+json number(double v) { return detail::json_number(v); }
+double number_from(const json& j) { return detail::number_from_json(j, "nanguard::read_bundle"); }
 
 void write_file(const fs::path& path, const char* data, size_t size) {
   std::ofstream out(path, std::ios::binary);

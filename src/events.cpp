@@ -1,5 +1,7 @@
 #include "nanguard/events.h"
 
+#include "detail/json_number.h"
+
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
@@ -13,21 +15,8 @@ namespace {
 
 using json = nlohmann::json;
 
-// JSON has no NaN/Inf: write them as strings, read them back.
-json number(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  return v;
-}
-
-double number_from(const json& j) {
-  if (j.is_number()) return j.get<double>();
-  const std::string s = j.get<std::string>();
-  if (s == "nan") return std::numeric_limits<double>::quiet_NaN();
-  if (s == "inf") return std::numeric_limits<double>::infinity();
-  if (s == "-inf") return -std::numeric_limits<double>::infinity();
-  TORCH_CHECK(false, "nanguard::step_event_from_json: '", s, "' is not a number");
-}
+json number(double v) { return detail::json_number(v); }
+double number_from(const json& j) { return detail::number_from_json(j, "nanguard::step_event_from_json"); }
 
 }  // namespace
 

@@ -1,5 +1,7 @@
 #include "nanguard/finding.h"
 
+#include "detail/json_number.h"
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -10,21 +12,8 @@ namespace {
 
 using nlohmann::json;
 
-// JSON has no NaN or Inf: non-finite numbers travel as strings.
-json number(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  return v;
-}
-
-double number_from(const json& j) {
-  if (j.is_string()) {
-    const auto s = j.get<std::string>();
-    if (s == "nan") return std::nan("");
-    return s == "inf" ? INFINITY : -INFINITY;
-  }
-  return j.get<double>();
-}
+json number(double v) { return detail::json_number(v); }
+double number_from(const json& j) { return detail::number_from_json(j, "nanguard::finding_from_json"); }
 
 json stats_json(const tensor_stats& s) {
   return {{"numel", s.numel},

@@ -9,6 +9,8 @@
 #include "nanguard/census.h"
 #include "nanguard/scope.h"
 
+#include "detail/op_tensors.h"
+
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
@@ -33,6 +35,9 @@
 
 namespace nanguard {
 
+using detail::allocates_only;
+using detail::is_inplace;
+
 namespace {
 
 constexpr double bf16_max = 3.3895313892515355e38;
@@ -50,29 +55,6 @@ struct callback_scope {
   callback_scope() { in_callback = true; }
   ~callback_scope() { in_callback = was; }
 };
-
-bool measured(const at::Tensor& t) { return t.defined() && t.is_floating_point() && t.numel() > 0; }
-
-void collect(const c10::IValue& v, std::vector<at::Tensor>& out) {
-  if (v.isTensor()) {
-    if (measured(v.toTensor())) out.push_back(v.toTensor());
-  } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorVector())
-      if (measured(t)) out.push_back(t);
-  }
-}
-
-bool is_inplace(const char* op) {
-  const size_t n = std::strlen(op);
-  return n > 1 && op[n - 1] == '_' && op[n - 2] != '_';
-}
-
-bool allocates_only(const char* op) {
-  static const char* const prefixes[] = {"aten::empty", "aten::new_empty", "aten::resize", "aten::set_"};
-  for (const char* p : prefixes)
-    if (std::strncmp(op, p, std::strlen(p)) == 0) return true;
-  return false;
-}
 
 std::string parent_of(const std::string& name) {
   const size_t dot = name.rfind('.');
@@ -232,7 +214,7 @@ std::unique_ptr<at::ObserverContext> advisor_start(const at::RecordFunction& fn)
   if (std::strncmp(fn.name(), "autograd::", 10) == 0) return nullptr;
   callback_scope no_recursion;
   auto ctx = std::make_unique<op_context>();
-  for (const auto& v : fn.inputs()) collect(v, ctx->inputs);
+  for (const auto& v : fn.inputs()) detail::collect_tensors(v, ctx->inputs);
   std::lock_guard<std::mutex> lock(st->mutex);
   if (node_stack.empty()) {
     ctx->module = module_of(*st, ctx->inputs);
@@ -272,7 +254,7 @@ void advisor_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
     for (const auto& v : fn.outputs()) {
       if (!v.isTensor()) continue;
       const at::Tensor& out = v.toTensor();
-      if (!measured(out) || is_alias(*ctx, out, inplace)) continue;
+      if (!detail::measurable(out) || is_alias(*ctx, out, inplace)) continue;
       const tensor_stats s = census(out);
       std::lock_guard<std::mutex> lock(st->mutex);
       add(st->ops[{ctx->module, dir, fn.name()}], s);
@@ -350,7 +332,7 @@ void precision_advisor::end_step() {
   std::lock_guard<std::mutex> lock(state_->mutex);
   for (const auto& [name, p] : state_->parameters) {
     const at::Tensor& g = p.grad();
-    if (measured(g)) add_gradient(*state_, name, g);
+    if (detail::measurable(g)) add_gradient(*state_, name, g);
   }
   state_->forward_module.clear();
   state_->steps += 1;
@@ -603,7 +585,7 @@ std::unique_ptr<at::ObserverContext> emulator_start(const at::RecordFunction& fn
   if (!current_emulator()) return nullptr;
   callback_scope no_recursion;
   auto ctx = std::make_unique<op_context>();
-  for (const auto& v : fn.inputs()) collect(v, ctx->inputs);
+  for (const auto& v : fn.inputs()) detail::collect_tensors(v, ctx->inputs);
   for (const auto& t : ctx->inputs) ctx->inputs_finite &= !has_nonfinite(t);
   ctx->module = dotted_module_path(torch::jit::currentModuleHierarchy());
   if (ctx->module.empty()) ctx->module = current_scope();
@@ -625,7 +607,7 @@ void emulator_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
       const int output = index++;
       if (!v.isTensor()) continue;
       at::Tensor out = v.toTensor();
-      if (!measured(out) || is_alias(*ctx, out, inplace)) continue;
+      if (!detail::measurable(out) || is_alias(*ctx, out, inplace)) continue;
       if (!keep && dtype != at::kFloat && out.scalar_type() != dtype &&
           c10::elementSize(out.scalar_type()) > c10::elementSize(dtype))
         round_to_precision_(out, dtype);

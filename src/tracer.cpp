@@ -8,6 +8,8 @@
 
 #include "nanguard/scope.h"
 
+#include "detail/op_tensors.h"
+
 #include <ATen/record_function.h>
 #include <c10/util/Backtrace.h>
 #include <torch/csrc/jit/runtime/interpreter.h>
@@ -24,6 +26,11 @@
 #include <unordered_set>
 
 namespace nanguard {
+
+using detail::allocates_only;
+using detail::collect_tensors;
+using detail::is_inplace;
+using detail::measurable;
 
 namespace {
 
@@ -113,24 +120,6 @@ tracer::state* current_state() {
   return s ? s : global_tracer.load(std::memory_order_acquire);
 }
 
-bool traced(const at::Tensor& t) {
-  return t.defined() && t.is_floating_point() && t.numel() > 0;
-}
-
-void collect(const c10::IValue& v, std::vector<at::Tensor>& out) {
-  if (v.isTensor()) {
-    if (traced(v.toTensor())) out.push_back(v.toTensor());
-  } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorVector())
-      if (traced(t)) out.push_back(t);
-  }
-}
-
-bool is_inplace(const char* op) {
-  const size_t n = std::strlen(op);
-  return n > 1 && op[n - 1] == '_' && op[n - 2] != '_';
-}
-
 // In-place ops that overwrite all of self: its old values are not an input.
 bool overwrites_self(const char* op) {
   static const char* const names[] = {"aten::copy_",    "aten::fill_",    "aten::zero_",
@@ -138,14 +127,6 @@ bool overwrites_self(const char* op) {
                                       "aten::bernoulli_", "aten::exponential_", "aten::set_"};
   for (const char* n : names)
     if (std::strcmp(op, n) == 0) return true;
-  return false;
-}
-
-// Ops whose outputs are uninitialised memory: garbage, not a finding.
-bool allocates_only(const char* op) {
-  static const char* const prefixes[] = {"aten::empty", "aten::new_empty", "aten::resize", "aten::set_"};
-  for (const char* p : prefixes)
-    if (std::strncmp(op, p, std::strlen(p)) == 0) return true;
   return false;
 }
 
@@ -302,7 +283,7 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
   f.inputs = std::move(inputs);
   for (size_t i = 0; i < fn.outputs().size(); ++i) {
     std::vector<at::Tensor> outs;
-    collect(fn.outputs()[i], outs);
+    collect_tensors(fn.outputs()[i], outs);
     for (const auto& o : outs) f.outputs.push_back(record_of(o, "output " + std::to_string(i)));
   }
   f.output = output_index;
@@ -328,7 +309,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   const auto inputs = fn.inputs();
   const bool inplace = is_inplace(fn.name());
   for (size_t i = inplace && overwrites_self(fn.name()) ? 1 : 0; i < inputs.size(); ++i) {
-    collect(inputs[i], ctx->inputs);
+    collect_tensors(inputs[i], ctx->inputs);
     ctx->argument_of.resize(ctx->inputs.size(), int(i));
   }
   const bool backward = !node_stack().empty();
@@ -360,7 +341,7 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (!outputs[i].isTensor()) continue;
     const at::Tensor& out = outputs[i].toTensor();
-    if (!traced(out)) continue;
+    if (!measurable(out)) continue;
     // A view or alias of an input holds no new values, unless the op wrote it.
     bool alias = false;
     for (const auto& in : ctx->inputs) alias |= out.is_alias_of(in);
