@@ -36,6 +36,11 @@ std::string to_json(const step_event& e) {
   json bad = json::array();
   for (const auto& b : e.nonfinite_params) bad.push_back({{"name", b.name}, {"nonfinite", b.nonfinite}});
   j["nonfinite_params"] = bad;
+  json norms = json::array();
+  for (const auto& [name, norm] : e.top_norms) norms.push_back({{"name", name}, {"norm", number(norm)}});
+  j["top_norms"] = norms;
+  if (e.rank >= 0) j["rank"] = e.rank;
+  if (!e.nonfinite_ranks.empty()) j["nonfinite_ranks"] = e.nonfinite_ranks;
   if (!e.verdict.empty()) j["verdict"] = e.verdict;
   json findings = json::array();
   for (const auto& f : e.findings) findings.push_back(json::parse(nanguard::to_json(f)));
@@ -69,6 +74,10 @@ step_event step_event_from_json(const std::string& line) {
     e.spikes.push_back({s.at("series").get<std::string>(), number_from(s.at("value")), number_from(s.at("z"))});
   for (const auto& b : j.value("nonfinite_params", json::array()))
     e.nonfinite_params.push_back({b.at("name").get<std::string>(), b.at("nonfinite").get<int64_t>()});
+  for (const auto& n : j.value("top_norms", json::array()))
+    e.top_norms.emplace_back(n.at("name").get<std::string>(), number_from(n.at("norm")));
+  e.rank = j.value("rank", int64_t(-1));
+  e.nonfinite_ranks = j.value("nonfinite_ranks", std::vector<int64_t>());
   e.verdict = j.value("verdict", std::string());
   for (const auto& f : j.value("findings", json::array())) e.findings.push_back(finding_from_json(f.dump()));
   e.rollback_to = j.value("rollback_to", int64_t(-1));

@@ -100,12 +100,14 @@ std::string to_string(const finding& f) {
   std::string where = f.module.empty() ? "" : " in " + f.module;
   std::string node = f.node.empty() ? "" : fmt::format(" ({} of {})", f.node, f.forward_op.empty() ? "?" : f.forward_op);
   std::string culprit = f.culprit.empty() ? "" : fmt::format(" from {}", f.culprit);
-  return fmt::format("step {} {} {}{}{}: {}{}, output {} [{}] = {}", f.step, to_string(f.direction), f.op,
+  std::string rank = f.rank >= 0 ? fmt::format(" rank {}", f.rank) : "";
+  return fmt::format("step {}{} {} {}{}{}: {}{}, output {} [{}] = {}", f.step, rank, to_string(f.direction), f.op,
                      node, where, to_string(f.role), culprit, f.output, f.index, value_string(f.value));
 }
 
 std::string to_text(const finding& f) {
-  std::string out = fmt::format("non-finite value at step {}\n", f.step);
+  std::string out = fmt::format("non-finite value at step {}{}\n", f.step,
+                                f.rank >= 0 ? fmt::format(" on rank {}", f.rank) : "");
   out += fmt::format("  op:        {} ({}{})\n", f.op, to_string(f.direction),
                      f.caller.empty() ? "" : ", inside " + f.caller);
   if (!f.node.empty())
@@ -140,7 +142,8 @@ std::string to_json(const finding& f) {
                   {"value", number(f.value)},
                   {"thread", f.thread},
                   {"sequence_nr", f.sequence_nr},
-                  {"backtrace", f.backtrace}};
+                  {"backtrace", f.backtrace},
+                  {"rank", f.rank}};
   return j.dump();
 }
 
@@ -171,6 +174,7 @@ finding finding_from_json(const std::string& text) {
     f.thread = j.at("thread");
     f.sequence_nr = j.at("sequence_nr");
     f.backtrace = j.at("backtrace");
+    f.rank = j.value("rank", int64_t(-1));
     return f;
   } catch (const json::exception& e) {
     TORCH_CHECK(false, "nanguard::finding_from_json: the JSON is not a finding (", e.what(), ")");

@@ -10,8 +10,10 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
+#include <numeric>
 
 namespace nanguard {
 
@@ -96,6 +98,25 @@ std::vector<at::Tensor> capture_producer_inputs(const std::string& op, const std
 }
 
 }  // namespace detail
+
+namespace {
+
+// The `k` largest norms with their names, largest first.
+std::vector<std::pair<std::string, double>> top_norms(const std::vector<std::string>& names,
+                                                      const std::vector<double>& norms, int64_t k) {
+  // NaN sorts first (a strict weak order needs it placed somewhere).
+  const auto key = [](double v) { return std::isnan(v) ? HUGE_VAL : v; };
+  std::vector<size_t> order(norms.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  const size_t n = std::min(order.size(), static_cast<size_t>(std::max<int64_t>(k, 0)));
+  std::partial_sort(order.begin(), order.begin() + n, order.end(),
+                    [&](size_t a, size_t b) { return key(norms[a]) > key(norms[b]); });
+  std::vector<std::pair<std::string, double>> out;
+  for (size_t i = 0; i < n; ++i) out.emplace_back(names[order[i]], norms[order[i]]);
+  return out;
+}
+
+}  // namespace
 
 struct guard::impl {
   impl(torch::nn::Module& m, torch::optim::Optimizer& o, guard_options opts)
@@ -259,6 +280,7 @@ step_event guard::step(const std::vector<at::Tensor>& batch, const step_fn& fn) 
       s.scaler.scale(loss).backward();
       report = s.sentinel.inspect_grads(s.scaler.inv_scale());
       e.grad_norm = report.total_norm;
+      e.top_norms = top_norms(s.sentinel.names(), report.norms, o.log_top_norms());
       finite = report.finite();
     } else {
       e.grad_norm = std::numeric_limits<double>::quiet_NaN();

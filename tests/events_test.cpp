@@ -29,8 +29,12 @@ TEST(events, round_trip_keeps_nan_inf_spikes_and_findings) {
   f.module = "norm";
   f.value = NAN;
   f.index = 4;
+  f.rank = 1;
   e.findings = {f};
   e.rollback_to = 10;
+  e.top_norms = {{"head.weight", 7.5}, {"encoder.0.weight", NAN}};
+  e.rank = 0;
+  e.nonfinite_ranks = {1, 3};
   const std::string line = nanguard::to_json(e);
   EXPECT_EQ(std::string::npos, line.find('\n'));
   const auto back = nanguard::step_event_from_json(line);
@@ -52,6 +56,13 @@ TEST(events, round_trip_keeps_nan_inf_spikes_and_findings) {
   EXPECT_EQ("norm", back.findings[0].module);
   EXPECT_EQ(4, back.findings[0].index);
   EXPECT_EQ(10, back.rollback_to);
+  EXPECT_EQ(1, back.findings[0].rank);
+  ASSERT_EQ(2u, back.top_norms.size());
+  EXPECT_EQ("head.weight", back.top_norms[0].first);
+  EXPECT_EQ(7.5, back.top_norms[0].second);
+  EXPECT_TRUE(std::isnan(back.top_norms[1].second));
+  EXPECT_EQ(0, back.rank);
+  EXPECT_EQ((std::vector<int64_t>{1, 3}), back.nonfinite_ranks);
 }
 
 TEST(events, each_line_is_on_disk_as_soon_as_it_is_written) {

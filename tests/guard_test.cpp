@@ -352,6 +352,10 @@ TEST(guard, schedule_and_event_log_record_every_step) {
     EXPECT_DOUBLE_EQ(ref.lr(i), events[i].lr);
     EXPECT_EQ("step", events[i].action);
     EXPECT_FALSE(events[i].skipped);
+    // Linear(2, 1): weight and bias, largest norm first.
+    ASSERT_EQ(2u, events[i].top_norms.size());
+    EXPECT_GE(events[i].top_norms[0].second, events[i].top_norms[1].second);
+    EXPECT_NEAR(events[i].grad_norm, std::hypot(events[i].top_norms[0].second, events[i].top_norms[1].second), 1e-6);
   }
   fs::remove_all(dir);
 }

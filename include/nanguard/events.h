@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace nanguard {
@@ -38,6 +39,11 @@ struct step_event {
   std::string action = "step";
   std::vector<spike> spikes;    ///< loss / grad-norm spikes
   std::vector<bad_parameter> nonfinite_params;  ///< parameters with bad gradients
+  /// The largest per-parameter grad norms (unscaled, before clipping), largest
+  /// first; guard_options::log_top_norms of them.
+  std::vector<std::pair<std::string, double>> top_norms;
+  int64_t rank = -1;            ///< distributed: this process's rank (-1: single process)
+  std::vector<int64_t> nonfinite_ranks;  ///< distributed: the ranks that saw a non-finite value
   /// "", "reproduced", "not reproduced" or "replay failed" (replay of a bad step).
   std::string verdict;
   std::vector<finding> findings;  ///< the tracer's findings from the replay

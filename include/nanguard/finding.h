@@ -53,6 +53,7 @@ struct finding {
   uint64_t thread = 0;                   ///< the thread the op ran on
   int64_t sequence_nr = -1;              ///< autograd sequence number linking forward and backward
   std::string backtrace;                 ///< C++ call site, when captured
+  int64_t rank = -1;                     ///< distributed: the rank that saw it (-1: single process)
 };
 
 /// One line: `step 3 forward aten::div in norm: producer, output 0 [12] = nan`.

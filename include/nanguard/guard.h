@@ -81,6 +81,8 @@ struct guard_options {
   TORCH_ARG(bool, replay) = true;
   /// Options of the replay's tracer.
   TORCH_ARG(tracer_options, tracer) = {};
+  /// Each event lists this many of the largest per-parameter grad norms.
+  TORCH_ARG(int64_t, log_top_norms) = 5;
   /// JSONL event log path ("" : no log file).
   TORCH_ARG(std::string, event_log) = "";
   /// Truncate the event log at start (false: append).
