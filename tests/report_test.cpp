@@ -1,0 +1,253 @@
+#include <nanguard/report.h>
+
+#include "detail/report_detail.h"
+
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <unistd.h>
+
+namespace {
+
+using nanguard::report_run;
+using nanguard::step_event;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
+// The JSON the page embeds, parsed back.
+json payload(const std::string& html) {
+  const std::string open = "<script type=\"application/json\" id=\"nanguard-data\">";
+  const size_t begin = html.find(open);
+  EXPECT_NE(begin, std::string::npos);
+  const size_t start = begin + open.size();
+  const size_t end = html.find("</script>", start);
+  EXPECT_NE(end, std::string::npos);
+  return json::parse(html.substr(start, end - start));
+}
+
+std::vector<step_event> healthy_run(int64_t steps) {
+  std::vector<step_event> events;
+  for (int64_t s = 1; s <= steps; ++s) {
+    step_event e;
+    e.step = s;
+    e.loss = 2.0 / std::sqrt(double(s)) + 0.01 * std::sin(double(s));
+    e.grad_norm = 1.0 + 0.5 * std::cos(double(s) / 7.0);
+    e.scale = 65536;
+    e.lr = 1e-3 * std::min(1.0, double(s) / 100.0);
+    e.top_norms = {{"encoder.weight", e.grad_norm * 0.8}, {"head.weight", e.grad_norm * 0.3}};
+    events.push_back(e);
+  }
+  return events;
+}
+
+nanguard::finding sample_finding(const std::string& module) {
+  nanguard::finding f;
+  f.step = 3;
+  f.op = "aten::div";
+  f.module = module;
+  f.direction = nanguard::direction::forward;
+  f.role = nanguard::role::producer;
+  f.index = 12;
+  f.value = kNaN;
+  nanguard::tensor_record in;
+  in.name = "input 0";
+  in.dtype = "Float";
+  in.shape = {8, 4};
+  in.stats.numel = 32;
+  in.stats.finite = 32;
+  in.stats.zeros = 4;
+  in.stats.min = 0;
+  in.stats.max = 1;
+  f.inputs.push_back(in);
+  nanguard::tensor_record out = in;
+  out.name = "output 0";
+  out.stats.nan = 4;
+  out.stats.finite = 28;
+  f.outputs.push_back(out);
+  return f;
+}
+
+TEST(report, downsample_keeps_every_point_of_a_short_series) {
+  const std::vector<double> y = {1, 2, kNaN, 4};
+  const auto idx = nanguard::detail::downsample_indices(y, {}, 2000);
+  EXPECT_EQ(idx, (std::vector<size_t>{0, 1, 2, 3}));
+}
+
+TEST(report, downsample_keeps_extremes_nonfinite_and_flagged_points) {
+  const size_t n = 100000, max_points = 2000;
+  std::vector<double> y(n);
+  std::vector<bool> keep(n, false);
+  for (size_t i = 0; i < n; ++i) y[i] = std::sin(double(i) * 0.001) + 1e-6 * double(i % 97);
+  y[123] = -50;     // global min
+  y[77777] = 900;   // global max
+  y[5000] = kNaN;
+  y[5001] = kInf;
+  y[99998] = -kInf;
+  keep[424] = keep[60001] = true;
+  const auto idx = nanguard::detail::downsample_indices(y, keep, max_points);
+  EXPECT_LE(idx.size(), max_points + 2 + 5);
+  EXPECT_GE(idx.size(), max_points / 2);
+  EXPECT_TRUE(std::is_sorted(idx.begin(), idx.end()));
+  EXPECT_EQ(std::set<size_t>(idx.begin(), idx.end()).size(), idx.size());
+  const std::set<size_t> got(idx.begin(), idx.end());
+  for (size_t must : {size_t(0), size_t(123), size_t(77777), size_t(5000), size_t(5001), size_t(99998), size_t(424),
+                      size_t(60001), n - 1})
+    EXPECT_TRUE(got.count(must)) << "index " << must << " was dropped";
+  // Every bucket still shows its range: the largest value of each stretch survives.
+  const size_t buckets = max_points / 2;
+  for (size_t b = 0; b < buckets; b += 97) {
+    const size_t lo = b * n / buckets, hi = (b + 1) * n / buckets;
+    size_t imax = lo;
+    for (size_t i = lo; i < hi; ++i)
+      if (std::isfinite(y[i]) && !keep[i] && (!std::isfinite(y[imax]) || y[i] > y[imax])) imax = i;
+    EXPECT_TRUE(got.count(imax)) << "bucket " << b << " lost its maximum";
+  }
+}
+
+TEST(report, downsample_rejects_flags_of_another_length) {
+  try {
+    nanguard::detail::downsample_indices({1, 2, 3}, {true}, 10);
+    FAIL() << "expected c10::Error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("keep has 1 flags for 3 points"), std::string::npos) << e.what();
+  }
+}
+
+TEST(report, escapes_for_html_and_script) {
+  EXPECT_EQ(nanguard::detail::html_escape("<b a=\"1\">&'"), "&lt;b a=&quot;1&quot;&gt;&amp;&#39;");
+  const std::string j = json{{"m", "</script><!--"}}.dump();
+  const std::string safe = nanguard::detail::script_safe_json(j);
+  EXPECT_EQ(safe.find('<'), std::string::npos);
+  EXPECT_EQ(json::parse(safe).at("m"), "</script><!--");
+}
+
+TEST(report, a_module_name_cannot_close_the_script) {
+  const std::string evil = "enc</script><script>window.pwned=1</script><!--";
+  std::vector<step_event> events = healthy_run(5);
+  events[2].loss = kNaN;
+  events[2].skipped = true;
+  events[2].action = "skip";
+  events[2].findings.push_back(sample_finding(evil));
+  events[2].note = "</SCRIPT> in a note";
+  const std::string html = nanguard::render_html_report({{"run </script>", events}}, "t </script> & <b>");
+  // Exactly the page's own three scripts end; no text from the data does.
+  EXPECT_EQ(count(html, "</script>"), 3u);
+  EXPECT_EQ(html.find("<script>window.pwned"), std::string::npos);
+  EXPECT_EQ(html.find("</SCRIPT>"), std::string::npos);
+  EXPECT_NE(html.find("<title>t &lt;/script&gt; &amp; &lt;b&gt;</title>"), std::string::npos);
+  const json data = payload(html);
+  EXPECT_EQ(data.at("runs").at(0).at("name"), "run </script>");
+  EXPECT_EQ(data.at("runs").at(0).at("findings").at(0).at("module"), evil);
+  EXPECT_EQ(data.at("title"), "t </script> & <b>");
+}
+
+TEST(report, summary_timeline_and_findings) {
+  std::vector<step_event> events = healthy_run(40);
+  events[9].loss = kInf;
+  events[9].grad_norm = kNaN;
+  events[9].skipped = true;
+  events[9].action = "backoff";
+  events[9].nonfinite_params = {{"encoder.weight", 7}};
+  events[9].verdict = "reproduced";
+  events[9].findings.push_back(sample_finding("encoder.norm"));
+  events[19].skipped = true;
+  events[19].action = "rollback";
+  events[19].rollback_to = 15;
+  events[20].skipped = true;
+  events[20].action = "skip";
+  events[30].spikes.push_back({"loss", 9.5, 6.2});
+  const std::string html = nanguard::render_html_report({{"a", events}, {"empty", {}}});
+  const json data = payload(html);
+  const json& a = data.at("runs").at(0);
+  EXPECT_EQ(a.at("events"), 40);
+  EXPECT_EQ(a.at("skipped"), 3);
+  EXPECT_EQ(a.at("rollbacks"), 1);
+  EXPECT_EQ(a.at("aborted"), false);
+  EXPECT_EQ(a.at("first_problem"), "step 3 forward aten::div in encoder.norm: producer, output 0 [12] = nan");
+  EXPECT_EQ(a.at("skipped_ranges"), json::parse("[[10,10],[20,21]]"));
+  EXPECT_EQ(a.at("rollback_marks"), json::parse("[{\"step\":20,\"to\":15}]"));
+  ASSERT_EQ(a.at("timeline").size(), 4u);  // steps 10, 20, 21, 31
+  EXPECT_EQ(a.at("timeline").at(0).at("action"), "backoff");
+  EXPECT_EQ(a.at("timeline").at(3).at("items").at(0).at(1), "loss spike: 9.5 (z = 6.2)");
+  // Non-finite points are embedded as "nan"/"inf", not dropped.
+  EXPECT_EQ(a.at("series").at("loss").at("y").at(9), "inf");
+  EXPECT_EQ(a.at("series").at("grad_norm").at("y").at(9), "nan");
+  ASSERT_EQ(a.at("param_norms").size(), 2u);
+  EXPECT_EQ(a.at("param_norms").at(0).at("name"), "encoder.weight");
+  EXPECT_EQ(a.at("findings").at(0).at("outputs").at(0).at("stats").at("nan"), 4);
+  const json& empty = data.at("runs").at(1);
+  EXPECT_EQ(empty.at("events"), 0);
+  EXPECT_FALSE(empty.contains("series"));
+}
+
+TEST(report, a_long_run_is_downsampled_but_keeps_its_bad_steps) {
+  std::vector<step_event> events = healthy_run(100000);
+  events[49999].loss = kNaN;
+  events[49999].skipped = true;
+  events[49999].action = "skip";
+  const auto start = std::chrono::steady_clock::now();
+  const std::string html = nanguard::render_html_report({{"long", events}});
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 5.0);
+  EXPECT_LT(html.size(), 2u << 20) << "the page should stay small";
+  const json run = payload(html).at("runs").at(0);
+  const json& loss = run.at("series").at("loss");
+  EXPECT_EQ(loss.at("points"), 100000);
+  EXPECT_LE(loss.at("x").size(), 2010u);
+  bool kept = false;
+  for (size_t i = 0; i < loss.at("x").size(); ++i)
+    if (loss.at("x").at(i) == 50000) kept = loss.at("y").at(i) == "nan";
+  EXPECT_TRUE(kept) << "the skipped NaN step 50000 must be plotted";
+  EXPECT_EQ(run.at("skipped_ranges"), json::parse("[[50000,50000]]"));
+  EXPECT_LE(run.at("param_norms").at(0).at("x").size(), 2010u);
+}
+
+TEST(report, needs_a_run) {
+  try {
+    nanguard::render_html_report({});
+    FAIL() << "expected c10::Error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no runs to report"), std::string::npos) << e.what();
+  }
+}
+
+TEST(report, writes_atomically_and_names_a_bad_path) {
+  const fs::path dir = fs::temp_directory_path() / ("nanguard_report_test_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string path = (dir / "report.html").string();
+  nanguard::write_html_report({{"a", healthy_run(3)}}, path, "three steps");
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_NE(text.str().find("<title>three steps</title>"), std::string::npos);
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1) << "a temporary file was left";
+  const std::string bad = (dir / "missing" / "report.html").string();
+  try {
+    nanguard::write_html_report({{"a", healthy_run(3)}}, bad);
+    FAIL() << "expected c10::Error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("exists and is writable"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
