@@ -22,6 +22,7 @@ from ._guard import Guard, StepResult
 __all__ = [
     "census", "has_nonfinite", "TensorStats", "trace", "Trace", "Finding",
     "NonFiniteError", "AllowRule", "Guard", "StepResult", "IsolationForest",
+    "Firewall", "FirewallReport",
 ]
 
 #: One-pass statistics of a tensor (``nanguard::tensor_stats``).
@@ -31,6 +32,17 @@ TensorStats = _nanguard.TensorStats
 #: max_samples=256, contamination=0.0, seed=0).fit(x).score_samples(x)``
 #: gives scikit-learn's scores per row of a finite [rows, features] tensor.
 IsolationForest = _nanguard.IsolationForest
+
+#: ``nanguard::firewall`` on [batch, features] tensors:
+#: ``Firewall(nonfinite="drop"|"impute_median"|"nan_to_num"|"raise"|"ignore",
+#: outliers="ignore"|"clip"|"drop"|"raise", rule="quantile_range"|
+#: "three_sigma"|"robust_z", ...)``; ``fw.fit(train_x)`` (needed for the
+#: outlier policies), then ``clean, report = fw.apply(batch)``.
+Firewall = _nanguard.Firewall
+
+#: What ``Firewall.apply`` found and did: rows_in, rows_out, dropped_rows,
+#: changed_rows, columns (per-feature counts), nonfinite, outliers, clean().
+FirewallReport = _nanguard.FirewallReport
 
 
 def census(tensor):

@@ -1,0 +1,55 @@
+"""nanguard.Firewall: drop, repair and clip the rows of a batch from Python."""
+import math
+
+import pytest
+import torch
+
+import nanguard
+
+
+def batch():
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(32, 4, generator=g)
+    x[5, 2] = float("nan")
+    x[9, 0] = float("inf")
+    return x
+
+
+def test_drop_removes_the_rows_with_nonfinite_values():
+    clean, report = nanguard.Firewall(nonfinite="drop").apply(batch())
+    assert report.dropped_rows == [5, 9]
+    assert report.rows_in == 32 and report.rows_out == 30
+    assert clean.shape == (30, 4) and torch.isfinite(clean).all()
+    assert report.columns[2]["nan"] == 1 and report.columns[0]["pos_inf"] == 1
+    assert not report.clean()
+
+
+def test_impute_median_repairs_in_place_of_dropping():
+    x = batch()
+    clean, report = nanguard.Firewall(nonfinite="impute_median").apply(x)
+    assert clean.shape == x.shape and torch.isfinite(clean).all()
+    assert report.changed_rows == [5, 9] and report.repaired == 2
+    finite = x[:, 2][torch.isfinite(x[:, 2])]
+    assert math.isclose(clean[5, 2].item(), finite.median().item(), rel_tol=0, abs_tol=0.5)
+
+
+def test_fitted_bounds_clip_extreme_outliers():
+    g = torch.Generator().manual_seed(4)
+    train = torch.randn(2000, 3, generator=g)
+    fw = nanguard.Firewall(nonfinite="drop", outliers="clip", rule="three_sigma").fit(train)
+    assert fw.fitted
+    x = torch.randn(8, 3, generator=g)
+    x[2, 1] = 1e6
+    clean, report = fw.apply(x)
+    assert report.clipped == 1 and report.changed_rows == [2]
+    assert clean[2, 1].item() == pytest.approx(fw.upper_bounds[1].item(), rel=1e-6)
+
+
+def test_raise_names_the_row_and_column():
+    with pytest.raises(ValueError, match="row 5"):
+        nanguard.Firewall(column_names=["a", "b", "c", "d"]).apply(batch())
+
+
+def test_bad_policy_names_list_the_valid_ones():
+    with pytest.raises(ValueError, match="impute_median"):
+        nanguard.Firewall(nonfinite="fix")
