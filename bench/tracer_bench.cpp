@@ -1,7 +1,8 @@
 // Whole-step overhead of the op tracer on the reference workload, measured
 // side by side with a plain step and with autograd's DetectAnomalyGuard.
 // Prints `plain_step_s`, `tracer_step_s`, `anomaly_step_s`, `tracer_ratio`
-// and `anomaly_ratio`. Usage: tracer_bench [rounds]
+// and `anomaly_ratio`. Usage: tracer_bench [rounds] [plain|tracer|anomaly]
+// (naming a variant runs only it, `rounds` times: for a profiler).
 #include "reference_workload.h"
 
 #include <nanguard/tracer.h>
@@ -9,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <cstring>
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 8;
@@ -28,6 +30,14 @@ int main(int argc, char** argv) {
     torch::autograd::DetectAnomalyGuard guard;
     w.plain_step();
   };
+  if (argc > 2) {
+    const char* names[] = {"plain", "tracer", "anomaly"};
+    const std::function<void()> variants[] = {plain, traced, anomaly};
+    for (int i = 0; i < 3; ++i)
+      if (std::strcmp(argv[2], names[i]) == 0)
+        return fmt::print("{}_step_s: {:.4f}\n", names[i], nanguard::bench::median_seconds({variants[i]}, rounds)[0]), 0;
+    return fmt::print(stderr, "tracer_bench: unknown variant '{}' (plain, tracer, anomaly)\n", argv[2]), 2;
+  }
   const auto s = nanguard::bench::median_seconds({plain, traced, anomaly}, rounds);
   fmt::print("rounds: {} (median step time, variants interleaved)\n", rounds);
   fmt::print("plain_step_s: {:.4f}\n", s[0]);
