@@ -22,6 +22,7 @@
 #include <nanguard/bundle.h>
 #include <nanguard/clip.h>
 #include <nanguard/events.h>
+#include <nanguard/report.h>
 #include <nanguard/guard.h>
 #include <nanguard/loss_scaler.h>
 #include <nanguard/safe_ops.h>

@@ -25,7 +25,7 @@
     if (v === -Infinity) return '-Inf';
     if (v === 0) return '0';
     var a = Math.abs(v);
-    if (a >= 1e5 || a < 1e-3) return v.toExponential(2).replace('e+', 'e');
+    if (a >= 1e5 || a < 1e-3) return v.toExponential(2).replace(/\.?0+e/, 'e').replace('e+', 'e');
     if (Number.isInteger(v)) return String(v);
     return String(+v.toPrecision(4));
   }
@@ -229,7 +229,7 @@
     // scale) as markers on the plot's edge
     var top = MARGIN.top + 4, bottom = MARGIN.top + h - 4;
     visible.forEach(function (s) {
-      var d = '', marks = '', started = false;
+      var d = '', marks = '', crosses = '', started = false;
       for (var i = 0; i < s.x.length; ++i) {
         var v = s.y[i], x = sx(s.x[i]);
         if (isFinite(v) && (!log || v > 0)) {
@@ -240,13 +240,13 @@
         } else if (v === -Infinity || (log && isFinite(v))) {
           marks += 'M' + x.toFixed(1) + ' ' + (bottom + 4) + 'l4 -7h-8z';
         } else {
-          marks += 'M' + (x - 3.5).toFixed(1) + ' ' + (top - 3.5) + 'l7 7m0 -7l-7 7';
+          crosses += 'M' + (x - 3.5).toFixed(1) + ' ' + (top - 3.5) + 'l7 7m0 -7l-7 7';
         }
       }
       if (d) svg.appendChild(svgEl('path', { 'class': 'line', d: d, stroke: s.color, 'stroke-width': s.width || 1.5,
         'data-series': s.name }));
-      if (marks) svg.appendChild(svgEl('path', { 'class': 'nonfinite', d: marks, stroke: '#d92d20', 'stroke-width': 1.6,
-        'data-series': s.name + ' (non-finite)' }));
+      if (marks) svg.appendChild(svgEl('path', { 'class': 'nonfinite', d: marks, 'data-series': s.name + ' (Inf)' }));
+      if (crosses) svg.appendChild(svgEl('path', { 'class': 'nonfinite nan', d: crosses, 'data-series': s.name + ' (NaN)' }));
     });
     if (empty) {
       var note = svgEl('text', { 'class': 'empty-note', x: MARGIN.left + w / 2, y: MARGIN.top + h / 2, 'text-anchor': 'middle' });
@@ -368,7 +368,7 @@
       var what = el('td');
       row.items.forEach(function (it) {
         var line = el('div', 'item');
-        line.appendChild(el('span', 'kind ' + it[0], it[0]));
+        line.appendChild(el('span', 'kind kind-' + it[0], it[0]));
         line.appendChild(el('span', it[0] === 'finding' || it[0] === 'bundle' ? 'mono' : null, it[1]));
         what.appendChild(line);
       });
@@ -527,6 +527,9 @@
         document.querySelectorAll('.plot').forEach(function (p) { if (p.plot) p.plot.draw(); });
       }, 150);
     });
+    // The sections exist only now: honour a #run-N in the address.
+    var target = location.hash && document.getElementById(location.hash.slice(1));
+    if (target) target.scrollIntoView();
     document.body.setAttribute('data-runs', String(data.runs.length));
     document.body.setAttribute('data-rendered', String(plots));
   }

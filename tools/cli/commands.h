@@ -34,5 +34,6 @@ command add_demo_command(CLI::App& app);
 command add_scan_command(CLI::App& app);
 command add_clean_command(CLI::App& app);
 command add_advise_command(CLI::App& app);
+command add_report_command(CLI::App& app);
 
 }  // namespace nanguard::cli

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
       add_scan_command(app),
       add_clean_command(app),
       add_advise_command(app),
+      add_report_command(app),
   };
 
   try {

@@ -1,0 +1,113 @@
+// `nanguard report EVENTS.jsonl [MORE.jsonl ...] -o report.html [--title T]`:
+// one self-contained HTML page (see nanguard/report.h) about the runs the
+// event logs describe. Each log is a run named after its file, or after its
+// directory when the file is called events.jsonl (`baseline/events.jsonl` is
+// the run "baseline"). A missing or malformed log is exit 2, naming the file
+// and the line.
+#include "commands.h"
+
+#include <nanguard/events.h>
+#include <nanguard/report.h>
+
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace nanguard::cli {
+namespace {
+
+struct report_args {
+  std::vector<std::string> logs;
+  std::string output;
+  std::string title = "nanguard report";
+};
+
+// One line of an error message.
+std::string one_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n' || c == '\r') c = ' ';
+  return s;
+}
+
+// The run's name: the file's stem, or its directory for .../events.jsonl.
+std::string run_name(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  if (p.filename() == "events.jsonl") {
+    const fs::path dir = fs::absolute(p).parent_path().filename();
+    if (!dir.empty()) return dir.string();
+  }
+  return p.stem().string();
+}
+
+// Reads a JSONL event log; a usage_error naming the file and line otherwise.
+std::vector<step_event> read_log(const std::string& path) {
+  if (std::filesystem::is_directory(path))
+    throw usage_error(fmt::format("'{}' is a directory; pass the event log in it (e.g. {}/events.jsonl)", path, path));
+  std::ifstream in(path);
+  if (!in)
+    throw usage_error(fmt::format("cannot open event log '{}': {}; pass a JSONL file the guard's event_log wrote",
+                                  path, std::strerror(errno)));
+  std::vector<step_event> events;
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      events.push_back(step_event_from_json(line));
+    } catch (const c10::Error& e) {
+      throw usage_error(fmt::format("{}:{}: not a step event: {}; every line must be one JSON object as the "
+                                    "guard's event_log writes it",
+                                    path, number, one_line(e.what_without_backtrace())));
+    }
+  }
+  return events;
+}
+
+int run_report(const report_args& a) {
+  std::vector<report_run> runs;
+  for (const auto& path : a.logs) {
+    report_run r{run_name(path), read_log(path)};
+    // Two logs with one name ("a/events.jsonl", "b/a/events.jsonl"): number them.
+    int same = 0;
+    for (const auto& other : runs)
+      if (other.name == r.name || other.name.rfind(r.name + " (", 0) == 0) ++same;
+    if (same) r.name += fmt::format(" ({})", same + 1);
+    runs.push_back(std::move(r));
+  }
+  try {
+    write_html_report(runs, a.output, a.title);
+  } catch (const c10::Error& e) {
+    throw usage_error(one_line(e.what_without_backtrace()));
+  }
+  int64_t events = 0;
+  for (const auto& r : runs) events += int64_t(r.events.size());
+  fmt::print("wrote {} ({} run{}, {} steps, {:.0f} KiB)\n", a.output, runs.size(), runs.size() == 1 ? "" : "s",
+             events, double(std::filesystem::file_size(a.output)) / 1024.0);
+  return exit_ok;
+}
+
+}  // namespace
+
+command add_report_command(CLI::App& app) {
+  auto* sub = app.add_subcommand(
+      "report", "One self-contained HTML page of guarded runs: loss, grad norms, loss scale, LR, events, findings");
+  auto a = std::make_shared<report_args>();
+  sub->add_option("logs", a->logs,
+                  "event logs (JSONL) written by the guard; each is one run, named after its file "
+                  "(or its directory for events.jsonl)")
+      ->required();
+  sub->add_option("-o,--output", a->output, "the HTML file to write, e.g. report.html")->required();
+  sub->add_option("--title", a->title, "the page's title");
+  sub->footer("Exit code: 0 written, 2 a missing or malformed log (named with its line) or an unwritable output.\n"
+              "Example: nanguard report baseline/events.jsonl guarded/events.jsonl -o report.html");
+  return {sub, [a] { return run_report(*a); }};
+}
+
+}  // namespace nanguard::cli
