@@ -3,12 +3,15 @@
 #include "nanguard/bundle.h"
 #include "nanguard/census.h"
 #include "nanguard/clip.h"
+#include "nanguard/distributed.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/record_function.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -201,6 +204,87 @@ struct guard::impl {
     set_rng_state(rng_after);
   }
 
+  // Distributed: the consensus after the local sentinel pass. Fills the
+  // event's rank, nonfinite_ranks, and on a step finite everywhere averages
+  // the gradients and measures them again (the norm every rank clips by);
+  // returns whether the step is finite on every rank.
+  bool agree(step_event& e, grad_report& report, bool finite) {
+    distributed& d = *options.distributed();
+    e.rank = d.rank();
+    const consensus c = d.agree(!finite, finite ? e.grad_norm * e.grad_norm : 0.0, finite ? e.loss : 0.0);
+    e.nonfinite_ranks = c.nonfinite_ranks;
+    if (!c.finite()) return false;
+    e.loss = c.loss_sum / static_cast<double>(d.world_size());  // the spike windows see the same loss everywhere
+    if (!d.options().average_gradients()) {
+      e.grad_norm = std::sqrt(c.sumsq);  // each rank holds a shard of the gradients
+      return true;
+    }
+    d.average_gradients_(sentinel.parameters(), step);
+    report = sentinel.inspect_grads(scaler.inv_scale());
+    e.grad_norm = report.total_norm;
+    e.top_norms = top_norms(sentinel.names(), report.norms, options.log_top_norms());
+    if (!report.finite()) {
+      // Identical on every rank: the sum overflowed in the all-reduce.
+      e.note = "the averaged gradients are not finite although every rank's were (overflow in the gradient "
+               "all-reduce)";
+      return false;
+    }
+    return true;
+  }
+
+  // Distributed: every bad rank broadcasts its replay's verdict and findings
+  // (tagged with its rank); every rank's event gets all of them.
+  void share_findings(step_event& e) {
+    if (e.nonfinite_ranks.empty()) return;  // overflow in the all-reduce: nobody replayed
+    distributed& d = *options.distributed();
+    std::vector<finding> all;
+    std::string verdict, note;
+    for (int64_t r : e.nonfinite_ranks) {
+      std::string payload;
+      if (r == d.rank()) {
+        nlohmann::json j;
+        j["verdict"] = e.verdict;
+        j["note"] = e.note;
+        j["findings"] = nlohmann::json::array();
+        for (finding& f : e.findings) {
+          f.rank = r;
+          j["findings"].push_back(nlohmann::json::parse(to_json(f)));
+        }
+        payload = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      }
+      const nlohmann::json j = nlohmann::json::parse(d.broadcast(payload, r));
+      if (verdict.empty()) verdict = j.value("verdict", std::string());
+      const std::string n = j.value("note", std::string());
+      if (!n.empty()) note += (note.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": " + n);
+      for (const auto& f : j.at("findings")) all.push_back(finding_from_json(f.dump()));
+    }
+    e.findings = std::move(all);
+    e.verdict = verdict;
+    e.note = note;
+  }
+
+  // Distributed: the gradient-consistency check when due; a rank whose
+  // averaged gradients differ from the others' is named and the step skipped
+  // on every rank. Returns true when the step was skipped.
+  bool inconsistent(step_event& e) {
+    distributed& d = *options.distributed();
+    const int64_t k = d.options().check_every();
+    if (k <= 0 || step % k != 0 || !d.options().average_gradients()) return false;
+    const std::vector<int64_t> differ = d.check_consistency(sentinel.parameters());
+    if (differ.empty()) return false;
+    std::string ranks;
+    for (int64_t r : differ) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    e.note = "gradient checksum differs after averaging on rank(s) " + ranks +
+             " (silent data corruption?): the step was skipped on every rank";
+    TORCH_WARN("nanguard::guard: step ", step, ": ", e.note);
+    optimizer.zero_grad();
+    e.skipped = true;
+    e.action = "skip";
+    ++skipped;
+    write(e);
+    return true;
+  }
+
   // Writes the repro bundle of a bad step; returns its directory.
   std::string write_repro_bundle(const std::vector<at::Tensor>& batch, const step_fn& fn,
                                  const at::Tensor& rng_before, const step_event& e) {
@@ -286,8 +370,11 @@ step_event guard::step(const std::vector<at::Tensor>& batch, const step_fn& fn) 
       e.grad_norm = std::numeric_limits<double>::quiet_NaN();
     }
   }
+  const bool locally_finite = finite;
+  if (o.distributed()) finite = s.agree(e, report, finite);
 
   if (finite) {
+    if (o.distributed() && s.inconsistent(e)) return e;
     e.spikes = s.sentinel.observe(e.loss, e.grad_norm);
     e.clip_coef = clip_coefficient(e.grad_norm, o.max_norm());
     s.sentinel.apply_factor_(s.scaler.inv_scale() * e.clip_coef);  // unscale + clip: one write
@@ -312,7 +399,13 @@ step_event guard::step(const std::vector<at::Tensor>& batch, const step_fn& fn) 
   for (size_t i = 0; i < report.nonfinite_counts.size(); ++i)
     if (report.nonfinite_counts[i] > 0)
       e.nonfinite_params.push_back({s.sentinel.names()[i], report.nonfinite_counts[i]});
-  if (o.replay()) s.replay(batch, fn, rng_before, e);
+  if (o.distributed()) {
+    // The replay runs where the problem was seen; its finding reaches every rank.
+    if (o.replay() && !locally_finite) s.replay(batch, fn, rng_before, e);
+    if (o.replay()) s.share_findings(e);
+  } else if (o.replay()) {
+    s.replay(batch, fn, rng_before, e);
+  }
   s.optimizer.zero_grad();
   e.skipped = true;
   ++s.skipped;
@@ -326,7 +419,13 @@ step_event guard::step(const std::vector<at::Tensor>& batch, const step_fn& fn) 
 
   if (p == policy::abort) {
     e.action = "abort";
-    e.bundle = s.write_repro_bundle(batch, fn, rng_before, e);
+    // Distributed: the first rank that saw it writes the bundle (its batch).
+    const int64_t writer = e.nonfinite_ranks.empty() ? 0 : e.nonfinite_ranks.front();
+    if (!o.distributed() || e.rank == writer)
+      e.bundle = s.write_repro_bundle(batch, fn, rng_before, e);
+    else
+      e.note += std::string(e.note.empty() ? "" : "; ") + "the repro bundle is written by rank " +
+                std::to_string(writer);
     s.write(e);
     finding f;
     if (!e.findings.empty()) {
@@ -337,6 +436,7 @@ step_event guard::step(const std::vector<at::Tensor>& batch, const step_fn& fn) 
       f.role = role::input;
       f.culprit = e.nonfinite_params.empty() ? "loss" : e.nonfinite_params.front().name;
       f.value = e.nonfinite_params.empty() ? e.loss : std::numeric_limits<double>::quiet_NaN();
+      if (o.distributed()) f.rank = e.nonfinite_ranks.empty() ? e.rank : e.nonfinite_ranks.front();
     }
     throw nonfinite_error(f);
   }

@@ -20,6 +20,10 @@
 //     if (e.skipped) std::cerr << "step " << e.step << ": " << e.action << "\n";
 //   }
 //
+// Distributed (data parallel): give it a `distributed` (distributed.h) and
+// every rank averages its gradients, agrees on one decision per step, and
+// logs the ranks that saw a NaN/Inf and the finding of the rank that saw it.
+//
 // NOTE: the step closure must be a function of the batch, the parameters and
 // the RNG only (no other hidden state that changes between calls), so that
 // a replay repeats it.
@@ -52,6 +56,8 @@ class Optimizer;
 }  // namespace torch::optim
 
 namespace nanguard {
+
+class distributed;
 
 /// What the guard does with a step whose loss or gradients are not finite.
 /// In every case the optimizer does not step on it.
@@ -105,6 +111,10 @@ struct guard_options {
   TORCH_ARG(int64_t, max_bad_steps) = 0;
   /// An LR schedule the guard applies every step (times the rollback factor).
   TORCH_ARG(std::optional<schedule_options>, schedule) = std::nullopt;
+  /// Distributed: this rank's process group (distributed.h). After backward
+  /// the gradients are averaged over the ranks and one consensus all-reduce
+  /// per step makes every rank take the same decision (nullptr: one process).
+  TORCH_ARG(std::shared_ptr<nanguard::distributed>, distributed) = nullptr;
 };
 
 /// The step closure: batch → scalar loss (forward only; the guard does backward).

@@ -30,6 +30,7 @@ struct usage_error : std::runtime_error {
 };
 
 command add_census_command(CLI::App& app);
+command add_launch_command(CLI::App& app);
 command add_demo_command(CLI::App& app);
 command add_scan_command(CLI::App& app);
 command add_clean_command(CLI::App& app);

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   const std::vector<command> commands = {
       add_demo_command(app),
       add_census_command(app),
+      add_launch_command(app),
       add_scan_command(app),
       add_clean_command(app),
       add_advise_command(app),

@@ -1,0 +1,298 @@
+#include "nanguard/distributed.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <string>
+
+namespace nanguard {
+
+namespace {
+
+std::chrono::milliseconds to_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(seconds * 1000.0)));
+}
+
+void check_options(const process_group_options& o, const char* where) {
+  TORCH_CHECK(o.timeout() > 0 && std::isfinite(o.timeout()), where, ": timeout must be > 0 seconds but is ",
+              o.timeout(), "; e.g. 60");
+}
+
+// The environment variable `name`, or an error that says how to set it.
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  TORCH_CHECK(v && *v, "nanguard::init_process_group_from_env: environment variable ", name,
+              " is not set; start the program with `nanguard launch -n N -- PROGRAM` (or torchrun), or set RANK, "
+              "WORLD_SIZE, MASTER_ADDR and MASTER_PORT");
+  return v;
+}
+
+int64_t env_int(const char* name, int64_t lo, int64_t hi) {
+  const std::string v = env(name);
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  TORCH_CHECK(errno == 0 && end && *end == '\0' && x >= lo && x <= hi, "nanguard::init_process_group_from_env: ",
+              name, "='", v, "' is not an integer in [", lo, ", ", hi, "]");
+  return x;
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> make_gloo(const c10::intrusive_ptr<c10d::Store>& store, int64_t rank,
+                                                 int64_t world, const std::string& hostname, double timeout) {
+  auto o = c10d::ProcessGroupGloo::Options::create(to_ms(timeout));
+  o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(hostname));
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(rank), static_cast<int>(world), o);
+}
+
+// Waits for a collective; a peer that died or timed out becomes an error
+// that says what happened and what to look at.
+void wait_for(const c10::intrusive_ptr<c10d::Work>& work, const char* what, int64_t rank) {
+  try {
+    work->wait();
+  } catch (const std::exception& ex) {
+    const c10::Error* ce = dynamic_cast<const c10::Error*>(&ex);
+    TORCH_CHECK(false, "nanguard::distributed: rank ", rank, ": the ", what,
+                " all-reduce failed (another rank died, or did not arrive within the timeout): ",
+                ce ? ce->what_without_backtrace() : ex.what());
+  }
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::ProcessGroup> init_process_group_from_env(process_group_options options) {
+  check_options(options, "nanguard::init_process_group_from_env");
+  const int64_t world = env_int("WORLD_SIZE", 1, 1 << 20);
+  const int64_t rank = env_int("RANK", 0, world - 1);
+  const std::string addr = env("MASTER_ADDR");
+  const int64_t port = env_int("MASTER_PORT", 1, 65535);
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<std::uint16_t>(port);
+  so.isServer = rank == 0;
+  so.numWorkers = static_cast<std::size_t>(world);
+  so.waitWorkers = true;
+  so.timeout = to_ms(options.timeout());
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(addr, so);
+  } catch (const std::exception& ex) {
+    TORCH_CHECK(false, "nanguard::init_process_group_from_env: rank ", rank, " cannot reach the TCPStore at ", addr,
+                ":", port, " within ", options.timeout(), " s: ", ex.what(),
+                "; check MASTER_ADDR/MASTER_PORT and that every rank started");
+  }
+  const std::string host =
+      !options.hostname().empty() ? options.hostname() : (addr == "localhost" ? std::string("127.0.0.1") : addr);
+  return make_gloo(store, rank, world, host, options.timeout());
+}
+
+c10::intrusive_ptr<c10d::ProcessGroup> init_process_group(const std::string& store_path, int64_t rank,
+                                                          int64_t world_size, process_group_options options) {
+  check_options(options, "nanguard::init_process_group");
+  TORCH_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "nanguard::init_process_group: rank ", rank,
+              " is not in [0, world_size=", world_size, ")");
+  TORCH_CHECK(!store_path.empty(), "nanguard::init_process_group: the store path is empty; pass a file every rank "
+              "can reach, e.g. /tmp/run.store");
+  auto store = c10::make_intrusive<c10d::FileStore>(store_path, static_cast<int>(world_size));
+  store->setTimeout(to_ms(options.timeout()));
+  return make_gloo(store, rank, world_size, options.hostname().empty() ? "127.0.0.1" : options.hostname(),
+                   options.timeout());
+}
+
+struct distributed::impl {
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  distributed_options options;
+  int64_t rank = 0;
+  int64_t world = 1;
+  at::Tensor consensus_buffer;
+  std::function<void(int64_t, const std::vector<at::Tensor>&)> hook;
+};
+
+distributed::distributed(c10::intrusive_ptr<c10d::ProcessGroup> process_group, distributed_options options)
+    : impl_(std::make_unique<impl>()) {
+  TORCH_CHECK(process_group, "nanguard::distributed: the process group is null; make one with "
+              "nanguard::init_process_group_from_env()");
+  TORCH_CHECK(options.bucket_mb() > 0 && std::isfinite(options.bucket_mb()),
+              "nanguard::distributed_options: bucket_mb must be > 0 but is ", options.bucket_mb(), "; e.g. 25");
+  TORCH_CHECK(options.check_every() >= 0, "nanguard::distributed_options: check_every must be >= 0 but is ",
+              options.check_every(), "; 0 disables the gradient-consistency check");
+  impl_->pg = std::move(process_group);
+  impl_->options = options;
+  impl_->rank = impl_->pg->getRank();
+  impl_->world = impl_->pg->getSize();
+  impl_->consensus_buffer = at::zeros({impl_->world + 2}, at::kDouble);
+}
+
+distributed::~distributed() = default;
+
+int64_t distributed::rank() const { return impl_->rank; }
+int64_t distributed::world_size() const { return impl_->world; }
+const distributed_options& distributed::options() const { return impl_->options; }
+const c10::intrusive_ptr<c10d::ProcessGroup>& distributed::process_group() const { return impl_->pg; }
+
+consensus distributed::agree(bool nonfinite, double sumsq, double loss) {
+  impl& s = *impl_;
+  at::Tensor& buf = s.consensus_buffer;
+  double* p = buf.data_ptr<double>();
+  std::fill(p, p + s.world + 2, 0.0);
+  p[s.rank] = nonfinite ? 1.0 : 0.0;
+  p[s.world] = nonfinite ? 0.0 : sumsq;
+  p[s.world + 1] = nonfinite ? 0.0 : loss;
+  std::vector<at::Tensor> tensors{buf};
+  wait_for(s.pg->allreduce(tensors, c10d::AllreduceOptions{}), "consensus", s.rank);
+  consensus c;
+  for (int64_t r = 0; r < s.world; ++r)
+    if (p[r] != 0) c.nonfinite_ranks.push_back(r);
+  c.sumsq = p[s.world];
+  c.loss_sum = p[s.world + 1];
+  return c;
+}
+
+void distributed::average_gradients_(const std::vector<at::Tensor>& parameters, int64_t step) {
+  impl& s = *impl_;
+  // Buckets of one dtype each, in parameter order (the same on every rank).
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& p : parameters) {
+    if (!p.requires_grad()) continue;
+    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    TORCH_CHECK(!p.grad().is_sparse(), "nanguard::distributed::average_gradients_: sparse gradients are not "
+                "supported; use a dense embedding (sparse=false)");
+    grads.push_back(p.grad());
+  }
+  if (s.world == 1) {
+    if (s.hook) s.hook(step, parameters);
+    return;
+  }
+  const int64_t bucket_bytes = std::max<int64_t>(1, static_cast<int64_t>(s.options.bucket_mb() * 1e6));
+  struct bucket {
+    std::vector<at::Tensor> grads;
+    at::Tensor flat;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  std::vector<bucket> buckets;
+  std::map<at::ScalarType, size_t> open;  // dtype -> its bucket being filled
+  std::map<at::ScalarType, int64_t> open_bytes;
+  const auto launch = [&](bucket& b) {
+    std::vector<at::Tensor> flat_parts;
+    for (const at::Tensor& g : b.grads) flat_parts.push_back(g.reshape({-1}));
+    b.flat = at::cat(flat_parts);
+    std::vector<at::Tensor> tensors{b.flat};
+    b.work = s.pg->allreduce(tensors, c10d::AllreduceOptions{});
+  };
+  for (const at::Tensor& g : grads) {
+    const at::ScalarType t = g.scalar_type();
+    auto it = open.find(t);
+    if (it == open.end()) {
+      buckets.push_back({});
+      it = open.emplace(t, buckets.size() - 1).first;
+      open_bytes[t] = 0;
+    }
+    buckets[it->second].grads.push_back(g);
+    open_bytes[t] += g.numel() * static_cast<int64_t>(g.element_size());
+    if (open_bytes[t] >= bucket_bytes) {
+      launch(buckets[it->second]);  // full: on the wire while the next fills
+      open.erase(it);
+    }
+  }
+  for (auto& [t, i] : open) launch(buckets[i]);
+  const double inv_world = 1.0 / static_cast<double>(s.world);
+  for (bucket& b : buckets) {
+    wait_for(b.work, "gradient", s.rank);
+    b.flat.mul_(inv_world);
+    int64_t offset = 0;
+    for (const at::Tensor& g : b.grads) {
+      const int64_t n = g.numel();
+      g.copy_(b.flat.narrow(0, offset, n).view(g.sizes()));
+      offset += n;
+    }
+  }
+  if (s.hook) s.hook(step, parameters);
+}
+
+std::vector<int64_t> distributed::check_consistency(const std::vector<at::Tensor>& parameters) {
+  impl& s = *impl_;
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& p : parameters)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  const uint64_t mine = checksum(grads);
+  // Slot r holds rank r's checksum, the others 0: SUM gathers them exactly.
+  at::Tensor buf = at::zeros({s.world}, at::kLong);
+  int64_t v;
+  std::memcpy(&v, &mine, sizeof v);
+  buf.data_ptr<int64_t>()[s.rank] = v;
+  std::vector<at::Tensor> tensors{buf};
+  wait_for(s.pg->allreduce(tensors, c10d::AllreduceOptions{}), "gradient-checksum", s.rank);
+  const int64_t* all = buf.data_ptr<int64_t>();
+  std::map<int64_t, int64_t> votes;
+  for (int64_t r = 0; r < s.world; ++r) ++votes[all[r]];
+  if (votes.size() == 1) return {};
+  int64_t majority = 0, best = 0;
+  for (const auto& [value, n] : votes)
+    if (n > best) best = n, majority = value;
+  std::vector<int64_t> differ;
+  for (int64_t r = 0; r < s.world; ++r)
+    if (2 * best <= s.world || all[r] != majority) differ.push_back(r);
+  return differ;
+}
+
+std::string distributed::broadcast(const std::string& text, int64_t root) {
+  impl& s = *impl_;
+  TORCH_CHECK(root >= 0 && root < s.world, "nanguard::distributed::broadcast: root ", root, " is not a rank in [0, ",
+              s.world, ")");
+  at::Tensor size = at::full({1}, s.rank == root ? static_cast<int64_t>(text.size()) : int64_t(0), at::kLong);
+  c10d::BroadcastOptions bo;
+  bo.rootRank = root;
+  {
+    std::vector<at::Tensor> tensors{size};
+    wait_for(s.pg->broadcast(tensors, bo), "broadcast", s.rank);
+  }
+  const int64_t n = size.item<int64_t>();
+  if (n == 0) return "";
+  at::Tensor bytes = at::empty({n}, at::kByte);
+  if (s.rank == root) std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), text.size());
+  std::vector<at::Tensor> tensors{bytes};
+  wait_for(s.pg->broadcast(tensors, bo), "broadcast", s.rank);
+  return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(n));
+}
+
+void distributed::barrier() {
+  wait_for(impl_->pg->barrier(), "barrier", impl_->rank);
+}
+
+void distributed::on_averaged(std::function<void(int64_t, const std::vector<at::Tensor>&)> hook) {
+  impl_->hook = std::move(hook);
+}
+
+uint64_t checksum(const std::vector<at::Tensor>& tensors) {
+  // FNV-1a over 64-bit words (then the tail bytes): fast enough for every
+  // parameter of a model at the end of a run or every K steps.
+  uint64_t h = 1469598103934665603ull;
+  constexpr uint64_t prime = 1099511628211ull;
+  for (const at::Tensor& t0 : tensors) {
+    if (!t0.defined()) {
+      h = (h ^ 0xffu) * prime;
+      continue;
+    }
+    const at::Tensor t = t0.is_contiguous() ? t0 : t0.contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
+    const size_t n = static_cast<size_t>(t.numel()) * t.element_size();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, bytes + i, 8);
+      h = (h ^ w) * prime;
+    }
+    for (; i < n; ++i) h = (h ^ bytes[i]) * prime;
+    h = (h ^ n) * prime;
+  }
+  return h;
+}
+
+}  // namespace nanguard

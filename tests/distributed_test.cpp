@@ -1,0 +1,131 @@
+// distributed.h in one process (a process group of one rank in a FileStore):
+// the environment's errors, the consensus vector, averaging and its hook, the
+// consistency check, broadcast, checksums, and the guard's distributed path
+// (rank-tagged events and findings). The multi-rank behaviour is tested end to
+// end by tests/cli/distributed_test.sh.
+#include "nanguard/distributed.h"
+#include "nanguard/guard.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string fresh_store(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("nanguard_distributed_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  return p.string();
+}
+
+std::shared_ptr<nanguard::distributed> one_rank(const std::string& name, nanguard::distributed_options o = {}) {
+  return std::make_shared<nanguard::distributed>(nanguard::init_process_group(fresh_store(name), 0, 1), o);
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+TEST(distributed, env_errors_name_the_variable) {
+  ::unsetenv("RANK");
+  ::setenv("WORLD_SIZE", "2", 1);
+  ::unsetenv("MASTER_ADDR");
+  EXPECT_NE(error_of([] { nanguard::init_process_group_from_env(); }).find("environment variable RANK is not set"),
+            std::string::npos);
+  ::setenv("RANK", "5", 1);
+  EXPECT_NE(error_of([] { nanguard::init_process_group_from_env(); }).find("RANK='5' is not an integer in [0, 1]"),
+            std::string::npos);
+  ::setenv("RANK", "0", 1);
+  EXPECT_NE(error_of([] { nanguard::init_process_group_from_env(); }).find("MASTER_ADDR is not set"),
+            std::string::npos);
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  EXPECT_NE(error_of([] { nanguard::init_process_group_from_env(nanguard::process_group_options().timeout(0)); })
+                .find("timeout must be > 0 seconds but is 0"),
+            std::string::npos);
+}
+
+TEST(distributed, options_are_checked) {
+  EXPECT_NE(error_of([] { one_rank("opt", nanguard::distributed_options().bucket_mb(0)); })
+                .find("bucket_mb must be > 0 but is 0"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { nanguard::distributed d{c10::intrusive_ptr<c10d::ProcessGroup>()}; }).find("the process group is null"), std::string::npos);
+}
+
+TEST(distributed, consensus_of_one_rank) {
+  auto d = one_rank("consensus");
+  EXPECT_EQ(d->rank(), 0);
+  EXPECT_EQ(d->world_size(), 1);
+  nanguard::consensus c = d->agree(false, 4.0, 0.25);
+  EXPECT_TRUE(c.finite());
+  EXPECT_EQ(c.sumsq, 4.0);
+  EXPECT_EQ(c.loss_sum, 0.25);
+  c = d->agree(true, 4.0, 0.25);
+  EXPECT_FALSE(c.finite());
+  EXPECT_EQ(c.nonfinite_ranks, std::vector<int64_t>{0});
+  EXPECT_EQ(c.sumsq, 0.0);  // a bad rank's norm does not count
+  EXPECT_EQ(d->broadcast("finding", 0), "finding");
+  EXPECT_NE(error_of([&] { d->broadcast("x", 1); }).find("root 1 is not a rank in [0, 1)"), std::string::npos);
+}
+
+TEST(distributed, averaging_zeroes_missing_grads_and_calls_the_hook) {
+  auto d = one_rank("average");
+  at::Tensor a = torch::ones({3}, torch::requires_grad());
+  at::Tensor b = torch::ones({2}, torch::requires_grad());
+  (a * 2).sum().backward();
+  int64_t seen = -1;
+  d->on_averaged([&](int64_t step, const std::vector<at::Tensor>& params) {
+    seen = step;
+    params[0].grad()[0] = 7;
+  });
+  d->average_gradients_({a, b}, 9);
+  EXPECT_EQ(seen, 9);
+  ASSERT_TRUE(b.grad().defined());
+  EXPECT_TRUE(b.grad().eq(0).all().item<bool>());
+  EXPECT_EQ(a.grad()[0].item<float>(), 7.0f);
+  EXPECT_TRUE(d->check_consistency({a, b}).empty());
+}
+
+TEST(distributed, checksum_sees_one_bit) {
+  at::Tensor t = torch::randn({1000});
+  const uint64_t before = nanguard::checksum({t});
+  EXPECT_EQ(before, nanguard::checksum({t.clone()}));
+  reinterpret_cast<uint32_t*>(t.data_ptr<float>())[517] ^= 1u;  // the lowest mantissa bit
+  EXPECT_NE(before, nanguard::checksum({t}));
+  EXPECT_NE(nanguard::checksum({t, t}), nanguard::checksum({t}));
+}
+
+TEST(distributed, guard_events_carry_the_rank) {
+  torch::manual_seed(0);
+  torch::nn::Linear model(4, 1);
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  nanguard::guard g(model, opt, nanguard::guard_options().distributed(one_rank("guard")).max_norm(1.0));
+  const auto fn = [&](const std::vector<at::Tensor>& b) { return model->forward(b[0].sqrt()).pow(2).mean(); };
+  nanguard::step_event e = g.step({torch::ones({8, 4})}, fn);
+  EXPECT_FALSE(e.skipped);
+  EXPECT_EQ(e.rank, 0);
+  EXPECT_TRUE(e.nonfinite_ranks.empty());
+  at::Tensor x = torch::ones({8, 4});
+  x[2][1] = -1;  // sqrt(-1) = nan: aten::sqrt is the producer
+  e = g.step({x}, fn);
+  EXPECT_TRUE(e.skipped);
+  EXPECT_EQ(e.action, "skip");
+  EXPECT_EQ(e.nonfinite_ranks, std::vector<int64_t>{0});
+  ASSERT_FALSE(e.findings.empty());
+  EXPECT_EQ(e.findings.front().op, "aten::sqrt");
+  EXPECT_EQ(e.findings.front().rank, 0);
+  EXPECT_EQ(e.verdict, "reproduced");
+}
+
+}  // namespace

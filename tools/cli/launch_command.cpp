@@ -1,0 +1,252 @@
+// `nanguard launch -n 4 [--timeout S] -- PROGRAM ARGS...`: runs PROGRAM as
+// the ranks of one process group on this machine, like torchrun: each rank
+// gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1
+// and MASTER_PORT (a free port) in its environment, and
+// nanguard::init_process_group_from_env() meets the others in a TCPStore
+// there. Every output line is prefixed with `[rank k] `. When a rank fails
+// (non-zero exit or a signal) the others are stopped and the launcher exits
+// non-zero, naming the rank and how it ended; so it does after --timeout.
+#include "commands.h"
+
+#include <fmt/format.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace nanguard::cli {
+namespace {
+
+struct launch_args {
+  int ranks = 1;
+  double timeout = 0;
+  int port = 0;
+  std::vector<std::string> argv;
+};
+
+// A port nobody listens on now (the kernel picks it).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw std::runtime_error(fmt::format("launch: cannot open a socket: {}", std::strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    throw std::runtime_error(fmt::format("launch: cannot find a free port on 127.0.0.1: {}", why));
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// One rank: its process and the two pipes it writes.
+struct rank_process {
+  int rank = 0;
+  pid_t pid = -1;
+  int fd[2] = {-1, -1};       // stdout, stderr read ends
+  std::string pending[2];     // a line not finished yet
+  bool exited = false;
+  int status = 0;
+};
+
+std::string describe(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* name = ::sigabbrev_np(sig);
+    return fmt::format("was killed by signal {} (SIG{})", sig, name ? name : "?");
+  }
+  return fmt::format("ended with wait status {}", status);
+}
+
+bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+
+// Writes the complete lines of `buf` with the rank prefix; keeps the rest.
+void emit(std::string& buf, int rank, std::FILE* to, bool flush_all) {
+  size_t start = 0;
+  for (size_t nl; (nl = buf.find('\n', start)) != std::string::npos; start = nl + 1)
+    std::fprintf(to, "[rank %d] %.*s\n", rank, static_cast<int>(nl - start), buf.data() + start);
+  buf.erase(0, start);
+  if (flush_all && !buf.empty()) {
+    std::fprintf(to, "[rank %d] %s\n", rank, buf.c_str());
+    buf.clear();
+  }
+  std::fflush(to);
+}
+
+pid_t spawn(const launch_args& a, int rank, int port, int out_fd, int err_fd) {
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error(fmt::format("launch: fork failed: {}", std::strerror(errno)));
+  if (pid > 0) return pid;
+  // The child: dies with the launcher, writes into the pipes, runs PROGRAM.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(127);
+  ::dup2(out_fd, STDOUT_FILENO);
+  ::dup2(err_fd, STDERR_FILENO);
+  const std::string r = std::to_string(rank), n = std::to_string(a.ranks), p = std::to_string(port);
+  ::setenv("RANK", r.c_str(), 1);
+  ::setenv("LOCAL_RANK", r.c_str(), 1);
+  ::setenv("WORLD_SIZE", n.c_str(), 1);
+  ::setenv("LOCAL_WORLD_SIZE", n.c_str(), 1);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", p.c_str(), 1);
+  std::vector<char*> argv;
+  for (const std::string& s : a.argv) argv.push_back(const_cast<char*>(s.c_str()));
+  argv.push_back(nullptr);
+  ::execvp(argv[0], argv.data());
+  std::fprintf(stderr, "nanguard launch: cannot run '%s': %s\n", argv[0], std::strerror(errno));
+  ::_exit(127);
+}
+
+int run_launch(const launch_args& a) {
+  if (a.ranks < 1 || a.ranks > 1024)
+    throw usage_error(fmt::format("launch: -n must be in [1, 1024] but is {}", a.ranks));
+  if (!(a.timeout >= 0)) throw usage_error(fmt::format("launch: --timeout must be >= 0 seconds but is {}", a.timeout));
+  if (a.argv.empty()) throw usage_error("launch: no program given; usage: nanguard launch -n 2 -- ./train ARGS");
+  const int port = a.port > 0 ? a.port : free_port();
+  ::signal(SIGPIPE, SIG_IGN);
+
+  std::vector<rank_process> ranks(static_cast<size_t>(a.ranks));
+  for (int r = 0; r < a.ranks; ++r) {
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
+      throw std::runtime_error(fmt::format("launch: pipe failed: {}", std::strerror(errno)));
+    rank_process& p = ranks[static_cast<size_t>(r)];
+    p.rank = r;
+    p.pid = spawn(a, r, port, out[1], err[1]);
+    ::close(out[1]);
+    ::close(err[1]);
+    p.fd[0] = out[0];
+    p.fd[1] = err[0];
+  }
+
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  int failed_rank = -1, failed_status = 0;
+  std::string also;  // the other ranks that failed before they were stopped
+  bool timed_out = false;
+  std::chrono::steady_clock::time_point kill_at{};
+  bool stopping = false;
+  const auto stop_all = [&] {
+    if (stopping) return;
+    stopping = true;
+    for (rank_process& p : ranks)
+      if (!p.exited) ::kill(p.pid, SIGTERM);
+    kill_at = clock::now() + std::chrono::seconds(3);
+  };
+
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<size_t, int>> owner;
+    for (size_t i = 0; i < ranks.size(); ++i)
+      for (int k = 0; k < 2; ++k)
+        if (ranks[i].fd[k] >= 0) {
+          fds.push_back({ranks[i].fd[k], POLLIN, 0});
+          owner.emplace_back(i, k);
+        }
+    bool all_exited = true;
+    for (const rank_process& p : ranks) all_exited = all_exited && p.exited;
+    if (fds.empty() && all_exited) break;
+
+    if (!fds.empty()) ::poll(fds.data(), fds.size(), 100);
+    else ::usleep(20000);
+    for (size_t j = 0; j < fds.size(); ++j) {
+      if (!(fds[j].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      rank_process& p = ranks[owner[j].first];
+      const int k = owner[j].second;
+      char buf[65536];
+      const ssize_t n = ::read(p.fd[k], buf, sizeof buf);
+      if (n > 0) {
+        p.pending[k].append(buf, static_cast<size_t>(n));
+        emit(p.pending[k], p.rank, k == 0 ? stdout : stderr, false);
+      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+        emit(p.pending[k], p.rank, k == 0 ? stdout : stderr, true);
+        ::close(p.fd[k]);
+        p.fd[k] = -1;
+      }
+    }
+    // Reap; of the ranks that failed in one sweep, blame one killed by a
+    // signal first (the others' errors usually follow from its death).
+    std::vector<rank_process*> newly_failed;
+    for (rank_process& p : ranks) {
+      if (p.exited) continue;
+      int status = 0;
+      if (::waitpid(p.pid, &status, WNOHANG) == p.pid) {
+        p.exited = true;
+        p.status = status;
+        if (failed(status) && !stopping) newly_failed.push_back(&p);
+      }
+    }
+    std::stable_sort(newly_failed.begin(), newly_failed.end(), [](const rank_process* x, const rank_process* y) {
+      return WIFSIGNALED(x->status) && !WIFSIGNALED(y->status);
+    });
+    for (const rank_process* p : newly_failed) {
+      if (failed_rank < 0) {
+        failed_rank = p->rank;
+        failed_status = p->status;
+      } else {
+        also += fmt::format("; rank {} {}", p->rank, describe(p->status));
+      }
+    }
+    if (!newly_failed.empty()) stop_all();
+    if (!stopping && a.timeout > 0 &&
+        std::chrono::duration<double>(clock::now() - start).count() > a.timeout) {
+      timed_out = true;
+      stop_all();
+    }
+    if (stopping && clock::now() > kill_at) {
+      for (rank_process& p : ranks)
+        if (!p.exited) ::kill(p.pid, SIGKILL);
+      kill_at = clock::now() + std::chrono::hours(1);
+    }
+  }
+
+  if (failed_rank >= 0) {
+    std::fprintf(stderr, "nanguard: error: launch: rank %d %s%s; stopped the other ranks\n", failed_rank,
+                 describe(failed_status).c_str(), also.c_str());
+    if (WIFEXITED(failed_status)) return WEXITSTATUS(failed_status);
+    return 128 + WTERMSIG(failed_status);
+  }
+  if (timed_out) {
+    std::fprintf(stderr, "nanguard: error: launch: the ranks did not finish within --timeout %g s; stopped them\n",
+                 a.timeout);
+    return exit_failure;
+  }
+  return exit_ok;
+}
+
+}  // namespace
+
+command add_launch_command(CLI::App& app) {
+  auto* sub = app.add_subcommand(
+      "launch", "Run a program as N ranks of one process group on this machine (RANK, WORLD_SIZE, MASTER_ADDR, "
+                "MASTER_PORT set like torchrun)");
+  auto a = std::make_shared<launch_args>();
+  sub->add_option("-n,--nproc", a->ranks, "the number of ranks (processes)")->required();
+  sub->add_option("--timeout", a->timeout, "stop every rank and fail after this many seconds (0: no limit)");
+  sub->add_option("--port", a->port, "MASTER_PORT (default: a free port)");
+  sub->add_option("command", a->argv, "the program and its arguments, after --")->required()->expected(-1);
+  return {sub, [a] { return run_launch(*a); }};
+}
+
+}  // namespace nanguard::cli
