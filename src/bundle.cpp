@@ -87,6 +87,8 @@ std::string write_bundle(const std::string& parent, const bundle& b) {
   meta["verdict"] = b.verdict;
   meta["versions"] = {{"nanguard", version()}, {"torch", TORCH_VERSION}};
   meta["finding"] = b.finding ? json::parse(to_json(*b.finding)) : json(nullptr);
+  meta["tags"] = json::object();
+  for (const auto& [key, value] : b.tags) meta["tags"][key] = value;
   meta["files"] = {"batch.pt", "rng_state.pt", "culprit_inputs.pt", "parameters.pt"};
   const std::string text = meta.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
   write_file(tmp / "meta.json", text.data(), text.size());
@@ -128,6 +130,9 @@ bundle read_bundle(const std::string& dir) {
     b.nanguard_version = meta["versions"].value("nanguard", std::string());
     b.torch_version = meta["versions"].value("torch", std::string());
   }
+  if (meta.contains("tags") && meta["tags"].is_object())
+    for (const auto& [key, value] : meta["tags"].items())
+      b.tags.emplace_back(key, value.is_string() ? value.get<std::string>() : value.dump());
   if (meta.contains("finding") && !meta["finding"].is_null()) b.finding = finding_from_json(meta["finding"].dump());
   b.batch = from_list(load(d / "batch.pt"), d / "batch.pt");
   const c10::IValue rng = load(d / "rng_state.pt");

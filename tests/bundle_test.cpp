@@ -77,6 +77,18 @@ TEST(bundle, round_trip) {
   fs::remove_all(dir);
 }
 
+TEST(bundle, tags_round_trip_sorted_by_key) {
+  const fs::path dir = fresh_dir("tags");
+  auto b = sample();
+  b.tags = {{"task", "classify"}, {"model", "m.pt"}};
+  const auto back = nanguard::read_bundle(nanguard::write_bundle(dir.string(), b));
+  ASSERT_EQ(2u, back.tags.size());
+  EXPECT_EQ((std::pair<std::string, std::string>("model", "m.pt")), back.tags[0]);
+  EXPECT_EQ((std::pair<std::string, std::string>("task", "classify")), back.tags[1]);
+  EXPECT_TRUE(nanguard::read_bundle(nanguard::write_bundle(dir.string(), sample())).tags.empty());
+  fs::remove_all(dir);
+}
+
 TEST(bundle, a_second_bundle_of_the_same_step_gets_a_suffix_and_no_temp_is_left) {
   const fs::path dir = fresh_dir("suffix");
   const auto b = sample();

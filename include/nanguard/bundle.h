@@ -1,7 +1,7 @@
 // bundle.h — the repro bundle: everything needed to look at (and re-run) a
 // step that went non-finite, written atomically as one directory:
 //
-//   meta.json            step, lr, loss scale, policy, versions, the finding
+//   meta.json            step, lr, loss scale, policy, versions, the finding, tags
 //   batch.pt             the batch (a list of tensors)
 //   rng_state.pt         the CPU generator state at the start of the step
 //   culprit_inputs.pt    the inputs of the op that produced the NaN/Inf (a list)
@@ -40,6 +40,9 @@ struct bundle {
   at::Tensor rng_state;            ///< CPU generator state at step start (uint8)
   std::vector<at::Tensor> culprit_inputs;  ///< inputs of the finding's op
   std::vector<std::pair<std::string, at::Tensor>> parameters;  ///< named parameters
+  /// What the writer wants a reader to know, as meta.json's "tags" object,
+  /// e.g. {"task", "classify"} for `nanguard replay` (read back sorted by key).
+  std::vector<std::pair<std::string, std::string>> tags;
   std::string nanguard_version;    ///< filled by write_bundle
   std::string torch_version;       ///< filled by write_bundle
 };

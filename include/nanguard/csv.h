@@ -60,6 +60,9 @@ class csv_reader {
   int64_t rows_read() const { return rows_read_; }
   /// Bytes consumed from the file so far.
   int64_t bytes_read() const { return bytes_consumed_; }
+  /// The 1-based file line on which the last row read ended (the header's
+  /// line before any row): maps a row back to its line in the file.
+  int64_t line() const { return line_; }
 
   /// Appends up to `max_rows` rows to `out` (row-major, columns().size()
   /// values a row) and returns how many it read; 0 at the end of the file.
