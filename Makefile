@@ -6,7 +6,7 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 NANGUARD := $(BUILD)/tools/cli/nanguard
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: all setup configure build demo test bench bench-census bench-tracer bench-data bench-guard bench-python clean
+.PHONY: all setup configure build demo test bench bench-census bench-tracer bench-data bench-guard bench-python bench-distributed clean
 
 all: build
 
@@ -27,7 +27,7 @@ demo: build
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure --timeout 900
 
-bench: bench-census bench-tracer bench-data bench-guard bench-python
+bench: bench-census bench-tracer bench-data bench-guard bench-python bench-distributed
 
 bench-census: build
 	$(BUILD)/bench/census_bench
@@ -40,6 +40,10 @@ bench-tracer: build
 
 bench-guard: build
 	$(BUILD)/bench/guard_bench
+
+# Consensus cost of the distributed guard on 2 ranks over loopback (Gloo).
+bench-distributed: build
+	$(BUILD)/bench/distributed_bench
 
 # Debian's python3-torch runs in /usr/bin/python3 only (not a pyenv python3 on PATH).
 bench-python: build
