@@ -77,6 +77,22 @@ at::Tensor log_softmax(const at::Tensor& x, int64_t dim) {
   return shifted - shifted.exp().sum(dim, /*keepdim=*/true).log();
 }
 
+at::Tensor masked_softmax(const at::Tensor& x, const at::Tensor& mask, int64_t dim) {
+  TORCH_CHECK(mask.scalar_type() == at::kBool, "nanguard::masked_softmax: the mask must be bool (true = left out) "
+              "but is ", mask.scalar_type(), "; pass e.g. `at::arange(t) >= lengths.unsqueeze(1)`");
+  if (x.numel() == 0) return at::softmax(x, dim);
+  const at::Tensor masked = mask.expand_as(x);
+  // The max of the kept positions (finite in a fully masked row too), and no
+  // exp of anything above 0, even in the branch `where` leaves out: its
+  // gradient would be 0 * inf = NaN.
+  const at::Tensor max = at::where(masked, x.detach().amin(), x.detach()).amax(dim, /*keepdim=*/true);
+  const at::Tensor zero = at::zeros({}, x.options());
+  const at::Tensor e = at::where(masked, zero, at::where(masked, zero, x - max).exp());
+  // A row with a kept position sums to >= 1 (its max gives exp(0)); a fully
+  // masked row sums to 0 and stays 0.
+  return e / e.sum(dim, /*keepdim=*/true).clamp_min(1);
+}
+
 at::Tensor nll_loss(const at::Tensor& log_probs, const at::Tensor& target) {
   TORCH_CHECK(log_probs.dim() == 2 && target.dim() == 1 && target.size(0) == log_probs.size(0),
               "nanguard::nll_loss: expected log_probs N x C and target N but got ", log_probs.sizes(),

@@ -113,4 +113,38 @@ TEST(safe_ops, div_log_sqrt_match_on_ordinary_inputs_and_stay_finite_at_zero) {
   }
 }
 
+TEST(safe_ops, masked_softmax_matches_libtorch_and_gives_zeros_for_fully_masked_rows) {
+  torch::manual_seed(4);
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    at::Tensor x = (torch::randn({3, 4, 6}) * 20).to(dtype).requires_grad_();
+    at::Tensor mask = torch::rand({3, 4, 6}) < 0.4;
+    mask.select(2, 0).fill_(false);  // every row but the blanked one keeps a position
+    mask[1][2].fill_(true);          // a fully masked row
+    const at::Tensor got = nanguard::masked_softmax(x, mask, -1);
+    const at::Tensor want = torch::softmax(x.masked_fill(mask, -INFINITY), -1);
+    const at::Tensor kept = mask.all(-1).logical_not();
+    expect_close(want.index({kept}), got.index({kept}));
+    expect_close(torch::zeros({6}, dtype), got[1][2]);
+    EXPECT_FALSE(finite(want[1][2]));  // what it is there for: at::softmax gives NaN
+    const at::Tensor g = torch::randn({3, 4, 6}).to(dtype);
+    const at::Tensor gw = torch::autograd::grad({(want * g).sum()}, {x})[0];
+    const at::Tensor gg = torch::autograd::grad({(got * g).sum()}, {x})[0];
+    EXPECT_TRUE(finite(gg));
+    expect_close(gw.index({kept}), gg.index({kept}));
+    expect_close(torch::zeros({6}, dtype), gg[1][2]);
+  }
+  // A broadcast mask (causal, [t, t]) over another dim; logits ±1e4 stay finite.
+  const at::Tensor scores = torch::tensor({1e4, -1e4, 0.0, -1e4, 1e4, 3.0, 0.0, 0.0, 0.0}).reshape({1, 3, 3});
+  const at::Tensor causal = torch::ones({3, 3}, at::kBool).triu(1);
+  const at::Tensor p = nanguard::masked_softmax(scores, causal, -1);
+  expect_close(torch::softmax(scores.masked_fill(causal, -INFINITY), -1), p);
+  expect_close(torch::tensor({1.0, 0.0, 0.0}), p[0][0]);
+  try {
+    nanguard::masked_softmax(scores, causal.to(at::kFloat));
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("masked_softmax: the mask must be bool (true = left out) but is Float"));
+  }
+}
+
 }  // namespace

@@ -1,5 +1,6 @@
 // safe_ops.h — numerically safe versions of the ops that most often make a
-// NaN or Inf: division, log, sqrt, normalisation, softmax and cross-entropy.
+// NaN or Inf: division, log, sqrt, normalisation, (masked) softmax and
+// cross-entropy.
 // On ordinary inputs they match LibTorch's ops (to 1e-6); on extreme ones
 // (logits ±1e4, zero variance, zeros) they and their gradients stay finite.
 //
@@ -34,6 +35,15 @@ at::Tensor layer_norm(const at::Tensor& x, at::IntArrayRef normalized_shape,
 
 /// log_softmax over `dim` with the max subtracted first; matches at::log_softmax.
 at::Tensor log_softmax(const at::Tensor& x, int64_t dim = -1);
+
+/// softmax over `dim` of `x` leaving out the positions where the bool `mask`
+/// (broadcastable to `x`) is true, as `x.masked_fill(mask, -inf)` would; a
+/// row whose every position is masked gives zeros (at::softmax gives NaN),
+/// and so does its gradient. Matches at::softmax elsewhere.
+///
+///   at::Tensor causal = at::ones({t, t}, at::kBool).triu(1);
+///   at::Tensor p = nanguard::masked_softmax(scores, causal | key_padding, -1);
+at::Tensor masked_softmax(const at::Tensor& x, const at::Tensor& mask, int64_t dim = -1);
 
 /// Mean negative log-likelihood of class indices `target` (N) under
 /// log-probabilities `log_probs` (N x C).
