@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# CLI test of `nanguard demo`: every scenario goes non-finite without its
+# remedy (the tracer names the expected op) and trains to a finite, falling
+# loss with it; the event logs, a repro bundle and report.html are written;
+# --scenario, --list and a bad scenario name.
+# Usage: demo_cli_test.sh path/to/nanguard WORK_DIR
+set -u
+NANGUARD=$(realpath -- "$1")
+WORK=$2
+[ -x "$NANGUARD" ] || { echo "FAIL: no nanguard binary at '$1'"; exit 1; }
+rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK" || exit 1
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# run EXPECTED_RC CMD...: runs, keeps stdout+stderr in $out, checks the exit code.
+run() {
+  local want=$1; shift
+  out=$("$@" 2>&1); local rc=$?
+  [ "$rc" -eq "$want" ] || fail "'$*' exited $rc, expected $want; output:
+$out"
+}
+expect() { grep -qF -- "$1" <<<"$out" || fail "expected '$1' in the output of the last command:
+$out"; }
+# expect_row NAME OP MODULE DIRECTION ROLE REMEDY: the scenario's summary row, status ok.
+expect_row() {
+  grep -qE "^  $1 +$2 +$3 +$4 +[0-9]+ +$5 +$6 +[0-9.e+-]+ +ok\$" <<<"$out" ||
+    fail "expected the summary row '$1 $2 $3 $4 <step> $5 $6 <loss> ok' in:
+$out"
+}
+
+SCENARIOS="zero-std lr-too-high bad-data log-softmax fp16-overflow masked-attention"
+
+run 0 "$NANGUARD" demo --list
+for s in $SCENARIOS; do expect "$s"; done
+
+# The whole demo.
+run 0 "$NANGUARD" demo --out demo
+demo_out=$out
+expect "nanguard demo: 6 scenarios"
+expect_row zero-std 'aten::div' norm forward producer 'standardize \(eps\)'
+expect_row lr-too-high 'aten::mse_loss' loss forward producer 'clip \+ warmup'
+expect_row bad-data 'aten::addmm' fc1 forward input firewall
+expect_row log-softmax 'aten::log' loss forward producer cross_entropy
+expect_row fp16-overflow 'aten::copy_' fc2 backward producer 'loss scaling'
+expect_row masked-attention 'aten::_softmax' attn forward producer masked_softmax
+expect "every remedy trained to a finite, falling loss"
+grep -qE "in [0-9.]+ s \([0-9]+ threads\)" <<<"$out" || fail "no time taken at the end:
+$out"
+# Each scenario block shows the tracer's finding and the remedy's losses.
+[ "$(grep -c 'the tracer.s first finding' <<<"$out")" -eq 6 ] || fail "expected 6 findings in:
+$out"
+[ "$(grep -cE 'loss [0-9.e+-]+ -> [0-9.e+-]+: finite, falling' <<<"$out")" -eq 7 ] ||
+  fail "expected 7 remedy runs (6 + rollback) finite and falling in:
+$out"
+expect "firewall: 4 rows dropped (NaN/Inf), 4 outlier values clipped"
+expect "rollback: "
+grep -qE '[1-9][0-9]* rollbacks?' <<<"$out" || fail "the rollback run did not roll back:
+$out"
+grep -qE '[1-9][0-9]* skipped, loss scale 65536 -> ' <<<"$out" || fail "the loss scale did not back off:
+$out"
+
+# Files: an event log per run, the unguarded one ending on the NaN/Inf.
+for s in $SCENARIOS; do
+  for r in unguarded remedy; do
+    [ -s "demo/$s/$r/events.jsonl" ] || fail "no event log demo/$s/$r/events.jsonl"
+  done
+  tail -n 1 "demo/$s/unguarded/events.jsonl" | grep -q '"action":"abort"' ||
+    fail "demo/$s/unguarded/events.jsonl does not end on the abort"
+  tail -n 1 "demo/$s/unguarded/events.jsonl" | grep -q '"findings":\[{' ||
+    fail "demo/$s/unguarded/events.jsonl has no finding"
+done
+[ -s demo/lr-too-high/rollback/events.jsonl ] || fail "no event log of the rollback run"
+grep -q '"action":"rollback"' demo/lr-too-high/rollback/events.jsonl || fail "no rollback event logged"
+bundle=$(find demo -name meta.json | head -n 1)
+[ -n "$bundle" ] || fail "no repro bundle (meta.json) under demo/"
+[ -n "$bundle" ] && { grep -q '"policy"' "$bundle" || fail "$bundle has no policy"; }
+grep -qF "repro bundle: " <<<"$demo_out" || fail "the bundle's path is not printed"
+[ -s demo/report.html ] || fail "no demo/report.html"
+grep -q 'zero-std/unguarded' demo/report.html || fail "report.html does not name the runs"
+
+# One scenario; its folder is replaced, the others are kept.
+run 0 "$NANGUARD" demo --scenario log-softmax --out demo
+expect "nanguard demo: 1 scenario,"
+expect_row log-softmax 'aten::log' loss forward producer cross_entropy
+grep -q "zero-std" <<<"$out" && fail "--scenario log-softmax ran zero-std too:
+$out"
+[ -s demo/log-softmax/remedy/events.jsonl ] || fail "no event log after --scenario"
+[ -s demo/zero-std/remedy/events.jsonl ] || fail "--scenario removed another scenario's folder"
+
+# Bad usage: exit 2, one line naming what and how to fix it.
+run 2 "$NANGUARD" demo --scenario nope --out demo
+expect "no scenario 'nope'; choose one of: zero-std, lr-too-high, bad-data, log-softmax, fp16-overflow, masked-attention"
+touch afile
+run 2 "$NANGUARD" demo --scenario zero-std --out afile/sub
+expect "cannot create the output directory 'afile/sub'"
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "demo_cli: all checks passed"
