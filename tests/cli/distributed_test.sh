@@ -46,14 +46,16 @@ for r in range(ranks):
                 errors.append(f"rank {r}: rollback_to {e.get('rollback_to')}, want {rollback_to}")
         elif e.get("skipped"):
             errors.append(f"rank {r}: step {e['step']} was skipped too ({e.get('note', '')})")
-print("\n".join(errors))
+if errors:
+    print("\n".join(errors))
 sys.exit(1 if errors else 0)
 EOF
 }
 
-# 1. Two ranks, skip: rank 1's batch makes a NaN at step 4.
+# 1. Two ranks, skip: rank 1's batch makes a NaN at step 4. The consistency
+# check runs every step and (no rank corrupted) names nobody: no other step skips.
 out=$WORK/skip2.out
-"$NANGUARD" launch -n 2 --timeout 120 -- "$TRAIN" --steps 8 --policy skip --nan-rank 1 --nan-step 4 \
+"$NANGUARD" launch -n 2 --timeout 120 -- "$TRAIN" --steps 8 --policy skip --nan-rank 1 --nan-step 4 --check-every 1 \
   --log "$WORK/skip2" --timeout 20 >"$out" 2>&1 || fail "skip, 2 ranks: launch failed: $(tail -5 "$out")"
 grep -q '^\[rank 0\] step 4: skip, non-finite on rank(s) \[1\]' "$out" || fail "skip, 2 ranks: rank 0 does not report rank 1's step 4"
 grep -q '^\[rank 1\] step 4: skip' "$out" || fail "skip, 2 ranks: rank 1 does not report step 4 (lines not prefixed?)"
@@ -63,7 +65,7 @@ same_checksums "$out" 2 || fail "skip, 2 ranks: parameter checksums differ: $(gr
 
 # 2. Four ranks, skip: rank 3's batch at step 5.
 out=$WORK/skip4.out
-"$NANGUARD" launch -n 4 --timeout 120 -- "$TRAIN" --steps 7 --policy skip --nan-rank 3 --nan-step 5 \
+"$NANGUARD" launch -n 4 --timeout 120 -- "$TRAIN" --steps 7 --policy skip --nan-rank 3 --nan-step 5 --check-every 2 \
   --log "$WORK/skip4" --timeout 20 >"$out" 2>&1 || fail "skip, 4 ranks: launch failed: $(tail -5 "$out")"
 check_event "$WORK/skip4" 4 5 skip 3 || fail "skip, 4 ranks: events"
 same_checksums "$out" 4 || fail "skip, 4 ranks: parameter checksums differ: $(grep checksum "$out")"
@@ -94,10 +96,6 @@ for r in 0 1 2 3; do
 done
 grep -q 'Warning: nanguard::guard: step 4: gradient checksum differs' "$out" || fail "consistency: no warning"
 same_checksums "$out" 4 || fail "consistency: parameter checksums differ: $(grep checksum "$out")"
-# Without corruption nothing is named.
-"$NANGUARD" launch -n 2 --timeout 120 -- "$TRAIN" --steps 3 --check-every 1 --timeout 20 >"$WORK/clean.out" 2>&1 ||
-  fail "consistency, clean: launch failed"
-grep -q 'step [0-9]*: skip' "$WORK/clean.out" && fail "consistency, clean: a step was skipped: $(grep 'step [0-9]*: skip' "$WORK/clean.out")"
 
 # 6. A rank dies mid-run: the launcher stops the others and names it.
 out=$WORK/kill.out
