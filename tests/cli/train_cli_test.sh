@@ -56,6 +56,15 @@ names = {t['name'] for e in ev for t in e['top_norms']}
 assert 'encoder.layers.0.weight' in names, names
 assert ev[-1]['loss'] < ev[0]['loss'], (ev[0]['loss'], ev[-1]['loss'])
 " || fail "events.jsonl of the finite run: $(head -c 600 finite/events.jsonl)"
+grep -qF "<html" finite/report.html 2>/dev/null || fail "the finite run wrote no report.html"
+
+# On a terminal the progress line is redrawn in place (\r), not repeated.
+if command -v script >/dev/null; then
+  tty_out=$(script -qec "$(printf '%q ' "$NANGUARD" train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y \
+    --task regress --steps 30 --batch 16 --out tty)" /dev/null 2>&1)
+  grep -q $'\r'"train step 30/30" <<<"$tty_out" || fail "no redrawn progress line on a TTY: $tty_out"
+  [ "$(grep -c "train step" <<<"$tty_out")" -le 2 ] || fail "progress lines repeated on a TTY: $tty_out"
+fi
 
 # ---- a producer in forward: the batch std is 0, (x - mean) / 0 = NaN in norm
 run 3 train --model "$M/norm_net.pt" --data "$M/constant.csv" --target y --task regress --steps 5 --batch 8 \
@@ -190,6 +199,12 @@ run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task reg
 expect "--steps must be at least 1, got 0"
 run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --lr -1
 expect "--lr must be a finite number > 0, got -1"
+run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --batch 0
+expect "--batch must be at least 1, got 0"
+run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --clip -1
+expect "--clip must be a finite number >= 0 (0: no clipping), got -1"
+run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --steps many
+expect "--steps"
 run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --warmup 10 --steps 5
 expect "--warmup must be in [0, --steps)"
 run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --policy explode

@@ -226,10 +226,10 @@ int run_train(const train_args& a) {
 
   // The model must fit the features: try it on one batch before training.
   per_op_autograd per_op;
-  model.train();
   const int64_t b = std::min(a.batch, n);
   {
     torch::NoGradGuard no_grad;
+    model.eval();  // the probe must not move batch-norm statistics
     const at::Tensor probe = data.slice(0, 0, b).slice(1, 0, features).nan_to_num(0.0).to(at::kFloat);
     at::Tensor out;
     try {
@@ -263,6 +263,7 @@ int run_train(const train_args& a) {
     }
   }
 
+  model.train();
   std::error_code ec;
   fs::create_directories(a.out, ec);
   if (ec) throw usage_error(fmt::format("cannot create the output directory '{}': {}", a.out, ec.message()));
@@ -511,7 +512,8 @@ command add_train_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--clip", a->clip, "clip the global grad norm to this (0: off)")->capture_default_str();
   sub->add_option("--warmup", a->warmup, "steps of linear LR warmup")->capture_default_str();
-  sub->add_option("--policy", a->policy, "on a non-finite step: skip, backoff, rollback (restore + halve LR) or abort (bundle, exit 3)")
+  sub->add_option("--policy", a->policy, "on a non-finite step: skip, backoff (as skip: fp32 training runs without a loss scaler), "
+                  "rollback (restore + halve LR) or abort (bundle, exit 3)")
       ->check(CLI::IsMember({"skip", "backoff", "rollback", "abort"}))
       ->capture_default_str();
   sub->add_option("--firewall", a->firewall, "NaN/Inf in a batch: off, drop the rows, or repair (impute the median)")
