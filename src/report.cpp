@@ -248,8 +248,11 @@ json run_json(const report_run& run) {
   r["aborted"] = aborted;
   r["first_problem"] = first_problem(ev);
   if (ev.empty()) return r;
-  r["first_step"] = ev.front().step;
-  r["last_step"] = ev.back().step;
+  // The step axis: a log appended to by a restarted run may step back.
+  const auto [lo, hi] = std::minmax_element(ev.begin(), ev.end(),
+                                            [](const step_event& a, const step_event& b) { return a.step < b.step; });
+  r["first_step"] = lo->step;
+  r["last_step"] = hi->step;
   r["final_loss"] = detail::json_number(ev.back().loss);
 
   std::vector<int64_t> x;

@@ -219,6 +219,16 @@ TEST(report, a_long_run_is_downsampled_but_keeps_its_bad_steps) {
   EXPECT_LE(run.at("param_norms").at(0).at("x").size(), 2010u);
 }
 
+TEST(report, the_step_axis_covers_a_log_that_steps_back) {
+  std::vector<step_event> events = healthy_run(6);
+  const int64_t steps[] = {10, 11, 12, 1, 2, 3};  // a run restarted, appending to the same log
+  for (size_t i = 0; i < events.size(); ++i) events[i].step = steps[i];
+  const json run = payload(nanguard::render_html_report({{"restarted", events}})).at("runs").at(0);
+  EXPECT_EQ(run.at("first_step"), 1);
+  EXPECT_EQ(run.at("last_step"), 12);
+  EXPECT_EQ(run.at("series").at("loss").at("x").size(), 6u);
+}
+
 TEST(report, needs_a_run) {
   try {
     nanguard::render_html_report({});
