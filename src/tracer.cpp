@@ -57,6 +57,30 @@ struct op_context : at::ObserverContext {
   std::string module;
 };
 
+// Names of tensors by their TensorImpl. The weak reference keeps the impl's
+// memory from being reused while named (so a new tensor at the same address
+// cannot inherit the name) and tells whether the tensor is still alive.
+class tensor_names {
+  using weak_impl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
+ public:
+  void set(const at::Tensor& t, std::string name) {
+    names_.insert_or_assign(t.unsafeGetTensorImpl(), entry{weak_impl(t.getIntrusivePtr()), std::move(name)});
+  }
+  /// The name of the live tensor `impl`, or nullptr.
+  const std::string* find(const c10::TensorImpl* impl) const {
+    const auto it = names_.find(impl);
+    return it == names_.end() || it->second.tensor.expired() ? nullptr : &it->second.name;
+  }
+
+ private:
+  struct entry {
+    weak_impl tensor;
+    std::string name;
+  };
+  std::unordered_map<const c10::TensorImpl*, entry> names_;
+};
+
 }  // namespace
 
 struct tracer::state {
@@ -67,8 +91,8 @@ struct tracer::state {
   int64_t step = 0;
   std::vector<finding> findings;
   std::atomic<bool> done{false};
-  std::unordered_map<const c10::TensorImpl*, std::string> parameters;
-  std::unordered_map<const c10::TensorImpl*, std::string> named;
+  tensor_names parameters;
+  tensor_names named;
   std::unordered_map<int64_t, forward_record> forward_ops;  // by sequence number
   std::unordered_set<const void*> allowed;   // outputs holding intentional non-finite values
   std::unordered_set<const void*> reported;  // outputs already in a finding
@@ -148,9 +172,9 @@ std::string module_of(tracer::state& st, const std::vector<at::Tensor>& inputs) 
   if (!scripted.empty()) return scripted;
   const std::string& open = current_scope();
   for (const auto& t : inputs) {
-    const auto it = st.parameters.find(t.unsafeGetTensorImpl());
-    if (it == st.parameters.end()) continue;
-    const std::string owner = parent_of(it->second);
+    const std::string* name = st.parameters.find(t.unsafeGetTensorImpl());
+    if (!name) continue;
+    const std::string owner = parent_of(*name);
     if (open.empty() || owner == open || owner.rfind(open + ".", 0) == 0) return owner;
   }
   return open;
@@ -177,8 +201,8 @@ tensor_record record_of(const at::Tensor& t, std::string name) {
 
 std::string name_of(tracer::state& st, const at::Tensor& t, const std::string& fallback) {
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  if (auto it = st.parameters.find(impl); it != st.parameters.end()) return it->second;
-  if (auto it = st.named.find(impl); it != st.named.end()) return it->second;
+  if (const std::string* name = st.parameters.find(impl)) return *name;
+  if (const std::string* name = st.named.find(impl)) return *name;
   if (t.is_view() && t._base().defined()) {  // e.g. weight.t() inside aten::linear
     const std::string base = name_of(st, at::Tensor(t._base()), "");
     if (!base.empty()) return base + " (view)";
@@ -378,14 +402,14 @@ tracer::~tracer() {
 void tracer::name_parameters(const torch::nn::Module& module, const std::string& prefix) {
   std::lock_guard<std::mutex> lock(state_->mutex);
   for (const auto& p : module.named_parameters(/*recurse=*/true))
-    state_->parameters[p.value().unsafeGetTensorImpl()] = prefix.empty() ? p.key() : prefix + "." + p.key();
+    state_->parameters.set(p.value(), prefix.empty() ? p.key() : prefix + "." + p.key());
 }
 
 void tracer::name_tensor(const at::Tensor& tensor, const std::string& name) {
   TORCH_CHECK(tensor.defined(), "nanguard::tracer::name_tensor: the tensor named '", name,
               "' is undefined");
   std::lock_guard<std::mutex> lock(state_->mutex);
-  state_->named[tensor.unsafeGetTensorImpl()] = name;
+  state_->named.set(tensor, name);
 }
 
 void tracer::set_step(int64_t step) {

@@ -128,6 +128,25 @@ TEST(tracer, an_unnamed_nan_batch_is_still_an_input) {
   EXPECT_EQ(0u, f.culprit.rfind("input ", 0)) << f.culprit;
 }
 
+TEST(tracer, a_freed_tensor_does_not_lend_its_name_to_the_next_one) {
+  torch::nn::Linear lin(4, 3);
+  nanguard::tracer t;
+  {
+    at::Tensor old = at::randn({6, 4});
+    t.name_tensor(old, "old batch");
+  }  // freed: the allocator would hand its memory to the next tensor of the size
+  at::Tensor batch;
+  {
+    nanguard::tracer_pause loading(t);
+    batch = at::randn({6, 4});
+    batch[0][0] = NAN;
+  }
+  lin->forward(batch);
+  const auto& f = only_finding(t);
+  EXPECT_EQ(role::input, f.role);
+  EXPECT_EQ(0u, f.culprit.rfind("input ", 0)) << f.culprit;
+}
+
 at::Tensor masked_attention(const at::Tensor& mask) {
   at::manual_seed(1);
   const at::Tensor scores = at::randn({2, 4, 4});
