@@ -14,6 +14,8 @@
 //   --nan-rank R --nan-step K      rank R's batch at step K has an all-zero
 //                                  sample: the row normalisation divides 0/0
 //   --kill-rank R --kill-step K    rank R dies (SIGKILL) at step K
+//   --loss-scale S                 dynamic loss scaling from S (it must stay
+//                                  the same on every rank)
 //   --corrupt-rank R --corrupt-step K
 //                                  after averaging at step K, rank R's gradient
 //                                  is changed (silent data corruption); the
@@ -41,6 +43,7 @@ struct args {
   int64_t check_every = 0;
   int64_t snapshot_every = 5;
   double timeout = 30;
+  double loss_scale = 0;
   std::string log_dir;
 };
 
@@ -68,6 +71,7 @@ args parse(int argc, char** argv) {
     else if (f == "--check-every") a.check_every = to_int(f, v);
     else if (f == "--snapshot-every") a.snapshot_every = to_int(f, v);
     else if (f == "--timeout") a.timeout = std::atof(v);
+    else if (f == "--loss-scale") a.loss_scale = std::atof(v);
     else if (f == "--log") a.log_dir = v;
     else throw std::invalid_argument("unknown option " + f);
   }
@@ -117,6 +121,8 @@ int main(int argc, char** argv) {
     torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     nanguard::guard_options o;
     o.policy(to_policy(a.policy)).max_norm(1.0).distributed(dist).snapshot_every(a.snapshot_every);
+    if (a.loss_scale > 0)  // dynamic loss scaling (growth every 3 good steps), as in fp16 training
+      o.scaler(nanguard::loss_scaler_options().init_scale(a.loss_scale).growth_interval(3));
     if (!a.log_dir.empty()) std::filesystem::create_directories(a.log_dir);
     if (!a.log_dir.empty()) o.event_log(a.log_dir + "/rank-" + std::to_string(rank) + ".jsonl");
     o.bundle_dir(a.log_dir.empty() ? "nanguard-bundles" : a.log_dir + "/bundles");

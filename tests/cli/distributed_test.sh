@@ -65,9 +65,12 @@ same_checksums "$out" 2 || fail "skip, 2 ranks: parameter checksums differ: $(gr
 
 # 2. Four ranks, skip: rank 3's batch at step 5.
 out=$WORK/skip4.out
-"$NANGUARD" launch -n 4 --timeout 120 -- "$TRAIN" --steps 7 --policy skip --nan-rank 3 --nan-step 5 --check-every 2 \
-  --log "$WORK/skip4" --timeout 20 >"$out" 2>&1 || fail "skip, 4 ranks: launch failed: $(tail -5 "$out")"
+# Dynamic loss scaling: 1024, grows to 2048 after 3 good steps, backs off to
+# 1024 at step 5, grows again at step 8: the same scale on every rank.
+"$NANGUARD" launch -n 4 --timeout 120 -- "$TRAIN" --steps 8 --policy skip --nan-rank 3 --nan-step 5 --check-every 2 \
+  --loss-scale 1024 --log "$WORK/skip4" --timeout 20 >"$out" 2>&1 || fail "skip, 4 ranks: launch failed: $(tail -5 "$out")"
 check_event "$WORK/skip4" 4 5 skip 3 || fail "skip, 4 ranks: events"
+[[ $(grep -c 'skipped 1 rollbacks 0 scale 2048$' "$out") == 4 ]] || fail "skip, 4 ranks: loss scales differ: $(grep scale "$out")"
 same_checksums "$out" 4 || fail "skip, 4 ranks: parameter checksums differ: $(grep checksum "$out")"
 
 # 3. Four ranks, rollback: every rank restores the snapshot of step 6.
