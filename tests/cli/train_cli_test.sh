@@ -112,6 +112,12 @@ assert f['role'] == 'input' and f['direction'] == 'forward' and f['module'] == '
 assert f['culprit'] == 'batch[0]', f
 assert f['rows'] and set(f['rows']) <= {12, 42}, f
 assert s['skipped_steps'] >= 2, s"
+# A NaN in the target (line 22) reaches the loss: the summary names its line.
+{ head -21 "$M/reg.csv"; echo "0.1,0.2,0.3,0.4,"; tail -n +22 "$M/reg.csv" | head -20; } > target_nan.csv
+run 0 train --model "$M/linear_reg.pt" --data target_nan.csv --target y --task regress --steps 20 --batch 8 \
+  --out target_nan
+expect "the NaN/Inf came from the data: target_nan.csv line 22"
+summary target_nan "assert s['status'] == 'recovered' and f['rows'] == [22] and f['op'] == 'aten::mse_loss', f"
 # --trace always names the same input
 run 0 train --model "$M/linear_reg.pt" --data "$M/reg_nan.csv" --target y --task regress --steps 8 --batch 16 \
   --trace always --out data_always

@@ -48,18 +48,26 @@ at::Tensor forward_tensor(torch::jit::Module& m, const at::Tensor& x) {
   return out.toTensor();
 }
 
+namespace {
+
+// `t` as `dtype`, without a no-op `to` call when it already is: the tracer
+// would see that aten::to return its non-finite input and report it there.
+at::Tensor as(const at::Tensor& t, at::ScalarType dtype) { return t.scalar_type() == dtype ? t : t.to(dtype); }
+
+}  // namespace
+
 at::Tensor task_loss(const at::Tensor& out, const at::Tensor& y, const std::string& task) {
   const int64_t b = y.size(0);
   if (task == "regress") {
     if (out.numel() != b)
       throw usage_error(fmt::format("--task regress needs one output per row; the model returned shape {} for {} rows",
                                     c10::str(out.sizes()), b));
-    return at::mse_loss(out.reshape({b}).to(at::kFloat), y.to(at::kFloat));
+    return at::mse_loss(as(out.reshape({b}), at::kFloat), as(y, at::kFloat));
   }
   if (out.dim() != 2 || out.size(0) != b)
     throw usage_error(fmt::format("--task classify needs [rows, classes] logits; the model returned shape {}",
                                   c10::str(out.sizes())));
-  return at::cross_entropy_loss(out.to(at::kFloat), y.to(at::kLong));
+  return at::cross_entropy_loss(as(out, at::kFloat), as(y, at::kLong));
 }
 
 std::string one_line_error(const std::string& what) {

@@ -128,8 +128,11 @@ json first_json(const step_event& e, const std::vector<int64_t>& rows) {
     j["value"] = std::isnan(f.value)   ? json("nan")
                  : std::isinf(f.value) ? json(f.value > 0 ? "inf" : "-inf")
                                        : json(f.value);
-    if (f.role == role::input && f.culprit.rfind("batch[", 0) == 0) j["rows"] = rows;
   }
+  // The CSV lines of the step's rows holding a NaN/Inf: the data's share,
+  // whatever the role (the tracer names a value that flowed through a
+  // composite op such as mse_loss as that op's product).
+  if (!rows.empty()) j["rows"] = rows;
   j["verdict"] = e.verdict;
   std::vector<std::string> params;
   for (const auto& p : e.nonfinite_params) params.push_back(p.name);
@@ -477,10 +480,10 @@ int run_train(const train_args& a) {
     } else {
       const finding& f = first_bad->findings.front();
       fmt::print("  first non-finite: {}\n", describe(f));
-      if (f.role == role::input && f.culprit.rfind("batch[", 0) == 0 && !first_rows.empty())
-        fmt::print("  the NaN/Inf came from the data: {} line{} {}\n", a.data, first_rows.size() > 1 ? "s" : "",
-                   fmt::join(first_rows, ", "));
     }
+    if (!first_rows.empty())
+      fmt::print("  the NaN/Inf came from the data: {} line{} {}\n", a.data, first_rows.size() > 1 ? "s" : "",
+                 fmt::join(first_rows, ", "));
   }
   if (fw)
     fmt::print("  data firewall ({}): {} rows dropped, {} rows repaired\n", a.firewall, dropped_lines.size(),
