@@ -40,7 +40,7 @@ M=$MODELS
 
 # ---- a finite run: a classifier with nested modules
 run 0 train --model "$M/mlp_clf.pt" --data "$M/clf.csv" --target y --task classify --steps 60 --batch 16 \
-  --lr 0.01 --out finite
+  --lr 0.01 --warmup 10 --clip 0.3 --out finite
 expect "nanguard train: finite"
 expect "steps: 60 of 60; final loss"
 expect "train step 60/60"  # the progress lines (stderr is not a TTY here)
@@ -55,6 +55,9 @@ assert len(ev) == 60 and ev[0]['step'] == 1 and ev[-1]['step'] == 60, len(ev)
 names = {t['name'] for e in ev for t in e['top_norms']}
 assert 'encoder.layers.0.weight' in names, names
 assert ev[-1]['loss'] < ev[0]['loss'], (ev[0]['loss'], ev[-1]['loss'])
+assert abs(ev[0]['lr'] - 0.001) < 1e-9 and abs(ev[-1]['lr'] - 0.01) < 1e-9, (ev[0]['lr'], ev[-1]['lr'])  # warmup
+clipped = [e for e in ev if e['grad_norm'] > 0.3]
+assert clipped and all(abs(e['clip_coef'] - 0.3 / e['grad_norm']) < 1e-4 for e in clipped), clipped[:1]
 " || fail "events.jsonl of the finite run: $(head -c 600 finite/events.jsonl)"
 grep -qF "<html" finite/report.html 2>/dev/null || fail "the finite run wrote no report.html"
 
