@@ -143,6 +143,7 @@ struct guard::impl {
   double lr_factor = 1.0;
   bool retrying = false;
   bool snapshot_pending = false;
+  int64_t restored_step = -1;  // the snapshot the last rollback restored
 
   at::Tensor rng_state() {
     auto gen = at::detail::getDefaultCPUGenerator();
@@ -471,7 +472,10 @@ step_event guard::step(const std::vector<at::Tensor>& batch, const step_fn& fn) 
           moved += " " + changes[i].name + " (x" + c10::str(changes[i].relative) + ")";
         e.note = e.note.empty() ? moved : e.note + "; " + moved;
       }
-      e.rollback_to = s.ring.restore();
+      // Diverging again from the snapshot just restored (no newer one since):
+      // it was taken on the way up; go one further back when there is one.
+      if (s.ring.newest_step() == s.restored_step && s.ring.size() > 1) s.ring.drop_newest();
+      e.rollback_to = s.restored_step = s.ring.restore();
       s.lr_factor *= o.rollback_lr_factor();
       if (!s.schedule) scale_lr(s.optimizer, o.rollback_lr_factor());
       else s.schedule->apply(s.optimizer, s.step - 1, s.lr_factor);

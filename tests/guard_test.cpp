@@ -314,6 +314,22 @@ TEST(guard, rollback_without_skipping_runs_the_batch_again) {
   EXPECT_DOUBLE_EQ(0.75, e.lr);
 }
 
+TEST(guard, a_second_divergence_from_the_restored_snapshot_goes_one_further_back) {
+  torch::nn::Linear model(2, 1);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  guard g(model, opt, guard_options().policy(policy::rollback).snapshot_every(1).snapshot_keep(3));
+  const auto good = [&](const std::vector<at::Tensor>& b) { return model->forward(b[0]).pow(2).mean(); };
+  const auto bad = [&](const std::vector<at::Tensor>& b) { return good(b) * NAN; };
+  const std::vector<at::Tensor> batch{torch::ones({4, 2})};
+  for (int i = 0; i < 3; ++i) g.step(batch, good);  // snapshots of steps 1, 2, 3 kept
+  EXPECT_EQ(3, g.step(batch, bad).rollback_to);
+  EXPECT_EQ(2, g.step(batch, bad).rollback_to) << "step 3's snapshot led straight back to a NaN";
+  EXPECT_EQ(1, g.step(batch, bad).rollback_to);
+  EXPECT_EQ(1, g.step(batch, bad).rollback_to) << "the oldest snapshot is kept";
+  g.step(batch, good);  // snapshot of step 8
+  EXPECT_EQ(8, g.step(batch, bad).rollback_to);
+}
+
 TEST(guard, max_bad_steps_aborts_whatever_the_policy) {
   torch::nn::Linear model(2, 1);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
