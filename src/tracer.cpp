@@ -296,9 +296,15 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
       f.role = role::producer;
       if (!backward) f.module = maker->module;
       inputs.clear();
-      for (size_t i = 0; i < maker->inputs.size(); ++i)
-        inputs.push_back(record_of(maker->inputs[i], name_of(st, maker->inputs[i],
-                                                             "input " + std::to_string(maker->argument_of[i]))));
+      for (size_t i = 0; i < maker->inputs.size(); ++i) {
+        const at::Tensor& in = maker->inputs[i];
+        inputs.push_back(record_of(in, name_of(st, in, "input " + std::to_string(maker->argument_of[i]))));
+        // Unless the enclosing op was handed a non-finite value itself.
+        if (f.role == role::producer && !inputs.back().stats.all_finite()) {
+          f.role = st.reported.count(in.data_ptr()) ? role::propagator : role::input;
+          f.culprit = inputs.back().name;
+        }
+      }
     } else {
       f.role = role::input;
       f.culprit = culprit_name;

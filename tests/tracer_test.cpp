@@ -147,6 +147,23 @@ TEST(tracer, a_freed_tensor_does_not_lend_its_name_to_the_next_one) {
   EXPECT_EQ(0u, f.culprit.rfind("input ", 0)) << f.culprit;
 }
 
+TEST(tracer, a_composite_op_handed_a_nan_is_not_its_producer) {
+  nanguard::tracer t;
+  at::Tensor pred, target;
+  {
+    nanguard::tracer_pause loading(t);
+    pred = at::randn({8});
+    target = at::randn({8});
+    target[3] = NAN;  // a corrupt regression target
+  }
+  at::mse_loss(pred, target);
+  ASSERT_TRUE(t.found());
+  const auto& f = t.findings().front();
+  EXPECT_EQ("aten::mse_loss", f.op);
+  EXPECT_EQ(role::input, f.role);
+  EXPECT_EQ("input 1", f.culprit);
+}
+
 at::Tensor masked_attention(const at::Tensor& mask) {
   at::manual_seed(1);
   const at::Tensor scores = at::randn({2, 4, 4});
