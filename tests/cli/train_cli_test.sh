@@ -120,7 +120,7 @@ assert s['skipped_steps'] >= 2, s"
 run 0 train --model "$M/linear_reg.pt" --data target_nan.csv --target y --task regress --steps 20 --batch 8 \
   --out target_nan
 expect "the NaN/Inf came from the data: target_nan.csv line 22"
-summary target_nan "assert s['status'] == 'recovered' and f['rows'] == [22] and f['op'] == 'aten::mse_loss', f"
+summary target_nan "assert s['status'] == 'recovered' and f['rows'] == [22] and f['op'] == 'aten::mse_loss' and f['role'] == 'input', f"
 # --trace always names the same input
 run 0 train --model "$M/linear_reg.pt" --data "$M/reg_nan.csv" --target y --task regress --steps 8 --batch 16 \
   --trace always --out data_always
