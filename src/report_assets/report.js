@@ -229,12 +229,13 @@
     // scale) as markers on the plot's edge
     var top = MARGIN.top + 4, bottom = MARGIN.top + h - 4;
     visible.forEach(function (s) {
-      var d = '', marks = '', crosses = '', started = false;
+      var d = '', marks = '', crosses = '', started = false, drawn = 0, lastX = 0, lastY = 0;
       for (var i = 0; i < s.x.length; ++i) {
         var v = s.y[i], x = sx(s.x[i]);
         if (isFinite(v) && (!log || v > 0)) {
           d += (started ? 'L' : 'M') + x.toFixed(1) + ' ' + sy(v).toFixed(1);
           started = true;
+          ++drawn; lastX = x; lastY = sy(v);
         } else if (v === Infinity) {
           marks += 'M' + x.toFixed(1) + ' ' + (top - 4) + 'l4 7h-8z';
         } else if (v === -Infinity || (log && isFinite(v))) {
@@ -245,6 +246,9 @@
       }
       if (d) svg.appendChild(svgEl('path', { 'class': 'line', d: d, stroke: s.color, 'stroke-width': s.width || 1.5,
         'data-series': s.name }));
+      // A lone finite point makes no line: draw it as a dot.
+      if (drawn === 1) svg.appendChild(svgEl('circle', { 'class': 'dot', cx: lastX.toFixed(1), cy: lastY.toFixed(1), r: 3,
+        fill: s.color }));
       if (marks) svg.appendChild(svgEl('path', { 'class': 'nonfinite', d: marks, 'data-series': s.name + ' (Inf)' }));
       if (crosses) svg.appendChild(svgEl('path', { 'class': 'nonfinite nan', d: crosses, 'data-series': s.name + ' (NaN)' }));
     });
