@@ -35,9 +35,9 @@ command add_demo_command(CLI::App& app);
 command add_scan_command(CLI::App& app);
 command add_clean_command(CLI::App& app);
 command add_advise_command(CLI::App& app);
+command add_report_command(CLI::App& app);
 command add_train_command(CLI::App& app);
 command add_inspect_command(CLI::App& app);
 command add_replay_command(CLI::App& app);
-command add_report_command(CLI::App& app);
 
 }  // namespace nanguard::cli

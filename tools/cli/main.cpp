@@ -20,10 +20,10 @@ int main(int argc, char** argv) {
       add_scan_command(app),
       add_clean_command(app),
       add_advise_command(app),
+      add_report_command(app),
       add_train_command(app),
       add_inspect_command(app),
       add_replay_command(app),
-      add_report_command(app),
   };
 
   try {
