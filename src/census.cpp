@@ -113,12 +113,12 @@ tensor_stats to_stats(const census_partial& p) {
 }
 
 // Elements per has_nonfinite task: a scan is so cheap that waking a second
-// thread only pays off for large tensors (the tracer scans every op output).
+// thread only pays off for large tensors.
 constexpr int64_t kScanChunk = int64_t(1) << 19;
 
 template <typename F>
-bool any_chunk(int64_t n, const F& chunk_has_nonfinite) {
-  if (n <= kScanChunk) return chunk_has_nonfinite(0, n);
+bool any_chunk(int64_t n, bool parallel, const F& chunk_has_nonfinite) {
+  if (!parallel || n <= kScanChunk) return chunk_has_nonfinite(0, n);
   const int64_t chunks = (n + kScanChunk - 1) / kScanChunk;
   std::atomic<bool> found{false};
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
@@ -129,6 +129,34 @@ bool any_chunk(int64_t n, const F& chunk_has_nonfinite) {
     }
   });
   return found.load();
+}
+
+bool scan_for_nonfinite(const at::Tensor& x, bool parallel, const char* caller) {
+  TORCH_CHECK(x.defined(), "nanguard::", caller, ": the tensor is undefined; pass a tensor "
+              "that holds data");
+  if (!x.is_floating_point()) return false;
+  if (!x.is_cpu()) return !at::isfinite(x).all().item<bool>();
+  const at::Tensor c = x.contiguous();
+  const int64_t n = c.numel();
+  switch (c.scalar_type()) {
+    case at::kFloat: {
+      const float* d = c.data_ptr<float>();
+      return any_chunk(n, parallel, [&](int64_t s, int64_t len) { return detail::any_nonfinite_f32(d + s, len); });
+    }
+    case at::kDouble: {
+      const double* d = c.data_ptr<double>();
+      return any_chunk(n, parallel, [&](int64_t s, int64_t len) { return detail::any_nonfinite_f64(d + s, len); });
+    }
+    case at::kHalf:
+    case at::kBFloat16: {
+      const auto* d = static_cast<const uint16_t*>(c.data_ptr());
+      const uint16_t mask = c.scalar_type() == at::kHalf ? 0x7C00 : 0x7F80;
+      return any_chunk(n, parallel,
+                       [&](int64_t s, int64_t len) { return detail::any_nonfinite_16bit(d + s, len, mask); });
+    }
+    default:
+      return !at::isfinite(c).all().item<bool>();  // float types added after 1.13
+  }
 }
 
 double smallest_normal(at::ScalarType t) {
@@ -152,32 +180,15 @@ tensor_stats census(const at::Tensor& x) {
   return to_stats(p);
 }
 
-bool has_nonfinite(const at::Tensor& x) {
-  TORCH_CHECK(x.defined(), "nanguard::has_nonfinite: the tensor is undefined; pass a tensor "
-              "that holds data");
-  if (!x.is_floating_point()) return false;
-  if (!x.is_cpu()) return !at::isfinite(x).all().item<bool>();
-  const at::Tensor c = x.contiguous();
-  const int64_t n = c.numel();
-  switch (c.scalar_type()) {
-    case at::kFloat: {
-      const float* d = c.data_ptr<float>();
-      return any_chunk(n, [&](int64_t s, int64_t len) { return detail::any_nonfinite_f32(d + s, len); });
-    }
-    case at::kDouble: {
-      const double* d = c.data_ptr<double>();
-      return any_chunk(n, [&](int64_t s, int64_t len) { return detail::any_nonfinite_f64(d + s, len); });
-    }
-    case at::kHalf:
-    case at::kBFloat16: {
-      const auto* d = static_cast<const uint16_t*>(c.data_ptr());
-      const uint16_t mask = c.scalar_type() == at::kHalf ? 0x7C00 : 0x7F80;
-      return any_chunk(n, [&](int64_t s, int64_t len) { return detail::any_nonfinite_16bit(d + s, len, mask); });
-    }
-    default:
-      return !at::isfinite(c).all().item<bool>();  // float types added after 1.13
-  }
+bool has_nonfinite(const at::Tensor& x) { return scan_for_nonfinite(x, /*parallel=*/true, "has_nonfinite"); }
+
+namespace detail {
+
+bool has_nonfinite_on_this_thread(const at::Tensor& x) {
+  return scan_for_nonfinite(x, /*parallel=*/false, "has_nonfinite");
 }
+
+}  // namespace detail
 
 namespace detail {
 

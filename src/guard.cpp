@@ -45,11 +45,11 @@ thread_local capture_state* t_capture = nullptr;
 bool ivalue_nonfinite(const c10::IValue& v) {
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
-    return t.defined() && t.is_floating_point() && has_nonfinite(t);
+    return t.defined() && t.is_floating_point() && detail::has_nonfinite_on_this_thread(t);
   }
   if (v.isTensorList())
     for (const at::Tensor& t : v.toTensorVector())
-      if (t.defined() && t.is_floating_point() && has_nonfinite(t)) return true;
+      if (t.defined() && t.is_floating_point() && detail::has_nonfinite_on_this_thread(t)) return true;
   return false;
 }
 

@@ -586,7 +586,7 @@ std::unique_ptr<at::ObserverContext> emulator_start(const at::RecordFunction& fn
   callback_scope no_recursion;
   auto ctx = std::make_unique<op_context>();
   for (const auto& v : fn.inputs()) detail::collect_tensors(v, ctx->inputs);
-  for (const auto& t : ctx->inputs) ctx->inputs_finite &= !has_nonfinite(t);
+  for (const auto& t : ctx->inputs) ctx->inputs_finite &= !detail::has_nonfinite_on_this_thread(t);
   ctx->module = dotted_module_path(torch::jit::currentModuleHierarchy());
   if (ctx->module.empty()) ctx->module = current_scope();
   push_op(innermost_emulator_op, ctx.get());
@@ -611,7 +611,7 @@ void emulator_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
       if (!keep && dtype != at::kFloat && out.scalar_type() != dtype &&
           c10::elementSize(out.scalar_type()) > c10::elementSize(dtype))
         round_to_precision_(out, dtype);
-      if (!ctx->inputs_finite || !has_nonfinite(out)) continue;
+      if (!ctx->inputs_finite || !detail::has_nonfinite_on_this_thread(out)) continue;
       std::lock_guard<std::mutex> lock(st->mutex);
       if (std::find(st->producers.begin(), st->producers.end(), ctx->module) == st->producers.end())
         st->producers.push_back(ctx->module);

@@ -344,7 +344,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   }
   const bool backward = !node_stack().empty();
   if (inplace && !ctx->inputs.empty() && ctx->argument_of[0] == 0)
-    ctx->self_was_nonfinite = has_nonfinite(ctx->inputs[0]);
+    ctx->self_was_nonfinite = detail::has_nonfinite_on_this_thread(ctx->inputs[0]);
   if (!backward) {
     std::lock_guard<std::mutex> lock(st->mutex);
     ctx->module = module_of(*st, ctx->inputs);
@@ -376,7 +376,7 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
     bool alias = false;
     for (const auto& in : ctx->inputs) alias |= out.is_alias_of(in);
     if (alias && !inplace) continue;
-    if (has_nonfinite(out)) on_nonfinite_output(*st, fn, *ctx, out, int(i));
+    if (detail::has_nonfinite_on_this_thread(out)) on_nonfinite_output(*st, fn, *ctx, out, int(i));
   }
 }
 

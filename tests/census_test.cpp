@@ -281,6 +281,20 @@ TEST(has_nonfinite, integer_and_bool_tensors_are_finite) {
   EXPECT_FALSE(nanguard::has_nonfinite(at::ones({3}, at::kByte)));
 }
 
+TEST(has_nonfinite, the_one_thread_scan_agrees_on_every_dtype_and_size) {
+  using nanguard::detail::has_nonfinite_on_this_thread;
+  for (const auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16})
+    for (const int64_t n : {int64_t(1), int64_t(1000), (int64_t(1) << 21) + 3}) {  // past the parallel chunk
+      at::Tensor x = at::randn({n}).to(dtype);
+      EXPECT_FALSE(has_nonfinite_on_this_thread(x)) << dtype << " " << n;
+      x[n - 1] = kInf;  // the last element: every chunk is read
+      EXPECT_TRUE(has_nonfinite_on_this_thread(x)) << dtype << " " << n;
+      EXPECT_TRUE(has_nonfinite_on_this_thread(x.flip(0))) << "a strided view";
+    }
+  EXPECT_FALSE(has_nonfinite_on_this_thread(at::arange(10)));
+  EXPECT_THROW(has_nonfinite_on_this_thread(at::Tensor()), c10::Error);
+}
+
 TEST(census, renders_one_readable_line) {
   at::Tensor x = at::ones({4});
   x[2] = -kInf;
