@@ -6,6 +6,7 @@
 // Exit code 3 when the model is already non-finite in float32.
 #include "commands.h"
 #include "data_common.h"
+#include "script_model.h"
 
 #include <nanguard/census.h>
 #include <nanguard/csv.h>
@@ -18,7 +19,6 @@
 #include <torch/script.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <set>
 
 namespace nanguard::cli {
@@ -34,48 +34,17 @@ struct advise_args {
   bool json = false;
 };
 
-struct per_op_autograd {  // TorchScript's executor fuses backward nodes otherwise
-  per_op_autograd() { torch::jit::setGraphExecutorOptimize(false); }
-  ~per_op_autograd() { torch::jit::setGraphExecutorOptimize(true); }
-};
-
-torch::jit::Module load_model(const std::string& path) {
-  if (!std::filesystem::is_regular_file(path))
-    throw usage_error(fmt::format("cannot open model '{}': no such file", path));
-  try {
-    return torch::jit::load(path);
-  } catch (const c10::Error&) {
-    throw usage_error(fmt::format(
-        "'{}' is not a TorchScript model; save one from Python with torch.jit.script(model).save(path)", path));
-  }
-}
-
-at::Tensor run_model(torch::jit::Module& m, const at::Tensor& x) {
-  c10::IValue out = m.forward({x});
-  if (out.isTuple()) out = out.toTupleRef().elements().at(0);
-  if (!out.isTensor())
-    throw usage_error(fmt::format("the model returned a {}, not a tensor (or a tuple starting with one)",
-                                  out.tagKind()));
-  return out.toTensor();
-}
-
+// The task's loss (script_model.h), after checking that classification
+// labels are integers the model's logits can index.
 at::Tensor loss_of(const at::Tensor& out, const at::Tensor& y, const std::string& task) {
-  const int64_t b = y.size(0);
-  if (task == "regress") {
-    if (out.numel() != b)
-      throw usage_error(fmt::format("--task regress needs one output per row; the model returned shape {} for {} rows",
-                                    c10::str(out.sizes()), b));
-    return at::mse_loss(out.reshape({b}).to(at::kFloat), y);
+  if (task == "classify" && out.dim() == 2 && out.size(0) == y.size(0)) {
+    const at::Tensor labels = y.to(at::kLong);
+    if (!at::equal(labels.to(at::kFloat), y) || labels.min().item<int64_t>() < 0 ||
+        labels.max().item<int64_t>() >= out.size(1))
+      throw usage_error(fmt::format("--task classify needs integer class labels in [0, {}) in the target column",
+                                    out.size(1)));
   }
-  if (out.dim() != 2 || out.size(0) != b)
-    throw usage_error(fmt::format("--task classify needs [rows, classes] logits; the model returned shape {}",
-                                  c10::str(out.sizes())));
-  const at::Tensor labels = y.to(at::kLong);
-  if (!at::equal(labels.to(at::kFloat), y) || labels.min().item<int64_t>() < 0 ||
-      labels.max().item<int64_t>() >= out.size(1))
-    throw usage_error(fmt::format("--task classify needs integer class labels in [0, {}) in the target column",
-                                  out.size(1)));
-  return at::cross_entropy_loss(out.to(at::kFloat), labels);
+  return task_loss(out, y, task);
 }
 
 struct verification {
@@ -92,18 +61,18 @@ verification verify(torch::jit::Module& m, const at::Tensor& x, const precision_
   verification v;
   {
     precision_emulator fp16;
-    v.fp16_finite = !has_nonfinite(run_model(m, x));
+    v.fp16_finite = !has_nonfinite(forward_tensor(m, x));
     v.fp16_producers = fp16.producers();
     if (!fp16.first().op.empty())
       v.fp16_first = fmt::format("{} in {}", fp16.first().op, fp16.first().module.empty() ? "(top level)" : fp16.first().module);
   }
   {
     precision_emulator fp16(emulator_options().keep_fp32(r.keep_fp32));
-    v.fp16_kept_finite = !has_nonfinite(run_model(m, x));
+    v.fp16_kept_finite = !has_nonfinite(forward_tensor(m, x));
   }
   {
     cpu_autocast bf16;
-    v.bf16_finite = !has_nonfinite(run_model(m, x));
+    v.bf16_finite = !has_nonfinite(forward_tensor(m, x));
   }
   const std::set<std::string> predicted(r.keep_fp32.begin(), r.keep_fp32.end());
   const std::set<std::string> seen(v.fp16_producers.begin(), v.fp16_producers.end());
@@ -121,7 +90,7 @@ std::string list(const std::vector<std::string>& v) {
 int run_advise(const advise_args& a) {
   if (a.steps < 1) throw usage_error(fmt::format("--steps must be at least 1, got {}", a.steps));
   if (a.batch < 1) throw usage_error(fmt::format("--batch must be at least 1, got {}", a.batch));
-  torch::jit::Module model = load_model(a.model);
+  torch::jit::Module model = load_script_model(a.model);
   const csv_table table = as_input_error([&] { return read_csv(a.data); });
   const int64_t target = find_column(table.columns, a.target, a.data);
   std::vector<int64_t> feature_columns;
@@ -150,7 +119,7 @@ int run_advise(const advise_args& a) {
   precision_advisor advisor;
   advisor.name_parameters(model);
   for (const auto& [x, y] : batches) {
-    const at::Tensor loss = loss_of(run_model(model, x), y, a.task);
+    const at::Tensor loss = loss_of(forward_tensor(model, x), y, a.task);
     loss.backward();
     advisor.end_step();
     for (auto p : model.parameters())
