@@ -3,6 +3,7 @@
 # bad input. Usage: advise_cli_test.sh path/to/nanguard MODELS_DIR WORK_DIR
 # (MODELS_DIR holds the TorchScript models of tests/models/make_models.py).
 set -u
+source "$(dirname -- "${BASH_SOURCE[0]}")/check.sh"
 NANGUARD=$(realpath -- "$1")
 MODELS=$(realpath -- "$2")
 WORK=$3
@@ -11,18 +12,6 @@ if [ ! -f "$MODELS/fp16_net.pt" ] || [ ! -f "$MODELS/clf_net.pt" ] || [ ! -f "$M
   echo "FAIL: no TorchScript test models in '$2' (build the precision_test target first)"; exit 1
 fi
 rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK" || exit 1
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-
-# run EXPECTED_RC CMD...: runs, keeps stdout+stderr in $out, checks the exit code.
-run() {
-  local want=$1; shift
-  out=$("$@" 2>&1); local rc=$?
-  [ "$rc" -eq "$want" ] || fail "'$*' exited $rc, expected $want; output:
-$out"
-}
-expect() { grep -qF -- "$1" <<<"$out" || fail "expected '$1' in the output of the last command:
-$out"; }
 
 # 4 features, a class label y in {0, 1, 2}; row 7 has a missing value.
 awk 'BEGIN { srand(3); print "a,b,c,d,y";

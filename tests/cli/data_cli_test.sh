@@ -2,22 +2,11 @@
 # CLI test of `nanguard scan` and `nanguard clean`: exit codes, output, and
 # the files written. Usage: data_cli_test.sh path/to/nanguard WORK_DIR
 set -u
+source "$(dirname -- "${BASH_SOURCE[0]}")/check.sh"
 NANGUARD=$(realpath -- "$1")
 WORK=$2
 [ -x "$NANGUARD" ] || { echo "FAIL: no nanguard binary at '$1'"; exit 1; }
 rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK" || exit 1
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-
-# run EXPECTED_RC CMD...: runs, keeps stdout+stderr in $out, checks the exit code.
-run() {
-  local want=$1; shift
-  out=$("$@" 2>&1); local rc=$?
-  [ "$rc" -eq "$want" ] || fail "'$*' exited $rc, expected $want; output:
-$out"
-}
-expect() { grep -qF -- "$1" <<<"$out" || fail "expected '$1' in the output of the last command:
-$out"; }
 
 # A fixture: 400 rows, a constant column, missing values, an Inf, a missing
 # label, and two far outliers in column b (rows 100 and 200).

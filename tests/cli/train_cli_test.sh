@@ -4,6 +4,7 @@
 # Usage: train_cli_test.sh path/to/nanguard MODELS_DIR WORK_DIR
 # (MODELS_DIR holds the models and CSV files of tests/models/make_train_models.py).
 set -u
+source "$(dirname -- "${BASH_SOURCE[0]}")/check.sh"
 NANGUARD=$(realpath -- "$1")
 MODELS=$(realpath -- "$2")
 WORK=$3
@@ -13,18 +14,6 @@ for f in mlp_clf.pt linear_reg.pt norm_net.pt norm_net_eps.pt sqrt_net.pt masked
   [ -f "$MODELS/$f" ] || { echo "FAIL: no '$MODELS/$f' (build the nanguard_train_models target first)"; exit 1; }
 done
 rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK" || exit 1
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-
-# run EXPECTED_RC CMD...: runs, keeps stdout+stderr in $out, checks the exit code.
-run() {
-  local want=$1; shift
-  out=$("$@" 2>&1); local rc=$?
-  [ "$rc" -eq "$want" ] || fail "'$*' exited $rc, expected $want; output:
-$out"
-}
-expect() { grep -qF -- "$1" <<<"$out" || fail "expected '$1' in the output of the last command:
-$out"; }
 # summary DIR PYTHON: asserts on DIR/summary.json, loaded as `s`.
 summary() {
   python3 -c "
