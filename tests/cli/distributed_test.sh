@@ -126,13 +126,19 @@ grep -q 'rank 0: error: nanguard::distributed: rank 0: the .* all-reduce failed 
   fail "survivor: unclear error: $(cat "$WORK/survivor0.out")"
 (( SECONDS - start < 60 )) || fail "survivor: took $((SECONDS - start)) s"
 
-# 8. The launcher itself: a failing rank's exit status, bad usage, missing environment.
-"$NANGUARD" launch -n 3 -- sh -c 'echo "hello from $RANK of $WORLD_SIZE at $MASTER_ADDR"; exit $((RANK == 2 ? 5 : 0))' \
-  >"$WORK/status.out" 2>&1
+# 8. The launcher itself: every rank's environment, a failing rank's exit
+# status, bad usage, missing environment. The environment is checked on a run
+# where every rank succeeds: a failing rank stops the others, maybe before
+# they print.
+"$NANGUARD" launch -n 3 -- sh -c 'echo "hello from $RANK of $WORLD_SIZE at $MASTER_ADDR"' >"$WORK/env.out" 2>&1
+[[ $? == 0 ]] || fail "launch env: not exit 0: $(cat "$WORK/env.out")"
+for r in 0 1 2; do
+  grep -q "^\[rank $r\] hello from $r of 3 at 127.0.0.1" "$WORK/env.out" || fail "launch env: $(cat "$WORK/env.out")"
+done
+"$NANGUARD" launch -n 3 -- sh -c 'exit $((RANK == 2 ? 5 : 0))' >"$WORK/status.out" 2>&1
 rc=$?
 [[ $rc == 5 ]] || fail "launch status: exit $rc, want 5"
 grep -q 'rank 2 exited with status 5' "$WORK/status.out" || fail "launch status: $(cat "$WORK/status.out")"
-grep -q '^\[rank 1\] hello from 1 of 3 at 127.0.0.1' "$WORK/status.out" || fail "launch env: $(cat "$WORK/status.out")"
 "$NANGUARD" launch -n 0 -- true >"$WORK/usage.out" 2>&1
 [[ $? == 2 ]] || fail "launch -n 0: not exit 2"
 grep -q 'nanguard: error: launch: -n must be in \[1, 1024\] but is 0' "$WORK/usage.out" || fail "launch -n 0: $(cat "$WORK/usage.out")"
