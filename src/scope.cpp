@@ -1,13 +1,16 @@
 #include "nanguard/scope.h"
 
+#include "detail/scope_handle.h"
+
 #include <torch/nn/modules/container/sequential.h>
 
 namespace nanguard {
 namespace {
 
-// Full dotted paths, innermost last.
-std::vector<std::string>& scope_stack() {
-  thread_local std::vector<std::string> stack;
+// Full dotted paths, innermost last; shared so that the tracer can keep the
+// path an op ran in without copying it.
+std::vector<std::shared_ptr<const std::string>>& scope_stack() {
+  thread_local std::vector<std::shared_ptr<const std::string>> stack;
   return stack;
 }
 
@@ -15,7 +18,8 @@ std::vector<std::string>& scope_stack() {
 
 scope::scope(const std::string& name) {
   auto& stack = scope_stack();
-  stack.push_back(stack.empty() || stack.back().empty() ? name : stack.back() + "." + name);
+  stack.push_back(std::make_shared<const std::string>(stack.empty() || stack.back()->empty() ? name
+                                                                                          : *stack.back() + "." + name));
 }
 
 namespace {
@@ -37,8 +41,17 @@ scope::~scope() { scope_stack().pop_back(); }
 const std::string& current_scope() {
   static const std::string none;
   const auto& stack = scope_stack();
-  return stack.empty() ? none : stack.back();
+  return stack.empty() ? none : *stack.back();
 }
+
+namespace detail {
+
+std::shared_ptr<const std::string> current_scope_handle() {
+  const auto& stack = scope_stack();
+  return stack.empty() ? nullptr : stack.back();
+}
+
+}  // namespace detail
 
 at::Tensor forward_scoped(torch::nn::SequentialImpl& sequential, const at::Tensor& input) {
   const auto children = sequential.named_children();

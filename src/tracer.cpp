@@ -4,39 +4,69 @@
 // there) and a thread-local stack of the autograd nodes being run; end
 // callbacks check each new output with has_nonfinite and, on a hit only,
 // take the census and write the finding.
+//
+// Scanning outputs is what the tracer costs, so it scans only what can hold
+// values no check has seen (see op_traits.h): not views, not what composite
+// ops return (the ops they ran were checked), not zeros or Bernoulli draws;
+// and an in-place op's old values only when no check has seen them since
+// their last write (finite_memo).
 #include "nanguard/tracer.h"
 
 #include "nanguard/scope.h"
 
 #include "detail/op_tensors.h"
+#include "detail/op_traits.h"
+#include "detail/scope_handle.h"
 
 #include <ATen/record_function.h>
 #include <c10/util/Backtrace.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/jit/runtime/interpreter.h>
 #include <torch/nn/module.h>
 
 #include <fnmatch.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
 namespace nanguard {
 
-using detail::allocates_only;
 using detail::collect_tensors;
-using detail::is_inplace;
 using detail::measurable;
+using detail::op_traits;
+using detail::output_kind;
 
 namespace {
 
+std::string parent_of(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos ? "" : name.substr(0, dot);
+}
+
+// Where an op ran, kept per op without building strings; resolved to a
+// dotted module path only when a finding needs it (see module_of).
+struct module_ref {
+  std::string scripted;                      // TorchScript's hierarchy, inside scripted code
+  const std::string* parameter = nullptr;    // a parameter it reads, owned by the open scope
+  std::shared_ptr<const std::string> scope;  // the open scope
+
+  std::string path() const {
+    if (!scripted.empty()) return scripted;
+    if (parameter) return parent_of(*parameter);
+    return scope ? *scope : "";
+  }
+};
+
 struct forward_record {
   const char* op;
-  std::string module;
+  module_ref module;
 };
 
 // An autograd node being run on this thread.
@@ -51,11 +81,54 @@ struct node_context : at::ObserverContext {};
 // What a start callback hands its end callback.
 struct op_context : at::ObserverContext {
   const char* op = "";
-  std::vector<at::Tensor> inputs;
-  std::vector<int> argument_of;  // inputs[k] came from the op's argument argument_of[k]
+  const op_traits* traits = nullptr;
+  c10::SmallVector<at::Tensor, 4> inputs;
+  c10::SmallVector<int, 4> argument_of;  // inputs[k] came from the op's argument argument_of[k]
   bool self_was_nonfinite = false;       // in-place ops: self before the op
-  std::string module;
+  bool outputs_finite = false;           // finite whatever the inputs (zeros, fill with a finite value)
+  module_ref module;
 };
+
+// Tensors this thread has seen finite since their last recorded write: an
+// in-place op on one needs no scan of its old values. A tensor is known by
+// TensorImpl, data and version counter, which every recorded in-place write
+// bumps. Writes behind LibTorch's back (through data_ptr()) bump nothing, so
+// what the memo knows lasts one tracer step (see generation).
+class finite_memo {
+ public:
+  bool contains(const at::Tensor& t) const {
+    if (t.is_inference()) return false;  // no version counter
+    const entry& e = slots_[slot(t)];
+    return e.impl == t.unsafeGetTensorImpl() && e.data == t.data_ptr() && e.version == t._version() &&
+           e.generation == generation.load(std::memory_order_relaxed);
+  }
+  void insert(const at::Tensor& t) {
+    if (t.is_inference()) return;
+    slots_[slot(t)] = {t.unsafeGetTensorImpl(), t.data_ptr(), t._version(),
+                       generation.load(std::memory_order_relaxed)};
+  }
+  /// Forgets what every thread's memo knows.
+  static void forget_all() { generation.fetch_add(1, std::memory_order_relaxed); }
+
+ private:
+  struct entry {
+    const c10::TensorImpl* impl = nullptr;
+    const void* data = nullptr;
+    int64_t version = 0;
+    uint64_t generation = 0;
+  };
+  static constexpr size_t kSlots = 4096;  // direct-mapped: a collision only costs a scan
+  static size_t slot(const at::Tensor& t) {
+    return (reinterpret_cast<uintptr_t>(t.unsafeGetTensorImpl()) >> 4) * 0x9E3779B97F4A7C15ull >> 52;
+  }
+  static inline std::atomic<uint64_t> generation{1};
+  std::vector<entry> slots_ = std::vector<entry>(kSlots);
+};
+
+finite_memo& this_thread_memo() {
+  thread_local finite_memo memo;
+  return memo;
+}
 
 // Names of tensors by their TensorImpl. The weak reference keeps the impl's
 // memory from being reused while named (so a new tensor at the same address
@@ -144,40 +217,37 @@ tracer::state* current_state() {
   return s ? s : global_tracer.load(std::memory_order_acquire);
 }
 
-// In-place ops that overwrite all of self: its old values are not an input.
-bool overwrites_self(const char* op) {
-  static const char* const names[] = {"aten::copy_",    "aten::fill_",    "aten::zero_",
-                                      "aten::normal_",  "aten::uniform_", "aten::random_",
-                                      "aten::bernoulli_", "aten::exponential_", "aten::set_"};
-  for (const char* n : names)
-    if (std::strcmp(op, n) == 0) return true;
-  return false;
-}
-
-std::string parent_of(const std::string& name) {
-  const size_t dot = name.rfind('.');
-  return dot == std::string::npos ? "" : name.substr(0, dot);
-}
-
 std::string strip_node_prefix(const char* name) {
   std::string s = name;
   const std::string prefix = "autograd::engine::evaluate_function: ";
   return s.rfind(prefix, 0) == 0 ? s.substr(prefix.size()) : s;
 }
 
+// True when module path `inner` is `outer` or inside it.
+bool within(std::string_view inner, std::string_view outer) {
+  return outer.empty() || inner == outer ||
+         (inner.size() > outer.size() && inner.substr(0, outer.size()) == outer && inner[outer.size()] == '.');
+}
+
 // The module of an op: TorchScript's hierarchy, then the parameters it
 // reads (when inside the open scope), then the open scope.
-std::string module_of(tracer::state& st, const std::vector<at::Tensor>& inputs) {
-  const std::string scripted = dotted_module_path(torch::jit::currentModuleHierarchy());
-  if (!scripted.empty()) return scripted;
-  const std::string& open = current_scope();
+module_ref module_of(tracer::state& st, const c10::SmallVector<at::Tensor, 4>& inputs) {
+  module_ref m;
+  m.scripted = dotted_module_path(torch::jit::currentModuleHierarchy());
+  if (!m.scripted.empty()) return m;
+  m.scope = detail::current_scope_handle();
+  const std::string_view open = m.scope ? std::string_view(*m.scope) : std::string_view();
   for (const auto& t : inputs) {
     const std::string* name = st.parameters.find(t.unsafeGetTensorImpl());
     if (!name) continue;
-    const std::string owner = parent_of(*name);
-    if (open.empty() || owner == open || owner.rfind(open + ".", 0) == 0) return owner;
+    const size_t dot = name->rfind('.');
+    const std::string_view owner = dot == std::string::npos ? std::string_view() : std::string_view(*name).substr(0, dot);
+    if (within(owner, open)) {
+      m.parameter = name;
+      return m;
+    }
   }
-  return open;
+  return m;
 }
 
 bool glob(const std::string& pattern, const std::string& text) {
@@ -232,10 +302,10 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
   const tensor_stats out_stats = census(out);
   const auto& stack = node_stack();
   const bool backward = !stack.empty();
-  std::string module = ctx.module;
+  std::string module = ctx.module.path();
   if (backward) {
     if (auto it = st.forward_ops.find(stack.back().sequence_nr); it != st.forward_ops.end())
-      module = it->second.module;
+      module = it->second.module.path();
   }
   if (allowed_by_rules(st.options, op, module, out_stats)) {
     st.allowed.insert(out_data);
@@ -294,7 +364,7 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
       f.op = maker->op;
       f.caller = maker == op_stack().front() ? "" : op_stack().front()->op;
       f.role = role::producer;
-      if (!backward) f.module = maker->module;
+      if (!backward) f.module = maker->module.path();
       inputs.clear();
       for (size_t i = 0; i < maker->inputs.size(); ++i) {
         const at::Tensor& in = maker->inputs[i];
@@ -326,6 +396,31 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
   if (int64_t(st.findings.size()) >= st.options.max_findings()) st.done.store(true);
 }
 
+// True when the fill value of aten::fill_ and its kin (argument 1) is a
+// finite number; a tensor value is not looked at here.
+bool scalars_finite(c10::ArrayRef<const c10::IValue> inputs) {
+  for (size_t i = 1; i < inputs.size(); ++i) {
+    const c10::IValue& v = inputs[i];
+    if (v.isTensor()) return false;
+    if (v.isDouble() && !std::isfinite(v.toDouble())) return false;
+    if (v.isComplexDouble()) {
+      const auto c = v.toComplexDouble();
+      if (!std::isfinite(c.real()) || !std::isfinite(c.imag())) return false;
+    }
+  }
+  return true;
+}
+
+// Whether an op's output can hold values that no check has seen. Outputs
+// the schema calls new can still alias an input (aten::_unsafe_view).
+bool holds_new_values(output_kind kind, const at::Tensor& out, const op_context& ctx) {
+  if (kind == output_kind::view) return false;
+  if (kind == output_kind::written || ctx.traits->inplace) return true;
+  for (const auto& in : ctx.inputs)
+    if (out.is_alias_of(in)) return false;
+  return true;
+}
+
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   tracer::state* st = current_state();
   if (!st || st->done.load(std::memory_order_relaxed)) return nullptr;
@@ -336,15 +431,19 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   callback_scope no_recursion;
   auto ctx = std::make_unique<op_context>();
   ctx->op = fn.name();
+  const op_traits& traits = detail::traits_of(fn);
+  ctx->traits = &traits;
   const auto inputs = fn.inputs();
-  const bool inplace = is_inplace(fn.name());
-  for (size_t i = inplace && overwrites_self(fn.name()) ? 1 : 0; i < inputs.size(); ++i) {
+  for (size_t i = traits.overwrites_self ? 1 : 0; i < inputs.size(); ++i) {
     collect_tensors(inputs[i], ctx->inputs);
     ctx->argument_of.resize(ctx->inputs.size(), int(i));
   }
+  ctx->outputs_finite = traits.always_finite || (traits.finite_if_scalars_finite && scalars_finite(inputs));
+  if (traits.inplace && !ctx->inputs.empty() && ctx->argument_of[0] == 0) {
+    const at::Tensor& self = ctx->inputs[0];
+    ctx->self_was_nonfinite = !this_thread_memo().contains(self) && detail::has_nonfinite_on_this_thread(self);
+  }
   const bool backward = !node_stack().empty();
-  if (inplace && !ctx->inputs.empty() && ctx->argument_of[0] == 0)
-    ctx->self_was_nonfinite = detail::has_nonfinite_on_this_thread(ctx->inputs[0]);
   if (!backward) {
     std::lock_guard<std::mutex> lock(st->mutex);
     ctx->module = module_of(*st, ctx->inputs);
@@ -364,19 +463,17 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   op_stack().pop_back();  // ops end innermost first
   tracer::state* st = current_state();
   if (!st || st->done.load(std::memory_order_relaxed)) return;
-  if (allocates_only(fn.name())) return;
+  const op_traits& traits = *ctx->traits;
+  if (traits.allocates_only || traits.composite) return;
   callback_scope no_recursion;
-  const bool inplace = is_inplace(fn.name());
+  finite_memo& memo = this_thread_memo();
   const auto& outputs = fn.outputs();
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (!outputs[i].isTensor()) continue;
     const at::Tensor& out = outputs[i].toTensor();
-    if (!measurable(out)) continue;
-    // A view or alias of an input holds no new values, unless the op wrote it.
-    bool alias = false;
-    for (const auto& in : ctx->inputs) alias |= out.is_alias_of(in);
-    if (alias && !inplace) continue;
-    if (detail::has_nonfinite_on_this_thread(out)) on_nonfinite_output(*st, fn, *ctx, out, int(i));
+    if (!measurable(out) || !holds_new_values(traits.output(i), out, *ctx)) continue;
+    if (ctx->outputs_finite || !detail::has_nonfinite_on_this_thread(out)) memo.insert(out);
+    else on_nonfinite_output(*st, fn, *ctx, out, int(i));
   }
 }
 
@@ -386,6 +483,7 @@ tracer::tracer(tracer_options options) : state_(std::make_unique<state>()) {
   TORCH_CHECK(options.max_findings() >= 1, "nanguard::tracer: max_findings must be at least 1, got ",
               options.max_findings());
   state_->options = std::move(options);
+  finite_memo::forget_all();
   if (state_->options.all_threads()) {
     tracer::state* expected = nullptr;
     TORCH_CHECK(global_tracer.compare_exchange_strong(expected, state_.get()),
@@ -421,6 +519,7 @@ void tracer::name_tensor(const at::Tensor& tensor, const std::string& name) {
 void tracer::set_step(int64_t step) {
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->step = step;
+  finite_memo::forget_all();
   state_->forward_ops.clear();
   state_->allowed.clear();
 }
@@ -431,6 +530,7 @@ bool tracer::found() const { return !state_->findings.empty(); }
 
 void tracer::clear() {
   std::lock_guard<std::mutex> lock(state_->mutex);
+  finite_memo::forget_all();
   state_->findings.clear();
   state_->reported.clear();
   state_->allowed.clear();

@@ -15,8 +15,10 @@ inline bool measurable(const at::Tensor& t) {
   return t.defined() && t.is_floating_point() && t.numel() > 0;
 }
 
-/// Appends the measurable tensors of an op argument (a tensor or a tensor list).
-inline void collect_tensors(const c10::IValue& v, std::vector<at::Tensor>& out) {
+/// Appends the measurable tensors of an op argument (a tensor or a tensor
+/// list) to `out`, a vector of at::Tensor.
+template <typename Tensors>
+void collect_tensors(const c10::IValue& v, Tensors& out) {
   if (v.isTensor()) {
     if (measurable(v.toTensor())) out.push_back(v.toTensor());
   } else if (v.isTensorList()) {

@@ -1,0 +1,69 @@
+#include "op_traits.h"
+
+#include "op_tensors.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <cstring>
+#include <string>
+#include <unordered_map>
+
+namespace nanguard::detail {
+namespace {
+
+bool one_of(const char* op, std::initializer_list<const char*> names) {
+  for (const char* n : names)
+    if (std::strcmp(op, n) == 0) return true;
+  return false;
+}
+
+// True when ATen runs the op as CompositeImplicitAutograd on every backend
+// nanguard meets: no backend or explicit kernel of its own can write raw.
+bool is_composite(const c10::OperatorHandle& op) {
+  using c10::DispatchKey;
+  return op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd) &&
+         !op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd) &&
+         !op.hasKernelForDispatchKey(DispatchKey::CPU) && !op.hasKernelForDispatchKey(DispatchKey::CUDA);
+}
+
+op_traits make_traits(const at::RecordFunction& fn) {
+  const char* name = fn.name();
+  op_traits t;
+  t.inplace = is_inplace(name);
+  t.overwrites_self = t.inplace && one_of(name, {"aten::copy_", "aten::fill_", "aten::zero_", "aten::normal_",
+                                                 "aten::uniform_", "aten::random_", "aten::bernoulli_",
+                                                 "aten::exponential_", "aten::set_"});
+  t.allocates_only = allocates_only(name);
+  t.always_finite = one_of(name, {"aten::zero_", "aten::zeros", "aten::zeros_like", "aten::ones",
+                                  "aten::ones_like", "aten::eye", "aten::bernoulli_", "aten::bernoulli"});
+  t.finite_if_scalars_finite = one_of(name, {"aten::fill_", "aten::full", "aten::full_like", "aten::new_full"});
+  const auto op_name = fn.operator_name();
+  const auto op = op_name ? c10::Dispatcher::singleton().findOp(*op_name) : c10::nullopt;
+  if (!op) return t;  // a user scope: outputs stay unknown
+  t.composite = is_composite(*op);
+  for (const auto& ret : op->schema().returns()) {
+    const c10::AliasInfo* alias = ret.alias_info();
+    t.outputs.push_back(!alias ? output_kind::fresh : alias->isWrite() ? output_kind::written : output_kind::view);
+  }
+  return t;
+}
+
+}  // namespace
+
+const op_traits& traits_of(const at::RecordFunction& fn) {
+  // Keyed by the name's address, which for an ATen op lives in its schema;
+  // a user scope's name lives in its RecordFunction, whose address a later
+  // scope may reuse: the stored name tells them apart.
+  struct entry {
+    std::string name;
+    op_traits traits;
+  };
+  thread_local std::unordered_map<const char*, entry> cache;
+  const char* name = fn.name();
+  auto it = cache.find(name);
+  if (it == cache.end()) it = cache.emplace(name, entry{name, make_traits(fn)}).first;
+  else if (it->second.name != name) it->second = entry{name, make_traits(fn)};
+  return it->second.traits;
+}
+
+}  // namespace nanguard::detail

@@ -1,0 +1,39 @@
+// op_traits.h — what the tracer knows about an op before it runs, from its
+// name and its schema: which outputs hold new values, whether every value it
+// writes is written by other recorded ops, whether its result is finite
+// whatever its inputs hold. Worked out once per op and thread.
+#pragma once
+
+#include <ATen/record_function.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace nanguard::detail {
+
+/// What an op's output is, from the alias annotations of its schema.
+enum class output_kind : uint8_t {
+  fresh,    // new values (`-> Tensor`)
+  written,  // an input it wrote: in-place or out= (`-> Tensor(a!)`)
+  view,     // an input seen another way, no new values (`-> Tensor(a)`)
+  unknown,  // no schema (a user RecordFunction scope): compare with the inputs
+};
+
+struct op_traits {
+  bool inplace = false;          // writes its first argument (aten::add_)
+  bool overwrites_self = false;  // ... all of it, so self's old values are no input (aten::copy_)
+  bool allocates_only = false;   // its outputs are uninitialised memory (aten::empty)
+  // CompositeImplicitAutograd (aten::linear, aten::dropout): it computes
+  // through other ops, each recorded and checked, and writes nothing itself.
+  bool composite = false;
+  bool always_finite = false;    // zeros, ones, bernoulli draws
+  bool finite_if_scalars_finite = false;  // aten::fill_(x, value)
+  std::vector<output_kind> outputs;  // by return index
+
+  output_kind output(size_t i) const { return i < outputs.size() ? outputs[i] : output_kind::unknown; }
+};
+
+/// The traits of the op `fn` records (cached per thread by name).
+const op_traits& traits_of(const at::RecordFunction& fn);
+
+}  // namespace nanguard::detail
