@@ -118,10 +118,17 @@ census_partial exact_block(const T* x, int64_t n, int64_t base, T subnormal_belo
   return p;
 }
 
+// A GCC vector of `Bytes` bytes of E.
+template <typename E, int Bytes>
+struct vector_of {
+  using type __attribute__((vector_size(Bytes))) = E;
+};
+
 // GCC vector extensions: one native SIMD register of `Bytes` bytes.
 template <typename T, int Bytes>
 struct simd {
   using value __attribute__((vector_size(Bytes))) = T;
+  using wide = typename vector_of<double, Bytes * 8 / int(sizeof(T))>::type;  // a value in double lanes
   using bits __attribute__((vector_size(Bytes))) =
       std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
   static constexpr int lanes = Bytes / int(sizeof(T));
@@ -134,6 +141,20 @@ struct simd {
   static NANGUARD_HOT value abs(value v) {
     const bits sign_off = bits{} + (~bits{}[0] >> 1);
     return (value)((bits)v & sign_off);
+  }
+  /// Adds each of `v`'s lanes, in double, to `acc`'s and zeroes `v`.
+  static NANGUARD_HOT void flush(value* v, wide* acc, int count) {
+    for (int u = 0; u < count; ++u) {
+      acc[u] += __builtin_convertvector(v[u], wide);
+      v[u] = value{};
+    }
+  }
+  static NANGUARD_HOT double sum_wide(const wide* v, int count) {
+    wide acc = v[0];
+    for (int u = 1; u < count; ++u) acc += v[u];
+    double s = 0;
+    for (int j = 0; j < lanes; ++j) s += acc[j];
+    return s;
   }
   static NANGUARD_HOT T sum(const value* v, int count) {
     value acc = v[0];
@@ -159,18 +180,22 @@ struct simd {
 };
 
 // One vectorised pass over a block: U independent registers per statistic
-// so that consecutive adds do not wait on each other. min |x| is reduced
-// per sub-block of kSubBlock elements, so the counting pass for tiny values
-// (common in gradients) touches only the sub-blocks that hold them.
+// so that consecutive adds do not wait on each other. Per sub-block of
+// kSubBlock elements, the sums move to double lanes (a float lane then adds
+// at most kSubBlock / (lanes * U) terms, whatever the vector width) and min
+// |x| is reduced, so the counting pass for tiny values (common in gradients)
+// touches only the sub-blocks that hold them.
 template <typename T, int Bytes, int U>
 NANGUARD_HOT census_partial census_block(const T* x, int64_t n, int64_t base, T subnormal_below) {
   using S = simd<T, Bytes>;
   using V = typename S::value;
   constexpr int64_t step = int64_t(S::lanes) * U;
   static_assert(kSubBlock % step == 0, "sub-blocks hold whole steps");
+  using W = typename S::wide;
   const T shift = x[0];
   const V vshift = V{} + shift;
   V s1[U] = {}, s2[U] = {}, lo[U], hi[U];
+  W w1[U] = {}, w2[U] = {};
   for (int u = 0; u < U; ++u) lo[u] = hi[u] = vshift;
   census_partial tiny;  // zeros, fp16_underflow and subnormal counts
   int64_t i = 0;
@@ -190,9 +215,11 @@ NANGUARD_HOT census_partial census_block(const T* x, int64_t n, int64_t base, T 
         amin[u] = a < amin[u] ? a : amin[u];
       }
     }
+    S::flush(s1, w1, U);
+    S::flush(s2, w2, U);
     if (S::min(amin, U) < T(kFp16MinNormal)) count_tiny(x + i, kSubBlock, subnormal_below, tiny);
   }
-  double S1 = S::sum(s1, U), S2 = S::sum(s2, U);
+  double S1 = S::sum_wide(w1, U), S2 = S::sum_wide(w2, U);
   T mn = S::min(lo, U), mx = S::max(hi, U);
   const int64_t tail = i;
   for (; i < n; ++i) {  // the last partial sub-block
