@@ -9,7 +9,8 @@
 //   guarded_scaled the guard with the loss scaler on at 2^16 (fp16 setting)
 // Also times the gradient pass alone against LibTorch's clip_grad_norm_.
 // Prints `plain_step_s`, `guarded_step_s`, `guarded_scaled_step_s`,
-// `guard_ratio`, `guard_scaled_ratio`, the same in process CPU time
+// `guard_ratio`, `guard_scaled_ratio` (median of per-round ratios, with
+// their 95% intervals `..._ci95: low..high`), the same in process CPU time
 // (`guard_cpu_ratio`, ...), `sentinel_pass_ms`, `libtorch_clip_ms`.
 // Usage: guard_bench [rounds]
 #include "reference_workload.h"
@@ -25,17 +26,8 @@
 #include <ctime>
 #include <string>
 
-namespace {
-
-double median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
-  const int rounds = argc > 1 ? std::atoi(argv[1]) : 16;
+  const int rounds = argc > 1 ? std::atoi(argv[1]) : 24;
   at::set_num_threads(2);
   torch::manual_seed(0);
   nanguard::bench::reference_workload w;
@@ -69,8 +61,9 @@ int main(int argc, char** argv) {
       t[i].push_back(nanguard::bench::seconds(variants[i]));
       cpu[i].push_back(double(std::clock() - c0) / CLOCKS_PER_SEC);
     }
-  const double sp = median(t[0]), sg = median(t[1]), ss = median(t[2]);
-  const double cp = median(cpu[0]), cg = median(cpu[1]), cs = median(cpu[2]);
+  using nanguard::bench::median;
+  using nanguard::bench::paired_ratio;
+  const auto guarded = paired_ratio(t[1], t[0]), scaled = paired_ratio(t[2], t[0]);
 
   // The gradient pass alone, on the workload's real gradients.
   w.optimizer.zero_grad();
@@ -81,16 +74,18 @@ int main(int argc, char** argv) {
        [&] { torch::nn::utils::clip_grad_norm_(params, 1e9); }},
       50);
 
-  fmt::print("rounds: {} (median step time, same model, rotating order)\n", rounds);
-  fmt::print("plain_step_s: {:.4f}\n", sp);
-  fmt::print("guarded_step_s: {:.4f}\n", sg);
-  fmt::print("guarded_scaled_step_s: {:.4f}\n", ss);
-  fmt::print("guard_ratio: {:.3f}\n", sg / sp);
-  fmt::print("guard_scaled_ratio: {:.3f}\n", ss / sp);
-  fmt::print("plain_step_cpu_s: {:.4f}\n", cp);
-  fmt::print("guarded_step_cpu_s: {:.4f}\n", cg);
-  fmt::print("guard_cpu_ratio: {:.3f}\n", cg / cp);
-  fmt::print("guard_scaled_cpu_ratio: {:.3f}\n", cs / cp);
+  fmt::print("rounds: {} (same model, rotating order; ratios: median of per-round ratios)\n", rounds);
+  fmt::print("plain_step_s: {:.4f}\n", median(t[0]));
+  fmt::print("guarded_step_s: {:.4f}\n", median(t[1]));
+  fmt::print("guarded_scaled_step_s: {:.4f}\n", median(t[2]));
+  fmt::print("guard_ratio: {:.3f}\n", guarded.median);
+  fmt::print("guard_ratio_ci95: {:.3f}..{:.3f}\n", guarded.low, guarded.high);
+  fmt::print("guard_scaled_ratio: {:.3f}\n", scaled.median);
+  fmt::print("guard_scaled_ratio_ci95: {:.3f}..{:.3f}\n", scaled.low, scaled.high);
+  fmt::print("plain_step_cpu_s: {:.4f}\n", median(cpu[0]));
+  fmt::print("guarded_step_cpu_s: {:.4f}\n", median(cpu[1]));
+  fmt::print("guard_cpu_ratio: {:.3f}\n", paired_ratio(cpu[1], cpu[0]).median);
+  fmt::print("guard_scaled_cpu_ratio: {:.3f}\n", paired_ratio(cpu[2], cpu[0]).median);
   fmt::print("sentinel_pass_ms: {:.3f}\n", pass[0] * 1e3);
   fmt::print("libtorch_clip_ms: {:.3f}\n", pass[1] * 1e3);
   if (skipped) fmt::print("warning: the healthy workload skipped {} steps\n", skipped);

@@ -1,7 +1,8 @@
 // Whole-step overhead of the op tracer on the reference workload, measured
 // side by side with a plain step and with autograd's DetectAnomalyGuard.
-// Prints `plain_step_s`, `tracer_step_s`, `anomaly_step_s`, `tracer_ratio`
-// and `anomaly_ratio`. Usage: tracer_bench [rounds] [plain|tracer|anomaly]
+// Prints `plain_step_s`, `tracer_step_s`, `anomaly_step_s`, and the ratios
+// `tracer_ratio` and `anomaly_ratio` (median of per-round ratios) with their
+// 95% intervals (`tracer_ratio_ci95: low..high`). Usage: tracer_bench [rounds] [plain|tracer|anomaly]
 // (naming a variant runs only it, `rounds` times: for a profiler).
 #include "reference_workload.h"
 
@@ -13,7 +14,7 @@
 #include <cstring>
 
 int main(int argc, char** argv) {
-  const int rounds = argc > 1 ? std::atoi(argv[1]) : 8;
+  const int rounds = argc > 1 ? std::atoi(argv[1]) : 16;
   at::set_num_threads(2);
   torch::manual_seed(0);
   nanguard::bench::reference_workload w;
@@ -38,12 +39,15 @@ int main(int argc, char** argv) {
         return fmt::print("{}_step_s: {:.4f}\n", names[i], nanguard::bench::median_seconds({variants[i]}, rounds)[0]), 0;
     return fmt::print(stderr, "tracer_bench: unknown variant '{}' (plain, tracer, anomaly)\n", argv[2]), 2;
   }
-  const auto s = nanguard::bench::median_seconds({plain, traced, anomaly}, rounds);
-  fmt::print("rounds: {} (median step time, variants interleaved)\n", rounds);
-  fmt::print("plain_step_s: {:.4f}\n", s[0]);
-  fmt::print("tracer_step_s: {:.4f}\n", s[1]);
-  fmt::print("anomaly_step_s: {:.4f}\n", s[2]);
-  fmt::print("tracer_ratio: {:.3f}\n", s[1] / s[0]);
-  fmt::print("anomaly_ratio: {:.3f}\n", s[2] / s[0]);
+  const auto t = nanguard::bench::interleaved_seconds({plain, traced, anomaly}, rounds);
+  const auto tracer = nanguard::bench::paired_ratio(t[1], t[0]), anomalous = nanguard::bench::paired_ratio(t[2], t[0]);
+  fmt::print("rounds: {} (variants interleaved, rotating order; ratios: median of per-round ratios)\n", rounds);
+  fmt::print("plain_step_s: {:.4f}\n", nanguard::bench::median(t[0]));
+  fmt::print("tracer_step_s: {:.4f}\n", nanguard::bench::median(t[1]));
+  fmt::print("anomaly_step_s: {:.4f}\n", nanguard::bench::median(t[2]));
+  fmt::print("tracer_ratio: {:.3f}\n", tracer.median);
+  fmt::print("tracer_ratio_ci95: {:.3f}..{:.3f}\n", tracer.low, tracer.high);
+  fmt::print("anomaly_ratio: {:.3f}\n", anomalous.median);
+  fmt::print("anomaly_ratio_ci95: {:.3f}..{:.3f}\n", anomalous.low, anomalous.high);
   if (findings != 0) fmt::print("warning: the healthy workload produced {} findings\n", findings);
 }
