@@ -434,7 +434,8 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   const op_traits& traits = detail::traits_of(fn);
   ctx->traits = &traits;
   const auto inputs = fn.inputs();
-  for (size_t i = traits.overwrites_self ? 1 : 0; i < inputs.size(); ++i) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (traits.ignores_argument(i)) continue;
     collect_tensors(inputs[i], ctx->inputs);
     ctx->argument_of.resize(ctx->inputs.size(), int(i));
   }

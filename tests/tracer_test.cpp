@@ -197,13 +197,14 @@ TEST(tracer, reports_an_unlisted_infinity_from_masked_fill) {
   EXPECT_EQ("aten::masked_fill_", only_finding(t).op);
 }
 
-TEST(tracer, names_a_composite_op_whose_internals_overflow) {
-  // aten::mean sums without recording the sum, then divides in place: the
-  // overflow is mean's, not the division's.
+TEST(tracer, names_the_op_inside_a_composite_that_overflows) {
+  // aten::mean sums into its result (aten::sum, out=), then divides in
+  // place: the overflow is the sum's, not the division's.
   nanguard::tracer t;
   at::full({8}, 3e38f).mean();
   const auto& f = only_finding(t);
-  EXPECT_EQ("aten::mean", f.op);
+  EXPECT_EQ("aten::sum", f.op);
+  EXPECT_EQ("aten::mean", f.caller);
   EXPECT_EQ(role::producer, f.role);
   EXPECT_EQ(kInf, f.value);
   ASSERT_EQ(1u, f.inputs.size());
@@ -281,6 +282,44 @@ TEST(tracer, checks_in_place_ops) {
   const auto& f = only_finding(t);
   EXPECT_EQ("aten::div_", f.op);
   EXPECT_EQ(role::producer, f.role);
+}
+
+TEST(tracer, checks_out_variants) {
+  const at::Tensor x = at::ones({3});
+  at::Tensor out = at::full({3}, NAN);  // old values of an out= buffer are no input
+  nanguard::tracer t;
+  at::div_out(out, x, at::zeros({3}));
+  const auto& f = only_finding(t);
+  EXPECT_EQ("aten::div", f.op);
+  EXPECT_EQ(role::producer, f.role);
+}
+
+TEST(tracer, an_in_place_op_on_a_nan_input_names_the_input) {
+  at::Tensor x = at::ones({4});
+  nanguard::tracer t;
+  x.mul_(2);   // seen finite after this write
+  x[1] = NAN;  // a recorded write: the tracer sees x change
+  t.clear();
+  x.add_(1);
+  const auto& f = t.findings().back();
+  EXPECT_EQ("aten::add_", f.op);
+  EXPECT_EQ(role::input, f.role);
+}
+
+TEST(tracer, a_buffer_rewritten_behind_libtorch_is_rechecked_each_step) {
+  // A data loader that refills one buffer through data_ptr() bumps no
+  // version counter; what the tracer saw last step must not vouch for it.
+  at::Tensor buffer = at::ones({8});
+  nanguard::tracer t;
+  t.set_step(1);
+  buffer.div_(255);
+  ASSERT_FALSE(t.found());
+  t.set_step(2);
+  buffer.data_ptr<float>()[3] = NAN;
+  buffer.div_(255);
+  const auto& f = only_finding(t);
+  EXPECT_EQ("aten::div_", f.op);
+  EXPECT_EQ(role::input, f.role);
 }
 
 TEST(tracer, costs_nothing_when_paused_or_gone) {

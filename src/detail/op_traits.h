@@ -29,8 +29,14 @@ struct op_traits {
   bool always_finite = false;    // zeros, ones, bernoulli draws
   bool finite_if_scalars_finite = false;  // aten::fill_(x, value)
   std::vector<output_kind> outputs;  // by return index
+  std::vector<bool> out_arguments;   // by argument index: an out= buffer, whose old values are no input
 
   output_kind output(size_t i) const { return i < outputs.size() ? outputs[i] : output_kind::unknown; }
+  /// True when argument i's values are not read: out= buffers, or self of
+  /// an op that overwrites all of it.
+  bool ignores_argument(size_t i) const {
+    return (i == 0 && overwrites_self) || (i < out_arguments.size() && out_arguments[i]);
+  }
 };
 
 /// The traits of the op `fn` records (cached per thread by name).
