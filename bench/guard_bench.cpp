@@ -7,15 +7,20 @@
 //   plain          zero_grad, forward, backward, clip_grad_norm_(1.0), AdamW
 //   guarded        the guard as an fp32 run uses it: loss scaler disabled
 //   guarded_scaled the guard with the loss scaler on at 2^16 (fp16 setting)
-// Also times the gradient pass alone against LibTorch's clip_grad_norm_.
+// Also prints the guard's own time per step (guard_own_ms, from its events:
+// all of guard::step but forward, backward and optimizer step), its share of
+// a plain step, and the gradient pass alone against LibTorch's
+// clip_grad_norm_, which the guarded step does not run.
 // Prints `plain_step_s`, `guarded_step_s`, `guarded_scaled_step_s`,
 // `guard_ratio`, `guard_scaled_ratio` (median of per-round ratios, with
 // their 95% intervals `..._ci95: low..high`), the same in process CPU time
-// (`guard_cpu_ratio`, ...), `sentinel_pass_ms`, `libtorch_clip_ms`.
+// (`guard_cpu_ratio`, ...), `guard_own_ms`, `guard_own_fraction`,
+// `sentinel_pass_ms`, `libtorch_clip_ms`, `event_line_ms`.
 // Usage: guard_bench [rounds]
 #include "reference_workload.h"
 
 #include <nanguard/clip.h>
+#include <nanguard/events.h>
 #include <nanguard/guard.h>
 
 #include <fmt/format.h>
@@ -45,9 +50,14 @@ int main(int argc, char** argv) {
     return torch::nn::functional::cross_entropy(w.model->forward(b[0]), b[1]);
   };
   int64_t skipped = 0;
+  std::vector<double> guard_ms;  // the guard's own time per step, from its events
   const std::vector<std::function<void()>> variants = {
       [&] { w.plain_step(); },
-      [&] { skipped += g.step(batch, fn).skipped; },
+      [&] {
+        const nanguard::step_event e = g.step(batch, fn);
+        skipped += e.skipped;
+        guard_ms.push_back(e.guard_ms);
+      },
       [&] { skipped += gs.step(batch, fn).skipped; },
   };
   for (const auto& v : variants) v();  // warm-up
@@ -74,6 +84,16 @@ int main(int argc, char** argv) {
        [&] { torch::nn::utils::clip_grad_norm_(params, 1e9); }},
       50);
 
+  // One event-log line as the guard writes it (the guard's time excludes it).
+  nanguard::step_event typical = g.step(batch, fn);
+  const std::string line_log = log + "_lines.jsonl";
+  double event_line_s = 0;
+  {
+    nanguard::event_log lines(line_log, /*truncate=*/true);
+    event_line_s = nanguard::bench::median_seconds({[&] { lines.write(typical); }}, 200)[0];
+  }
+  std::remove(line_log.c_str());
+
   fmt::print("rounds: {} (same model, rotating order; ratios: median of per-round ratios)\n", rounds);
   fmt::print("plain_step_s: {:.4f}\n", median(t[0]));
   fmt::print("guarded_step_s: {:.4f}\n", median(t[1]));
@@ -86,8 +106,11 @@ int main(int argc, char** argv) {
   fmt::print("guarded_step_cpu_s: {:.4f}\n", median(cpu[1]));
   fmt::print("guard_cpu_ratio: {:.3f}\n", paired_ratio(cpu[1], cpu[0]).median);
   fmt::print("guard_scaled_cpu_ratio: {:.3f}\n", paired_ratio(cpu[2], cpu[0]).median);
+  fmt::print("guard_own_ms: {:.3f}\n", median(guard_ms));
+  fmt::print("guard_own_fraction: {:.4f}\n", median(guard_ms) / (median(t[0]) * 1e3));
   fmt::print("sentinel_pass_ms: {:.3f}\n", pass[0] * 1e3);
   fmt::print("libtorch_clip_ms: {:.3f}\n", pass[1] * 1e3);
+  fmt::print("event_line_ms: {:.3f}\n", event_line_s * 1e3);
   if (skipped) fmt::print("warning: the healthy workload skipped {} steps\n", skipped);
   std::remove((log + ".jsonl").c_str());
   std::remove((log + "_scaled.jsonl").c_str());

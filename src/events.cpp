@@ -48,6 +48,7 @@ std::string to_json(const step_event& e) {
   if (e.rollback_to >= 0) j["rollback_to"] = e.rollback_to;
   if (!e.bundle.empty()) j["bundle"] = e.bundle;
   if (!e.note.empty()) j["note"] = e.note;
+  j["guard_ms"] = number(e.guard_ms);
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -83,6 +84,7 @@ step_event step_event_from_json(const std::string& line) {
   e.rollback_to = j.value("rollback_to", int64_t(-1));
   e.bundle = j.value("bundle", std::string());
   e.note = j.value("note", std::string());
+  e.guard_ms = number_from(j.value("guard_ms", json(0.0)));
   return e;
 }
 

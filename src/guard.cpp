@@ -14,11 +14,36 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <mutex>
 #include <numeric>
 
 namespace nanguard {
+
+namespace {
+
+using step_clock = std::chrono::steady_clock;
+
+double seconds_since(step_clock::time_point start) {
+  return std::chrono::duration<double>(step_clock::now() - start).count();
+}
+
+// Adds the seconds it lives to `total`: the work of a step that a plain
+// loop does too, subtracted from the guard's own time.
+class user_time {
+ public:
+  explicit user_time(double& total) : total_(total) {}
+  ~user_time() { total_ += seconds_since(start_); }
+  user_time(const user_time&) = delete;
+  user_time& operator=(const user_time&) = delete;
+
+ private:
+  double& total_;
+  step_clock::time_point start_ = step_clock::now();
+};
+
+}  // namespace
 
 const char* to_string(policy p) {
   switch (p) {
@@ -142,6 +167,8 @@ struct guard::impl {
   int64_t bad_in_a_row = 0;
   double lr_factor = 1.0;
   bool retrying = false;
+  step_clock::time_point step_started;  // of the step being run
+  double user_s = 0;                    // its seconds of plain-loop work (see user_time)
   bool snapshot_pending = false;
   int64_t restored_step = -1;  // the snapshot the last rollback restored
 
@@ -156,7 +183,9 @@ struct guard::impl {
     gen.set_state(s);
   }
 
-  void write(const step_event& e) {
+  // Stamps the guard's own time so far on `e` and logs it.
+  void write(step_event& e) {
+    e.guard_ms = (seconds_since(step_started) - user_s) * 1e3;
     if (log) log->write(e);
   }
 
@@ -347,6 +376,8 @@ guard::~guard() = default;
 
 step_event guard::step(const std::vector<at::Tensor>& batch, const step_fn& fn) {
   impl& s = *impl_;
+  s.step_started = step_clock::now();
+  s.user_s = 0;
   const guard_options& o = s.options;
   step_event e;
   e.step = ++s.step;
@@ -355,14 +386,21 @@ step_event guard::step(const std::vector<at::Tensor>& batch, const step_fn& fn) 
   e.scale = s.scaler.get_scale();
   const at::Tensor rng_before = s.rng_state();
 
-  s.optimizer.zero_grad();
   grad_report report;
   bool finite;
   {
-    const at::Tensor loss = fn(batch);
+    at::Tensor loss;
+    {
+      user_time plain_work(s.user_s);
+      s.optimizer.zero_grad();
+      loss = fn(batch);
+    }
     finite = s.sentinel.check_loss(loss, &e.loss);
     if (finite) {
-      s.scaler.scale(loss).backward();
+      {
+        user_time plain_work(s.user_s);
+        s.scaler.scale(loss).backward();
+      }
       report = s.sentinel.inspect_grads(s.scaler.inv_scale());
       e.grad_norm = report.total_norm;
       e.top_norms = top_norms(s.sentinel.names(), report.norms, o.log_top_norms());
@@ -380,7 +418,10 @@ step_event guard::step(const std::vector<at::Tensor>& batch, const step_fn& fn) 
     e.clip_coef = clip_coefficient(e.grad_norm, o.max_norm());
     s.sentinel.apply_factor_(s.scaler.inv_scale() * e.clip_coef);  // unscale + clip: one write
     if (o.clip_value() > 0) clip_grad_value_(s.sentinel.parameters(), o.clip_value());
-    s.optimizer.step();
+    {
+      user_time plain_work(s.user_s);
+      s.optimizer.step();
+    }
     s.scaler.update(false);
     s.bad_in_a_row = 0;
     if (o.policy() == policy::rollback) {

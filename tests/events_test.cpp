@@ -35,6 +35,7 @@ TEST(events, round_trip_keeps_nan_inf_spikes_and_findings) {
   e.top_norms = {{"head.weight", 7.5}, {"encoder.0.weight", NAN}};
   e.rank = 0;
   e.nonfinite_ranks = {1, 3};
+  e.guard_ms = 0.75;
   const std::string line = nanguard::to_json(e);
   EXPECT_EQ(std::string::npos, line.find('\n'));
   const auto back = nanguard::step_event_from_json(line);
@@ -56,6 +57,7 @@ TEST(events, round_trip_keeps_nan_inf_spikes_and_findings) {
   EXPECT_EQ("norm", back.findings[0].module);
   EXPECT_EQ(4, back.findings[0].index);
   EXPECT_EQ(10, back.rollback_to);
+  EXPECT_EQ(0.75, back.guard_ms);
   EXPECT_EQ(1, back.findings[0].rank);
   ASSERT_EQ(2u, back.top_norms.size());
   EXPECT_EQ("head.weight", back.top_norms[0].first);

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 
@@ -97,6 +98,21 @@ TEST(guard, rollback_recovers_a_run_that_blows_up_under_a_high_lr) {
   }
   EXPECT_EQ(g.rollbacks(), rollbacks);
   fs::remove_all(dir);
+}
+
+TEST(guard, times_its_own_work_but_not_the_users) {
+  regression r;
+  torch::optim::SGD opt(r.model->parameters(), 0.1);
+  guard g(r.model, opt, guard_options().max_norm(1.0));
+  const nanguard::step_fn slow = [&](const std::vector<at::Tensor>& b) {
+    ::usleep(30000);  // the user's forward: not the guard's time
+    return r.loss_fn()(b);
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  const step_event e = g.step({r.x, r.y}, slow);
+  const double step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GT(e.guard_ms, 0.0);
+  EXPECT_LT(e.guard_ms, step_ms - 25.0) << "the forward's 30 ms counted as the guard's";
 }
 
 TEST(guard, abort_writes_a_bundle_that_names_the_producer) {

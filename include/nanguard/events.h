@@ -50,6 +50,10 @@ struct step_event {
   int64_t rollback_to = -1;     ///< rollback: the step of the restored snapshot
   std::string bundle;           ///< abort: the repro bundle's directory
   std::string note;             ///< free text: an error, or on rollback the parameters that moved most
+  /// Milliseconds the guard itself spent on this step: all of guard::step
+  /// but the user's forward, the backward and the optimizer step (which a
+  /// plain loop runs too) and this event's own log line.
+  double guard_ms = 0;
 };
 
 /// One JSON object, no newline.
