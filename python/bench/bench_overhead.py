@@ -14,10 +14,14 @@ machine hits them all alike), median step time each:
   trace     the loop under nanguard.trace(model): every forward and backward op checked
   guard     nanguard.Guard(max_norm=1.0): sentinel on, tracing on failure only
 
-Prints `py_<variant>_ratio: X` (median step time / plain's) lines.
-Environment: NANGUARD_BENCH_ROUNDS (default 6), NANGUARD_BENCH_STEPS per
+Prints `py_<variant>_ratio: X` lines: the median over rounds of the ratio
+of the variant's step time to plain's in the same round (slow phases of a
+shared machine cancel), and `py_<variant>_ratio_ci95: low..high`, a 95%
+distribution-free interval for it.
+Environment: NANGUARD_BENCH_ROUNDS (default 10), NANGUARD_BENCH_STEPS per
 variant per round (default 2).
 """
+import math
 import os
 import statistics
 import sys
@@ -45,11 +49,21 @@ class Model(nn.Module):
         return self.head(self.encoder(self.embed(tokens)).mean(1))
 
 
+def paired_ratio(variant, baseline):
+    """Median of the per-step ratios variant/baseline (steps of the same
+    round and index pair up), with a 95% order-statistic interval."""
+    r = sorted(v / b for v, b in zip(variant, baseline))
+    n = len(r)
+    half_width = 0.98 * math.sqrt(n)  # 1.96 sigma of Binomial(n, 1/2)
+    at = lambda k: r[min(max(int(k), 0), n - 1)]
+    return statistics.median(r), at(math.floor(n / 2 - half_width)), at(math.ceil(n / 2 + half_width) - 1)
+
+
 def main():
     torch.set_num_threads(2)
     torch.manual_seed(0)
     warnings.filterwarnings("ignore")
-    rounds = int(os.environ.get("NANGUARD_BENCH_ROUNDS", "6"))
+    rounds = int(os.environ.get("NANGUARD_BENCH_ROUNDS", "10"))
     steps = int(os.environ.get("NANGUARD_BENCH_STEPS", "2"))
     model = Model().train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -110,7 +124,9 @@ def main():
     for k, v in med.items():
         print(f"# {k:8s} median step {v * 1000:8.1f} ms  (min {min(times[k]) * 1000:.1f} ms)")
     for k in ("hooks", "anomaly", "trace", "guard"):
-        print(f"py_{k}_ratio: {med[k] / med['plain']:.3f}")
+        ratio, low, high = paired_ratio(times[k], times["plain"])
+        print(f"py_{k}_ratio: {ratio:.3f}")
+        print(f"py_{k}_ratio_ci95: {low:.3f}..{high:.3f}")
     return 0
 
 
