@@ -429,7 +429,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     return std::make_unique<node_context>();  // tells the end callback to pop
   }
   callback_scope no_recursion;
-  auto ctx = std::make_unique<op_context>();
+  std::unique_ptr<op_context> ctx(new op_context);  // not make_unique: that zeroes it first
   ctx->op = fn.name();
   const op_traits& traits = detail::traits_of(fn);
   ctx->traits = &traits;

@@ -73,7 +73,11 @@ class tracer {
   void name_parameters(const torch::nn::Module& module, const std::string& prefix = "");
   /// Names one tensor, e.g. the input batch ("batch").
   void name_tensor(const at::Tensor& tensor, const std::string& name);
-  /// The step findings are tagged with; also forgets the previous step's ops.
+  /// The step findings are tagged with; also forgets the previous step's ops
+  /// and which tensors it saw finite. Call it every step when the program
+  /// refills tensors through data_ptr() (a data loader's reused buffer):
+  /// within a step, an in-place op on a tensor seen finite since its last
+  /// recorded write does not scan its old values again.
   void set_step(int64_t step);
 
   /// Findings so far, first first.
