@@ -188,10 +188,6 @@ bool has_nonfinite_on_this_thread(const at::Tensor& x) {
   return scan_for_nonfinite(x, /*parallel=*/false, "has_nonfinite");
 }
 
-}  // namespace detail
-
-namespace detail {
-
 tensor_stats census_aten(const at::Tensor& x) {
   check_floating(x, "census");
   tensor_stats s;

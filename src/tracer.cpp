@@ -45,9 +45,10 @@ using detail::output_kind;
 
 namespace {
 
-std::string parent_of(const std::string& name) {
+// The owner of a dotted name: "encoder.0.weight" -> "encoder.0".
+std::string_view parent_of(std::string_view name) {
   const size_t dot = name.rfind('.');
-  return dot == std::string::npos ? "" : name.substr(0, dot);
+  return dot == std::string_view::npos ? std::string_view() : name.substr(0, dot);
 }
 
 // Where an op ran, kept per op without building strings; resolved to a
@@ -59,7 +60,7 @@ struct module_ref {
 
   std::string path() const {
     if (!scripted.empty()) return scripted;
-    if (parameter) return parent_of(*parameter);
+    if (parameter) return std::string(parent_of(*parameter));
     return scope ? *scope : "";
   }
 };
@@ -240,9 +241,7 @@ module_ref module_of(tracer::state& st, const c10::SmallVector<at::Tensor, 4>& i
   for (const auto& t : inputs) {
     const std::string* name = st.parameters.find(t.unsafeGetTensorImpl());
     if (!name) continue;
-    const size_t dot = name->rfind('.');
-    const std::string_view owner = dot == std::string::npos ? std::string_view() : std::string_view(*name).substr(0, dot);
-    if (within(owner, open)) {
+    if (within(parent_of(*name), open)) {
       m.parameter = name;
       return m;
     }

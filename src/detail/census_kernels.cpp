@@ -149,17 +149,12 @@ struct simd {
       v[u] = value{};
     }
   }
-  static NANGUARD_HOT double sum_wide(const wide* v, int count) {
-    wide acc = v[0];
+  /// The sum of every lane of v[0..count), in the lanes' type (value or wide).
+  template <typename Vec>
+  static NANGUARD_HOT auto sum(const Vec* v, int count) {
+    Vec acc = v[0];
     for (int u = 1; u < count; ++u) acc += v[u];
-    double s = 0;
-    for (int j = 0; j < lanes; ++j) s += acc[j];
-    return s;
-  }
-  static NANGUARD_HOT T sum(const value* v, int count) {
-    value acc = v[0];
-    for (int u = 1; u < count; ++u) acc += v[u];
-    T s = 0;
+    std::decay_t<decltype(acc[0])> s = 0;
     for (int j = 0; j < lanes; ++j) s += acc[j];
     return s;
   }
@@ -219,7 +214,7 @@ NANGUARD_HOT census_partial census_block(const T* x, int64_t n, int64_t base, T 
     S::flush(s2, w2, U);
     if (S::min(amin, U) < T(kFp16MinNormal)) count_tiny(x + i, kSubBlock, subnormal_below, tiny);
   }
-  double S1 = S::sum_wide(w1, U), S2 = S::sum_wide(w2, U);
+  double S1 = S::sum(w1, U), S2 = S::sum(w2, U);
   T mn = S::min(lo, U), mx = S::max(hi, U);
   const int64_t tail = i;
   for (; i < n; ++i) {  // the last partial sub-block
