@@ -1,9 +1,15 @@
 // The census loops. Each block of kBlock elements gets one vectorised pass
 // that keeps shifted sums, min, max and min |x| in SIMD lanes. Non-finite
 // values poison the sums, so a NaN or Inf sends the block to the exact
-// scalar path; rare magnitudes (fp16 overflow, tiny values) are counted by a
-// second pass over the block while it is still in L1. Healthy data pays for
-// one pass and no branches per element.
+// scalar path; rare magnitudes are counted by a second pass while the data is
+// still in cache: over the block for fp16 overflows, over the sub-block for
+// tiny values. Healthy data pays for one pass and no branches per element.
+//
+// The pass is bound by how many vector instructions each register of data
+// costs, and by which execution ports they need: on AMD Zen the adds, mins
+// and maxes share two ports while the two FMA ports idle. So with FMA the
+// shift and the sum are written as fused multiply-adds by 1 (same result,
+// other ports), and with AVX-512 min |x| is one vrangeps (see fused_ops).
 #include "census_kernels.h"
 
 #include <algorithm>
@@ -25,11 +31,13 @@
 namespace nanguard::detail {
 namespace {
 
-// Elements per block: large enough that reducing the SIMD lanes is rare,
-// small enough (32 KiB of float) that a second pass finds it in L1.
-constexpr int64_t kBlock = 8192;
-// Elements over which min |x| is reduced (see census_block).
-constexpr int64_t kSubBlock = 1024;
+// Elements per block: large enough that a block's set-up and merge cost
+// little, small enough (128 KiB of float) that a second pass over a block
+// with a NaN or a huge value finds it in L2.
+constexpr int64_t kBlock = 32768;
+// Vector steps per sub-block, over which min |x| is checked and float sums
+// are moved to double (see census_block).
+constexpr int64_t kSubBlockSteps = 16;
 constexpr double kFp16Max = 65504.0;
 constexpr double kFp16MinNormal = 6.103515625e-05;
 constexpr double kBf16Max = 3.3895313892515355e38;
@@ -58,22 +66,6 @@ NANGUARD_HOT void count_huge(const T* x, int64_t n, census_partial& p) {
   }
   p.fp16_overflow += fp16;
   p.bf16_overflow += bf16;
-}
-
-// Adds the zeros, float16 underflows and subnormals of a finite range: only
-// called when its min |x| says there is one.
-template <typename T>
-NANGUARD_HOT void count_tiny(const T* x, int64_t n, T subnormal_below, census_partial& p) {
-  int64_t zeros = 0, tiny = 0, sub = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const T a = std::fabs(x[i]);
-    zeros += a == T(0);
-    tiny += a < T(kFp16MinNormal);
-    sub += a < subnormal_below;
-  }
-  p.zeros += zeros;
-  p.fp16_underflow += tiny - zeros;
-  p.subnormal += sub - zeros;
 }
 
 // Exact scalar census of a block that holds a NaN or Inf (or whose squares
@@ -128,7 +120,10 @@ struct vector_of {
 template <typename T, int Bytes>
 struct simd {
   using value __attribute__((vector_size(Bytes))) = T;
-  using wide = typename vector_of<double, Bytes * 8 / int(sizeof(T))>::type;  // a value in double lanes
+  using doubles = typename vector_of<double, Bytes>::type;  // one register of double lanes
+  /// A value's lanes in double: two registers for float, one for double.
+  static constexpr int wide_registers = int(sizeof(double) / sizeof(T));
+  using wide = doubles[wide_registers];
   using bits __attribute__((vector_size(Bytes))) =
       std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>;
   static constexpr int lanes = Bytes / int(sizeof(T));
@@ -142,79 +137,198 @@ struct simd {
     const bits sign_off = bits{} + (~bits{}[0] >> 1);
     return (value)((bits)v & sign_off);
   }
-  /// Adds each of `v`'s lanes, in double, to `acc`'s and zeroes `v`.
-  static NANGUARD_HOT void flush(value* v, wide* acc, int count) {
-    for (int u = 0; u < count; ++u) {
-      acc[u] += __builtin_convertvector(v[u], wide);
-      v[u] = value{};
+  /// Adds the lanes of v[0..count), in double, to `acc`'s and zeroes them.
+  static NANGUARD_HOT void flush(value* v, int count, wide& acc) {
+    value s = v[0];
+    for (int u = 1; u < count; ++u) s += v[u];
+    if constexpr (wide_registers == 1) {
+      acc[0] += s;
+    } else {  // each half of the float lanes, converted in its own register
+      using half = typename vector_of<T, Bytes / 2>::type;
+      half low, high;
+      std::memcpy(&low, &s, Bytes / 2);
+      std::memcpy(&high, reinterpret_cast<const char*>(&s) + Bytes / 2, Bytes / 2);
+      acc[0] += __builtin_convertvector(low, doubles);
+      acc[1] += __builtin_convertvector(high, doubles);
     }
+    for (int u = 0; u < count; ++u) v[u] = value{};
   }
-  /// The sum of every lane of v[0..count), in the lanes' type (value or wide).
+  /// The sum of every lane of v[0..count), in the lanes' type (value or doubles).
   template <typename Vec>
   static NANGUARD_HOT auto sum(const Vec* v, int count) {
     Vec acc = v[0];
     for (int u = 1; u < count; ++u) acc += v[u];
-    std::decay_t<decltype(acc[0])> s = 0;
-    for (int j = 0; j < lanes; ++j) s += acc[j];
+    using lane = std::decay_t<decltype(acc[0])>;
+    lane s = 0;
+    for (size_t j = 0; j < sizeof(Vec) / sizeof(lane); ++j) s += acc[j];
     return s;
   }
   static NANGUARD_HOT T min(const value* v, int count) {
-    value acc = v[0];
-    for (int u = 1; u < count; ++u) acc = v[u] < acc ? v[u] : acc;
-    T m = acc[0];
-    for (int j = 1; j < lanes; ++j) m = std::min(m, acc[j]);
-    return m;
+    return fold_lanes<Bytes>(fold(v, count, smaller), smaller);
   }
   static NANGUARD_HOT T max(const value* v, int count) {
+    return fold_lanes<Bytes>(fold(v, count, larger), larger);
+  }
+
+ private:
+  static constexpr auto smaller = [](auto a, auto b) { return a < b ? a : b; };
+  static constexpr auto larger = [](auto a, auto b) { return a > b ? a : b; };
+
+  /// pick(...pick(v[0], v[1])..., v[count - 1]), lane by lane.
+  template <typename Pick>
+  static NANGUARD_HOT value fold(const value* v, int count, Pick pick) {
     value acc = v[0];
-    for (int u = 1; u < count; ++u) acc = v[u] > acc ? v[u] : acc;
-    T m = acc[0];
-    for (int j = 1; j < lanes; ++j) m = std::max(m, acc[j]);
-    return m;
+    for (int u = 1; u < count; ++u) acc = pick(v[u], acc);
+    return acc;
+  }
+  /// One lane picked from all of v's by halving the vector: log2(lanes) steps.
+  template <int B, typename Pick>
+  static NANGUARD_HOT T fold_lanes(typename vector_of<T, B>::type v, Pick pick) {
+    if constexpr (B == 2 * int(sizeof(T))) {
+      return pick(v[0], v[1]);
+    } else {
+      typename vector_of<T, B / 2>::type low, high;
+      std::memcpy(&low, &v, B / 2);
+      std::memcpy(&high, reinterpret_cast<const char*>(&v) + B / 2, B / 2);
+      return fold_lanes<B / 2>(pick(low, high), pick);
+    }
   }
 };
 
+// Adds the zeros, float16 underflows and subnormals of x[0, n) to p: only
+// called for a range whose min |x| says it holds one. Subnormals are those
+// below `subnormal_below`; 0 when the caller knows there are none. Whole
+// vectors go through SIMD lanes (a true compare is -1 in every bit).
+template <typename T, int Bytes>
+NANGUARD_HOT void count_tiny(const T* x, int64_t n, T subnormal_below, census_partial& p) {
+  using S = simd<T, Bytes>;
+  using V = typename S::value;
+  const V zero{}, fp16_tiny = V{} + T(kFp16MinNormal), subnormal = V{} + subnormal_below;
+  decltype(V{} == V{}) zeros{}, tiny{}, sub{};
+  int64_t i = 0;
+  if (subnormal_below > T(0)) {
+    for (; i + S::lanes <= n; i += S::lanes) {
+      const V a = S::abs(S::load(x + i));
+      zeros -= a == zero;
+      tiny -= a < fp16_tiny;
+      sub -= a < subnormal;
+    }
+  } else {
+    for (; i + S::lanes <= n; i += S::lanes) {
+      const V a = S::abs(S::load(x + i));
+      zeros -= a == zero;
+      tiny -= a < fp16_tiny;
+    }
+  }
+  int64_t z = 0, t = 0, s = 0;
+  for (int j = 0; j < S::lanes; ++j) {
+    z += zeros[j];
+    t += tiny[j];
+    s += sub[j];
+  }
+  for (; i < n; ++i) {
+    const T a = std::fabs(x[i]);
+    z += a == T(0);
+    t += a < T(kFp16MinNormal);
+    s += a < subnormal_below;
+  }
+  p.zeros += z;
+  p.fp16_underflow += t - z;
+  if (subnormal_below > T(0)) p.subnormal += s - z;
+}
+
+// The per-element steps of census_block as plain vector arithmetic.
+template <typename T, int Bytes>
+struct plain_ops {
+  using S = simd<T, Bytes>;
+  using V = typename S::value;
+  V shift;
+
+  explicit plain_ops(T s) : shift(V{} + s) {}
+  NANGUARD_HOT V minus_shift(V v) const { return v - shift; }
+  NANGUARD_HOT V plus(V sum, V d) const { return sum + d; }
+  NANGUARD_HOT V min_magnitude(V acc, V v) const {
+    const V a = S::abs(v);
+    return a < acc ? a : acc;
+  }
+};
+
+// The same steps for CPUs with FMA, where the adds, mins and maxes share
+// two ports while the FMA ports idle (AMD Zen): x - shift and sum + x become
+// fused multiply-adds by 1, exact and so the same results. `one` is hidden
+// from the optimiser, which would fold x * 1 back into a plain add.
+template <typename T, int Bytes>
+struct fused_ops : plain_ops<T, Bytes> {
+  using V = typename plain_ops<T, Bytes>::V;
+  V one = V{} + T(1), minus_s;
+
+  explicit fused_ops(T s) : plain_ops<T, Bytes>(s), minus_s(V{} - s) { asm("" : "+v"(one)); }
+  NANGUARD_HOT V minus_shift(V v) const { return v * one + minus_s; }
+  NANGUARD_HOT V plus(V sum, V d) const { return d * one + sum; }
+};
+
+#if NANGUARD_X86
+#define NANGUARD_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma")))
+
+// AVX-512DQ takes min |x| in one vrangeps (|x| and a min otherwise). Inline
+// assembly, because an intrinsic would need the AVX-512 target on every
+// generic function it is inlined through.
+template <typename T, int Bytes>
+struct avx512_ops : fused_ops<T, Bytes> {
+  static_assert(Bytes == 64, "zmm registers");
+  using V = typename fused_ops<T, Bytes>::V;
+  using fused_ops<T, Bytes>::fused_ops;
+
+  NANGUARD_HOT V min_magnitude(V acc, V v) const {
+    // imm 0x0A: the operand of smaller magnitude, sign cleared
+    if constexpr (sizeof(T) == 4) asm("vrangeps $0x0A, %1, %0, %0" : "+v"(acc) : "v"(v));
+    else asm("vrangepd $0x0A, %1, %0, %0" : "+v"(acc) : "v"(v));
+    return acc;
+  }
+};
+#endif
+
 // One vectorised pass over a block: U independent registers per statistic
 // so that consecutive adds do not wait on each other. Per sub-block of
-// kSubBlock elements, the sums move to double lanes (a float lane then adds
-// at most kSubBlock / (lanes * U) terms, whatever the vector width) and min
-// |x| is reduced, so the counting pass for tiny values (common in gradients)
-// touches only the sub-blocks that hold them.
-template <typename T, int Bytes, int U>
+// kSubBlockSteps steps, the sums move to double lanes (a float lane adds
+// at most kSubBlockSteps * U terms first) and min |x| is checked, so the
+// counting pass for tiny values (common in gradients) touches only the
+// sub-blocks that hold them.
+template <typename T, int Bytes, int U, typename Ops>
 NANGUARD_HOT census_partial census_block(const T* x, int64_t n, int64_t base, T subnormal_below) {
   using S = simd<T, Bytes>;
   using V = typename S::value;
-  constexpr int64_t step = int64_t(S::lanes) * U;
-  static_assert(kSubBlock % step == 0, "sub-blocks hold whole steps");
-  using W = typename S::wide;
+  constexpr int64_t step = int64_t(S::lanes) * U, sub_block = kSubBlockSteps * step;
+  static_assert(kBlock % sub_block == 0, "blocks hold whole sub-blocks");
   const T shift = x[0];
-  const V vshift = V{} + shift;
+  const Ops ops(shift);
   V s1[U] = {}, s2[U] = {}, lo[U], hi[U];
-  W w1[U] = {}, w2[U] = {};
-  for (int u = 0; u < U; ++u) lo[u] = hi[u] = vshift;
+  typename S::wide w1 = {}, w2 = {};
+  for (int u = 0; u < U; ++u) lo[u] = hi[u] = V{} + shift;
   census_partial tiny;  // zeros, fp16_underflow and subnormal counts
   int64_t i = 0;
-  for (; i + kSubBlock <= n; i += kSubBlock) {
+  for (; i + sub_block <= n; i += sub_block) {
     V amin[U];
     for (int u = 0; u < U; ++u) amin[u] = V{} + std::fabs(shift);
-    for (int64_t k = i; k < i + kSubBlock; k += step) {
+    for (int64_t k = i; k < i + sub_block; k += step) {
 #pragma GCC unroll 8
       for (int u = 0; u < U; ++u) {
         const V v = S::load(x + k + u * S::lanes);
-        const V d = v - vshift;
-        s1[u] += d;
+        const V d = ops.minus_shift(v);
+        s1[u] = ops.plus(s1[u], d);
         s2[u] += d * d;
         lo[u] = v < lo[u] ? v : lo[u];
         hi[u] = v > hi[u] ? v : hi[u];
-        const V a = S::abs(v);
-        amin[u] = a < amin[u] ? a : amin[u];
+        amin[u] = ops.min_magnitude(amin[u], v);
       }
     }
-    S::flush(s1, w1, U);
-    S::flush(s2, w2, U);
-    if (S::min(amin, U) < T(kFp16MinNormal)) count_tiny(x + i, kSubBlock, subnormal_below, tiny);
+    S::flush(s1, U, w1);
+    S::flush(s2, U, w2);
+    const T smallest = S::min(amin, U);
+    if (smallest < T(kFp16MinNormal))
+      count_tiny<T, Bytes>(x + i, sub_block, smallest < subnormal_below ? subnormal_below : T(0), tiny);
   }
-  double S1 = S::sum(w1, U), S2 = S::sum(w2, U);
+  double S1 = S::sum(w1, S::wide_registers), S2 = S::sum(w2, S::wide_registers);
   T mn = S::min(lo, U), mx = S::max(hi, U);
   const int64_t tail = i;
   for (; i < n; ++i) {  // the last partial sub-block
@@ -227,7 +341,7 @@ NANGUARD_HOT census_partial census_block(const T* x, int64_t n, int64_t base, T 
   // NaN and Inf poison the sums (as do squares that overflow T).
   if (!std::isfinite(S1) || !std::isfinite(S2)) return exact_block(x, n, base, subnormal_below);
   census_partial p = finite_block<T>(n, shift, S1, S2, mn, mx);
-  if (tail < n) count_tiny(x + tail, n - tail, subnormal_below, tiny);
+  if (tail < n) count_tiny<T, Bytes>(x + tail, n - tail, subnormal_below, tiny);
   p.zeros = tiny.zeros;
   p.fp16_underflow = tiny.fp16_underflow;
   p.subnormal = tiny.subnormal;
@@ -235,12 +349,12 @@ NANGUARD_HOT census_partial census_block(const T* x, int64_t n, int64_t base, T 
   return p;
 }
 
-template <typename T, int Bytes, int U>
+template <typename T, int Bytes, int U, template <typename, int> class Ops>
 NANGUARD_HOT census_partial census_range(const T* x, int64_t n, int64_t base, T subnormal_below) {
   census_partial total;
   for (int64_t i = 0; i < n; i += kBlock) {
     const int64_t len = std::min(kBlock, n - i);
-    total.merge(census_block<T, Bytes, U>(x + i, len, base + i, subnormal_below));
+    total.merge(census_block<T, Bytes, U, Ops<T, Bytes>>(x + i, len, base + i, subnormal_below));
   }
   return total;
 }
@@ -316,14 +430,15 @@ void census_partial::merge(const census_partial& next) {
   finite += next.finite;
 }
 
-// One copy of each kernel per instruction set: vector width in bytes, and
-// registers per statistic (5 statistics must fit 32 zmm / 16 ymm / 16 xmm).
-#define NANGUARD_KERNELS(isa, target, bytes, census_regs, scan_regs)                            \
+// One copy of each kernel per instruction set: vector width in bytes,
+// registers per statistic (5 statistics must fit 32 zmm / 16 ymm / 16 xmm)
+// and the census steps' forms.
+#define NANGUARD_KERNELS(isa, target, bytes, census_regs, ops, scan_regs)                       \
   target census_partial census_f32_##isa(const float* x, int64_t n, int64_t base, float sub) {  \
-    return census_range<float, bytes, census_regs>(x, n, base, sub);                            \
+    return census_range<float, bytes, census_regs, ops>(x, n, base, sub);                       \
   }                                                                                             \
   target census_partial census_f64_##isa(const double* x, int64_t n, int64_t base, double sub) {\
-    return census_range<double, bytes, census_regs>(x, n, base, sub);                           \
+    return census_range<double, bytes, census_regs, ops>(x, n, base, sub);                      \
   }                                                                                             \
   target bool any_nonfinite_f32_##isa(const float* x, int64_t n) {                              \
     return any_nonfinite<float, bytes, scan_regs>(x, n);                                        \
@@ -337,10 +452,10 @@ void census_partial::merge(const census_partial& next) {
 
 namespace {
 #if NANGUARD_X86
-NANGUARD_KERNELS(avx512, __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma"))), 64, 4, 8)
-NANGUARD_KERNELS(avx2, __attribute__((target("avx2,fma"))), 32, 2, 8)
+NANGUARD_KERNELS(avx512, NANGUARD_AVX512, 64, 4, avx512_ops, 8)
+NANGUARD_KERNELS(avx2, __attribute__((target("avx2,fma"))), 32, 2, fused_ops, 8)
 #endif
-NANGUARD_KERNELS(baseline, , 16, 2, 8)
+NANGUARD_KERNELS(baseline, , 16, 2, plain_ops, 8)
 
 std::atomic<kernel_isa> forced_isa{kernel_isa::best};
 
@@ -461,7 +576,7 @@ NANGUARD_HOT sumsq_partial sumsq_range(const T* x, int64_t n) {
   }
 
 #if NANGUARD_X86
-NANGUARD_SUMSQ_KERNELS(avx512, __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,fma"))), 64, 8)
+NANGUARD_SUMSQ_KERNELS(avx512, NANGUARD_AVX512, 64, 8)
 NANGUARD_SUMSQ_KERNELS(avx2, __attribute__((target("avx2,fma"))), 32, 8)
 #endif
 NANGUARD_SUMSQ_KERNELS(baseline, , 16, 8)
