@@ -2,16 +2,56 @@
 // side by side with a plain step and with autograd's DetectAnomalyGuard.
 // Prints `plain_step_s`, `tracer_step_s`, `anomaly_step_s`, and the ratios
 // `tracer_ratio` and `anomaly_ratio` (median of per-round ratios) with their
-// 95% intervals (`tracer_ratio_ci95: low..high`). Usage: tracer_bench [rounds] [plain|tracer|anomaly]
+// 95% intervals (`tracer_ratio_ci95: low..high`). Then the cost per op on a
+// loop of small ops, where the step's other work does not hide it:
+// `op_us` (plain), `record_function_op_us` (what an empty RecordFunction
+// observer that asks for inputs and outputs adds: the floor of any op-level
+// observer) and `tracer_op_us` (what the tracer adds).
+// Usage: tracer_bench [rounds] [plain|tracer|anomaly]
 // (naming a variant runs only it, `rounds` times: for a profiler).
 #include "reference_workload.h"
 
 #include <nanguard/tracer.h>
 
+#include <ATen/record_function.h>
 #include <fmt/format.h>
 
 #include <cstdlib>
 #include <cstring>
+
+namespace {
+
+// Seconds per op of plain small ops, and what an empty observer and the
+// tracer add to each, from `rounds` interleaved rounds (medians).
+void per_op_costs(int rounds) {
+  const at::Tensor a = at::randn({64}), b = at::randn({64});
+  constexpr int kIterations = 10000, kOpsPerIteration = 2;
+  const auto ops = [&] {
+    at::Tensor c = a;
+    for (int i = 0; i < kIterations; ++i) c = at::add(c, b).mul_(0.5);
+  };
+  const auto empty_observer = [&] {
+    const auto handle = at::addThreadLocalCallback(
+        at::RecordFunctionCallback([](const at::RecordFunction&) -> std::unique_ptr<at::ObserverContext> { return nullptr; },
+                                   [](const at::RecordFunction&, at::ObserverContext*) {})
+            .needsInputs(true)
+            .needsOutputs(true)
+            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+    ops();
+    at::removeCallback(handle);
+  };
+  const auto traced = [&] {
+    nanguard::tracer t;
+    ops();
+  };
+  const auto t = nanguard::bench::median_seconds({ops, empty_observer, traced}, rounds);
+  const double us_per_op = 1e6 / (kIterations * kOpsPerIteration);
+  fmt::print("op_us: {:.3f}\n", t[0] * us_per_op);
+  fmt::print("record_function_op_us: {:.3f}\n", (t[1] - t[0]) * us_per_op);
+  fmt::print("tracer_op_us: {:.3f}\n", (t[2] - t[0]) * us_per_op);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 16;
@@ -50,4 +90,5 @@ int main(int argc, char** argv) {
   fmt::print("anomaly_ratio: {:.3f}\n", anomalous.median);
   fmt::print("anomaly_ratio_ci95: {:.3f}..{:.3f}\n", anomalous.low, anomalous.high);
   if (findings != 0) fmt::print("warning: the healthy workload produced {} findings\n", findings);
+  per_op_costs(21);
 }
