@@ -6,7 +6,10 @@
 // loop of small ops, where the step's other work does not hide it:
 // `op_us` (plain), `record_function_op_us` (what an empty RecordFunction
 // observer that asks for inputs and outputs adds: the floor of any op-level
-// observer) and `tracer_op_us` (what the tracer adds).
+// observer) and `tracer_op_us` (what the tracer adds). Last, from inside
+// the tracer (tracer_options::measure_cost) on a few steps of the workload:
+// `tracer_own_ms` per step and `tracer_own_fraction` of a plain step, with
+// `record_function_floor_fraction`, what boxing the ops it saw costs.
 // Usage: tracer_bench [rounds] [plain|tracer|anomaly]
 // (naming a variant runs only it, `rounds` times: for a profiler).
 #include "reference_workload.h"
@@ -22,8 +25,9 @@
 namespace {
 
 // Seconds per op of plain small ops, and what an empty observer and the
-// tracer add to each, from `rounds` interleaved rounds (medians).
-void per_op_costs(int rounds) {
+// tracer add to each, from `rounds` interleaved rounds (medians). Returns
+// the empty observer's cost per op, in seconds.
+double per_op_costs(int rounds) {
   const at::Tensor a = at::randn({64}), b = at::randn({64});
   constexpr int kIterations = 10000, kOpsPerIteration = 2;
   const auto ops = [&] {
@@ -49,6 +53,24 @@ void per_op_costs(int rounds) {
   fmt::print("op_us: {:.3f}\n", t[0] * us_per_op);
   fmt::print("record_function_op_us: {:.3f}\n", (t[1] - t[0]) * us_per_op);
   fmt::print("tracer_op_us: {:.3f}\n", (t[2] - t[0]) * us_per_op);
+  return (t[1] - t[0]) * us_per_op * 1e-6;
+}
+
+// The tracer's own time per step of the workload, measured inside its
+// callbacks, next to the floor any op-level observer pays (RecordFunction
+// boxing each op it reports), as fractions of a plain step.
+void own_costs(nanguard::bench::reference_workload& w, double plain_step_s, double observer_s_per_op) {
+  constexpr int kSteps = 8;
+  nanguard::tracer t(nanguard::tracer_options().measure_cost(true));
+  t.name_parameters(*w.model);
+  for (int i = 0; i < kSteps; ++i) w.plain_step();
+  const nanguard::tracer_cost c = t.cost();
+  const double own_s = c.seconds / kSteps, ops = double(c.ops) / kSteps;
+  fmt::print("tracer_ops_per_step: {:.0f}\n", ops);
+  fmt::print("tracer_scanned_mb_per_step: {:.1f}\n", double(c.scanned_bytes) / kSteps / 1e6);
+  fmt::print("tracer_own_ms: {:.2f}\n", own_s * 1e3);
+  fmt::print("tracer_own_fraction: {:.4f}\n", own_s / plain_step_s);
+  fmt::print("record_function_floor_fraction: {:.4f}\n", ops * observer_s_per_op / plain_step_s);
 }
 
 }  // namespace
@@ -90,5 +112,5 @@ int main(int argc, char** argv) {
   fmt::print("anomaly_ratio: {:.3f}\n", anomalous.median);
   fmt::print("anomaly_ratio_ci95: {:.3f}..{:.3f}\n", anomalous.low, anomalous.high);
   if (findings != 0) fmt::print("warning: the healthy workload produced {} findings\n", findings);
-  per_op_costs(21);
+  own_costs(w, nanguard::bench::median(t[0]), per_op_costs(21));
 }

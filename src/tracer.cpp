@@ -26,7 +26,9 @@
 
 #include <fnmatch.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -85,27 +87,35 @@ struct op_context : at::ObserverContext {
   const op_traits* traits = nullptr;
   c10::SmallVector<at::Tensor, 4> inputs;
   c10::SmallVector<int, 4> argument_of;  // inputs[k] came from the op's argument argument_of[k]
-  bool self_was_nonfinite = false;       // in-place ops: self before the op
+  // Inputs the op writes (in-place self, or the same tensor as an out=
+  // buffer): whether each held a NaN or Inf before the op; -1 for the rest.
+  c10::SmallVector<int8_t, 4> nonfinite_before;
   bool outputs_finite = false;           // finite whatever the inputs (zeros, fill with a finite value)
+  bool inputs_known_finite = false;      // keeps_input_values ops: every input seen finite, numbers finite
+  at::CallbackHandle sealed = 0;         // the tracer's callback, disabled inside this op (loops_over_slices)
   module_ref module;
 };
 
 // Tensors this thread has seen finite since their last recorded write: an
 // in-place op on one needs no scan of its old values. A tensor is known by
 // TensorImpl, data and version counter, which every recorded in-place write
-// bumps. Writes behind LibTorch's back (through data_ptr()) bump nothing, so
-// what the memo knows lasts one tracer step (see generation).
+// bumps; a weak reference keeps a remembered TensorImpl's memory from going
+// to a new tensor, which would otherwise match a dead one's entry. Writes
+// behind LibTorch's back (through data_ptr()) bump nothing, so what the
+// memo knows lasts one tracer step (see generation).
 class finite_memo {
+  using weak_impl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
  public:
-  bool contains(const at::Tensor& t) const {
+  bool contains(const at::TensorBase& t) const {
     if (t.is_inference()) return false;  // no version counter
     const entry& e = slots_[slot(t)];
-    return e.impl == t.unsafeGetTensorImpl() && e.data == t.data_ptr() && e.version == t._version() &&
-           e.generation == generation.load(std::memory_order_relaxed);
+    return e.impl._unsafe_get_target() == t.unsafeGetTensorImpl() && e.data == t.data_ptr() &&
+           e.version == t._version() && e.generation == generation.load(std::memory_order_relaxed);
   }
-  void insert(const at::Tensor& t) {
+  void insert(const at::TensorBase& t) {
     if (t.is_inference()) return;
-    slots_[slot(t)] = {t.unsafeGetTensorImpl(), t.data_ptr(), t._version(),
+    slots_[slot(t)] = {weak_impl::reclaim_copy(t.unsafeGetTensorImpl()), t.data_ptr(), t._version(),
                        generation.load(std::memory_order_relaxed)};
   }
   /// Forgets what every thread's memo knows.
@@ -113,13 +123,13 @@ class finite_memo {
 
  private:
   struct entry {
-    const c10::TensorImpl* impl = nullptr;
+    weak_impl impl = weak_impl(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());
     const void* data = nullptr;
     int64_t version = 0;
     uint64_t generation = 0;
   };
   static constexpr size_t kSlots = 4096;  // direct-mapped: a collision only costs a scan
-  static size_t slot(const at::Tensor& t) {
+  static size_t slot(const at::TensorBase& t) {
     return (reinterpret_cast<uintptr_t>(t.unsafeGetTensorImpl()) >> 4) * 0x9E3779B97F4A7C15ull >> 52;
   }
   static inline std::atomic<uint64_t> generation{1};
@@ -129,6 +139,12 @@ class finite_memo {
 finite_memo& this_thread_memo() {
   thread_local finite_memo memo;
   return memo;
+}
+
+// True when the memo saw `t` finite since its last write; a view is known
+// through its base, whose version counter it shares.
+bool known_finite(const finite_memo& memo, const at::Tensor& t) {
+  return memo.contains(t) || (t.is_view() && t._base().defined() && memo.contains(t._base()));
 }
 
 // Names of tensors by their TensorImpl. The weak reference keeps the impl's
@@ -165,6 +181,8 @@ struct tracer::state {
   int64_t step = 0;
   std::vector<finding> findings;
   std::atomic<bool> done{false};
+  // What the callbacks cost (options.measure_cost only).
+  std::atomic<int64_t> ops{0}, scans{0}, scanned_bytes{0}, nanoseconds{0};
   tensor_names parameters;
   tensor_names named;
   std::unordered_map<int64_t, forward_record> forward_ops;  // by sequence number
@@ -317,10 +335,10 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
   std::vector<tensor_record> inputs;
   for (size_t i = 0; i < ctx.inputs.size(); ++i) {
     const at::Tensor& in = ctx.inputs[i];
-    const bool self_inplace = i == 0 && ctx.argument_of[0] == 0 && in.is_alias_of(out);
+    const bool self_inplace = ctx.nonfinite_before[i] >= 0 && in.is_alias_of(out);
     tensor_record r = record_of(in, name_of(st, in, "input " + std::to_string(ctx.argument_of[i])));
     if (self_inplace) r.name += " (in place: as the op left it)";
-    const bool bad = self_inplace ? ctx.self_was_nonfinite : !r.stats.all_finite();
+    const bool bad = self_inplace ? ctx.nonfinite_before[i] == 1 : !r.stats.all_finite();
     if (bad) {
       any_bad_input = true;
       if (first_bad_input < 0) first_bad_input = int(i);
@@ -410,6 +428,58 @@ bool scalars_finite(c10::ArrayRef<const c10::IValue> inputs) {
   return true;
 }
 
+// True when every number among the arguments (not the tensors) is finite.
+bool numbers_finite(c10::ArrayRef<const c10::IValue> inputs) {
+  for (const c10::IValue& v : inputs)
+    if (v.isDouble() && !std::isfinite(v.toDouble())) return false;
+  return true;
+}
+
+// The factor a scaling op applies: a number argument, or a 0-dim CPU
+// tensor (`x * 0.5` wraps the number into one, `x.mul_(0.5)` converts that
+// to x's dtype).
+c10::optional<double> scalar_factor(const c10::IValue& v) {
+  if (v.isDouble()) return v.toDouble();
+  if (v.isInt()) return double(v.toInt());
+  if (!v.isTensor()) return c10::nullopt;
+  const at::Tensor& t = v.toTensor();
+  if (t.dim() != 0 || !t.is_cpu()) return c10::nullopt;
+  switch (t.scalar_type()) {
+    case at::kDouble: return *t.data_ptr<double>();
+    case at::kFloat: return double(*t.data_ptr<float>());
+    case at::kHalf: return double(float(*t.data_ptr<at::Half>()));
+    case at::kBFloat16: return double(float(*t.data_ptr<at::BFloat16>()));
+    case at::kLong: return double(*t.data_ptr<int64_t>());
+    default: return c10::nullopt;
+  }
+}
+
+// True when a scaling op's result is finite: the tensor it scales was seen
+// finite, and the factor is at most 1 in magnitude (at least 1 for a
+// quotient). A product's factor may come first: x.mul_(0.5) runs as
+// mul.out(0.5, x, out=x).
+bool scales_finite_values(const op_traits& traits, c10::ArrayRef<const c10::IValue> inputs,
+                          const finite_memo& memo) {
+  if (inputs.size() < 2) return false;
+  for (int f : {1, 0}) {  // the factor's argument
+    if (f == 0 && traits.divides) break;
+    const c10::optional<double> factor = scalar_factor(inputs[f]);
+    const c10::IValue& x = inputs[1 - f];
+    if (!factor || !std::isfinite(*factor) || !x.isTensor()) continue;
+    const bool shrinks = traits.divides ? std::fabs(*factor) >= 1 : std::fabs(*factor) <= 1;
+    if (shrinks && known_finite(memo, x.toTensor())) return true;
+  }
+  return false;
+}
+
+// True when `out` has the dtype of every input, and there is one.
+bool dtype_of_inputs(const at::Tensor& out, const c10::SmallVector<at::Tensor, 4>& inputs) {
+  if (inputs.empty()) return false;
+  for (const auto& in : inputs)
+    if (in.scalar_type() != out.scalar_type()) return false;
+  return true;
+}
+
 // Whether an op's output can hold values that no check has seen. Outputs
 // the schema calls new can still alias an input (aten::_unsafe_view).
 bool holds_new_values(output_kind kind, const at::Tensor& out, const op_context& ctx) {
@@ -420,18 +490,81 @@ bool holds_new_values(output_kind kind, const at::Tensor& out, const op_context&
   return true;
 }
 
+// Adds a callback's time to the tracer's cost, when measured.
+class cost_meter {
+ public:
+  explicit cost_meter(tracer::state& st)
+      : st_(st.options.measure_cost() ? &st : nullptr),
+        start_(st_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point()) {}
+  ~cost_meter() {
+    if (!st_) return;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_);
+    st_->nanoseconds.fetch_add(ns.count(), std::memory_order_relaxed);
+  }
+  cost_meter(const cost_meter&) = delete;
+  cost_meter& operator=(const cost_meter&) = delete;
+
+ private:
+  tracer::state* st_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// has_nonfinite on this thread, counted in the tracer's cost when measured.
+bool scan_has_nonfinite(tracer::state& st, const at::Tensor& t) {
+  if (st.options.measure_cost()) {
+    st.scans.fetch_add(1, std::memory_order_relaxed);
+    st.scanned_bytes.fetch_add(t.numel() * int64_t(t.element_size()), std::memory_order_relaxed);
+  }
+  return detail::has_nonfinite_on_this_thread(t);
+}
+
+// For each input the op will write (its in-place self, or an input that
+// is also its out= buffer: x.mul_(0.5) runs as mul.out(0.5, x, out=x)),
+// whether it holds a NaN or Inf now: afterwards, its values are the op's.
+// A tensor the memo saw finite needs no scan; one scanned finite joins it.
+void record_written_inputs(tracer::state& st, const op_traits& traits, c10::ArrayRef<const c10::IValue> args,
+                           op_context& ctx) {
+  c10::SmallVector<const at::Tensor*, 2> written;
+  if (traits.inplace && !args.empty() && args[0].isTensor()) written.push_back(&args[0].toTensor());
+  for (size_t i = 0; i < args.size(); ++i)
+    if (i < traits.out_arguments.size() && traits.out_arguments[i] && args[i].isTensor())
+      written.push_back(&args[i].toTensor());
+  ctx.nonfinite_before.assign(ctx.inputs.size(), -1);
+  if (written.empty()) return;
+  finite_memo& memo = this_thread_memo();
+  for (size_t k = 0; k < ctx.inputs.size(); ++k) {
+    const at::Tensor& in = ctx.inputs[k];
+    const bool overwritten =
+        std::any_of(written.begin(), written.end(), [&](const at::Tensor* w) { return in.is_alias_of(*w); });
+    if (!overwritten) continue;
+    ctx.nonfinite_before[k] = !memo.contains(in) && scan_has_nonfinite(st, in);
+    if (!ctx.nonfinite_before[k]) memo.insert(in);  // an inner op writing it again need not rescan
+  }
+}
+
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   tracer::state* st = current_state();
   if (!st || st->done.load(std::memory_order_relaxed)) return nullptr;
+  const cost_meter meter(*st);
+  if (st->options.measure_cost()) st->ops.fetch_add(1, std::memory_order_relaxed);
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
     node_stack().push_back({fn.name(), fn.seqNr()});
     return std::make_unique<node_context>();  // tells the end callback to pop
   }
   callback_scope no_recursion;
+  const op_traits& traits = detail::traits_of(fn);
+  // A view makes no values, and one no autograd node will name (nested in
+  // another op, or run by the backward pass) needs no record either: the
+  // cheapest exit, for the most frequent ops.
+  if (traits.views_only && (fn.seqNr() < 0 || !node_stack().empty())) return nullptr;
   std::unique_ptr<op_context> ctx(new op_context);  // not make_unique: that zeroes it first
   ctx->op = fn.name();
-  const op_traits& traits = detail::traits_of(fn);
   ctx->traits = &traits;
+  if (traits.loops_over_slices && !st->options.all_threads()) {
+    // Its per-slice ops go unrecorded; its output is checked as a whole.
+    at::disableCallback(st->handle);
+    ctx->sealed = st->handle;
+  }
   const auto inputs = fn.inputs();
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (traits.ignores_argument(i)) continue;
@@ -439,10 +572,12 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     ctx->argument_of.resize(ctx->inputs.size(), int(i));
   }
   ctx->outputs_finite = traits.always_finite || (traits.finite_if_scalars_finite && scalars_finite(inputs));
-  if (traits.inplace && !ctx->inputs.empty() && ctx->argument_of[0] == 0) {
-    const at::Tensor& self = ctx->inputs[0];
-    ctx->self_was_nonfinite = !this_thread_memo().contains(self) && detail::has_nonfinite_on_this_thread(self);
-  }
+  const finite_memo& memo = this_thread_memo();
+  if (traits.keeps_input_values)
+    ctx->inputs_known_finite = numbers_finite(inputs) && std::all_of(ctx->inputs.begin(), ctx->inputs.end(),
+                                                                     [&](const at::Tensor& t) { return known_finite(memo, t); });
+  if (traits.scales_by_scalar && scales_finite_values(traits, inputs, memo)) ctx->outputs_finite = true;
+  record_written_inputs(*st, traits, inputs, *ctx);
   const bool backward = !node_stack().empty();
   if (!backward) {
     std::lock_guard<std::mutex> lock(st->mutex);
@@ -460,9 +595,11 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   }
   auto* ctx = static_cast<op_context*>(raw);
   if (!ctx) return;  // started while not tracing (or from inside a callback)
+  if (ctx->sealed) at::reenableCallback(ctx->sealed);
   op_stack().pop_back();  // ops end innermost first
   tracer::state* st = current_state();
   if (!st || st->done.load(std::memory_order_relaxed)) return;
+  const cost_meter meter(*st);
   const op_traits& traits = *ctx->traits;
   if (traits.allocates_only || traits.composite) return;
   callback_scope no_recursion;
@@ -472,7 +609,9 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
     if (!outputs[i].isTensor()) continue;
     const at::Tensor& out = outputs[i].toTensor();
     if (!measurable(out) || !holds_new_values(traits.output(i), out, *ctx)) continue;
-    if (ctx->outputs_finite || !detail::has_nonfinite_on_this_thread(out)) memo.insert(out);
+    const bool finite_by_rule =
+        ctx->outputs_finite || (ctx->inputs_known_finite && dtype_of_inputs(out, ctx->inputs));
+    if (finite_by_rule || !scan_has_nonfinite(*st, out)) memo.insert(out);
     else on_nonfinite_output(*st, fn, *ctx, out, int(i));
   }
 }
@@ -561,5 +700,10 @@ void tracer::resume() {
 bool tracer::active() const { return state_->active; }
 
 const tracer_options& tracer::options() const { return state_->options; }
+
+tracer_cost tracer::cost() const {
+  const state& st = *state_;
+  return {st.ops.load(), st.scans.load(), st.scanned_bytes.load(), double(st.nanoseconds.load()) * 1e-9};
+}
 
 }  // namespace nanguard

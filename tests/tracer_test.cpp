@@ -275,6 +275,78 @@ TEST(tracer, skips_views_and_integer_outputs) {
   EXPECT_FALSE(t.found());
 }
 
+TEST(tracer, names_a_batched_matmul_that_overflows_and_sees_the_ops_after_it) {
+  // A small CPU bmm loops over the batch with recorded per-slice ops; the
+  // tracer leaves those unrecorded and checks bmm's output as a whole.
+  const at::Tensor a = at::full({8, 2, 3}, 1e20f), b = at::full({8, 3, 2}, 1e20f);
+  nanguard::tracer t(nanguard::tracer_options().max_findings(4));
+  at::bmm(a, b);
+  at::exp(at::full({2}, 100.0f));  // after bmm: still traced
+  ASSERT_EQ(2u, t.findings().size());
+  EXPECT_EQ("aten::bmm", t.findings()[0].op);
+  EXPECT_EQ(role::producer, t.findings()[0].role);
+  EXPECT_EQ(kInf, t.findings()[0].value);
+  EXPECT_EQ("aten::exp", t.findings()[1].op);
+}
+
+TEST(tracer, names_the_bmm_of_a_backward_pass) {
+  const at::Tensor q = at::full({4, 2, 3}, 1e-10f).requires_grad_(), k = at::full({4, 3, 2}, 1e30f);
+  nanguard::tracer t;
+  const at::Tensor loss = (at::bmm(q, k) * 1e10).sum();  // 3e30: finite
+  EXPECT_FALSE(t.found());
+  loss.backward();  // dq = 1e10 * (ones @ k^T) = 2e40: Inf
+  const auto& f = only_finding(t);
+  EXPECT_EQ(direction::backward, f.direction);
+  EXPECT_EQ("aten::bmm", f.op);
+  EXPECT_EQ("BmmBackward0", f.node);
+  EXPECT_EQ("aten::bmm", f.forward_op);
+  EXPECT_EQ(role::producer, f.role);
+}
+
+TEST(tracer, does_not_rescan_values_it_saw_finite) {
+  nanguard::tracer t(nanguard::tracer_options().measure_cost(true));
+  const at::Tensor x = at::randn({1000});
+  const int64_t seen = t.cost().scanned_bytes;
+  EXPECT_EQ(8000, seen) << "randn's values, after its normal_ and as its result";
+  at::Tensor y = at::relu(x);  // values of x, which was checked
+  y.mul_(0.5);                 // shrinks values that were checked
+  const at::Tensor z = at::cat({x, y}) / 4.0;
+  // At most the factors, converted to float.
+  EXPECT_LT(t.cost().scanned_bytes, seen + 100);
+  const int64_t kept = t.cost().scanned_bytes;
+  y.mul_(2.0);  // may overflow: scanned
+  EXPECT_GE(t.cost().scanned_bytes, kept + 4000);
+  EXPECT_GT(t.cost().ops, 0);
+  EXPECT_GT(t.cost().seconds, 0);
+  EXPECT_FALSE(t.found());
+}
+
+TEST(tracer, still_finds_what_value_keeping_and_scaling_ops_pass_on_or_make) {
+  const at::Tensor nan = at::full({3}, NAN);
+  at::Tensor big = at::full({3}, 1e30f);
+  nanguard::tracer t(nanguard::tracer_options().max_findings(8));
+  at::relu(nan);   // not seen finite: scanned, and the NaN came in
+  big.mul_(1e10);  // grows: scanned
+  at::Tensor narrow = at::zeros({2});
+  narrow.copy_(at::full({2}, 1e300, at::kDouble));  // float64 -> float32 overflows
+  ASSERT_EQ(3u, t.findings().size());
+  // ATen may run an op through an inner one (relu as clamp_min): either names it.
+  const auto named = [](const nanguard::finding& f, const std::string& op) { return f.op == op || f.caller == op; };
+  EXPECT_TRUE(named(t.findings()[0], "aten::relu"));
+  EXPECT_EQ(role::input, t.findings()[0].role);
+  EXPECT_TRUE(named(t.findings()[1], "aten::mul_"));
+  EXPECT_EQ(role::producer, t.findings()[1].role);
+  EXPECT_EQ("aten::copy_", t.findings()[2].op);
+  EXPECT_EQ(role::producer, t.findings()[2].role);
+}
+
+TEST(tracer, measures_its_cost_only_when_asked) {
+  nanguard::tracer t;
+  at::exp(at::ones({4}));
+  EXPECT_EQ(0, t.cost().ops);
+  EXPECT_EQ(0, t.cost().scanned_bytes);
+}
+
 TEST(tracer, checks_in_place_ops) {
   at::Tensor x = at::ones({3});
   nanguard::tracer t;

@@ -56,6 +56,16 @@ struct tracer_options {
   TORCH_ARG(bool, capture_backtrace) = false;
   /// Intentional non-finite values. The default allows -inf from masked_fill.
   TORCH_ARG(std::vector<allow_rule>, allow) = {allow_rule().op("aten::masked_fill*")};
+  /// Measure what the tracer costs (`tracer::cost()`): two clock reads per op.
+  TORCH_ARG(bool, measure_cost) = false;
+};
+
+/// What a tracer has cost so far, measured with `measure_cost(true)`.
+struct tracer_cost {
+  int64_t ops = 0;            ///< recorded ops its callbacks ran for
+  int64_t scans = 0;          ///< tensors it scanned (outputs, in-place inputs)
+  int64_t scanned_bytes = 0;  ///< bytes those scans read
+  double seconds = 0;         ///< time inside its callbacks
 };
 
 /// Observes every op while it lives and reports non-finite outputs.
@@ -99,6 +109,10 @@ class tracer {
 
   /// The options it was made with.
   const tracer_options& options() const;
+  /// Its own cost so far: zeros unless the options ask to measure it. The
+  /// time excludes what RecordFunction spends before calling it (boxing
+  /// each op's inputs and outputs, ~1 us per op).
+  tracer_cost cost() const;
 
   struct state;  ///< shared with the RecordFunction callbacks
 

@@ -4,6 +4,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <unordered_map>
@@ -37,6 +38,14 @@ op_traits make_traits(const at::RecordFunction& fn) {
   t.always_finite = one_of(name, {"aten::zero_", "aten::zeros", "aten::zeros_like", "aten::ones",
                                   "aten::ones_like", "aten::eye", "aten::bernoulli_", "aten::bernoulli"});
   t.finite_if_scalars_finite = one_of(name, {"aten::fill_", "aten::full", "aten::full_like", "aten::new_full"});
+  t.loops_over_slices = one_of(name, {"aten::bmm", "aten::baddbmm"});
+  t.keeps_input_values = one_of(name, {"aten::relu", "aten::relu_", "aten::threshold_backward", "aten::clone",
+                                       "aten::copy_", "aten::_to_copy", "aten::cat", "aten::detach_",
+                                       "aten::index_select", "aten::gather", "aten::embedding", "aten::where",
+                                       "aten::masked_fill", "aten::masked_fill_", "aten::clamp_min",
+                                       "aten::clamp_min_"});
+  t.divides = one_of(name, {"aten::div", "aten::div_"});
+  t.scales_by_scalar = t.divides || one_of(name, {"aten::mul", "aten::mul_"});
   const auto op_name = fn.operator_name();
   const auto op = op_name ? c10::Dispatcher::singleton().findOp(*op_name) : c10::nullopt;
   if (!op) return t;  // a user scope: outputs stay unknown
@@ -47,6 +56,8 @@ op_traits make_traits(const at::RecordFunction& fn) {
     const c10::AliasInfo* alias = ret.alias_info();
     t.outputs.push_back(!alias ? output_kind::fresh : alias->isWrite() ? output_kind::written : output_kind::view);
   }
+  t.views_only = !t.inplace && !t.outputs.empty() &&
+                 std::all_of(t.outputs.begin(), t.outputs.end(), [](output_kind k) { return k == output_kind::view; });
   return t;
 }
 

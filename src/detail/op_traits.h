@@ -27,7 +27,23 @@ struct op_traits {
   // through other ops, each recorded and checked, and writes nothing itself.
   bool composite = false;
   bool always_finite = false;    // zeros, ones, bernoulli draws
+  // Every output is a view of an input (aten::select, aten::as_strided):
+  // it holds no new values.
+  bool views_only = false;
+  // Its CPU kernel loops over the batch with recorded ops on each slice
+  // (aten::bmm: select, resolve_conj, mm): some hundred recorded calls per
+  // call, whose values all end up in its own output, which is checked.
+  bool loops_over_slices = false;
   bool finite_if_scalars_finite = false;  // aten::fill_(x, value)
+  // Its outputs hold only values of its floating inputs, zeros and its
+  // scalars (aten::relu, aten::clone, aten::cat): finite when those are and
+  // the dtype does not change.
+  bool keeps_input_values = false;
+  // Multiplies self by its scalar argument (aten::mul, aten::mul_) or
+  // divides by it (aten::div, aten::div_): finite self stays finite when
+  // the factor is at most 1 in magnitude.
+  bool scales_by_scalar = false;
+  bool divides = false;  // ... by dividing
   std::vector<output_kind> outputs;  // by return index
   std::vector<bool> out_arguments;   // by argument index: an out= buffer, whose old values are no input
 
