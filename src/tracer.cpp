@@ -7,9 +7,10 @@
 //
 // Scanning outputs is what the tracer costs, so it scans only what can hold
 // values no check has seen (see op_traits.h): not views, not what composite
-// ops return (the ops they ran were checked), not zeros or Bernoulli draws;
-// and an in-place op's old values only when no check has seen them since
-// their last write (finite_memo).
+// ops return (the ops they ran were checked), not zeros or Bernoulli draws,
+// not what an op only keeps (relu, cat) or shrinks (x * 0.5) of tensors seen
+// finite since their last write (finite_memo); and an in-place op's old
+// values only when the memo does not know them.
 #include "nanguard/tracer.h"
 
 #include "nanguard/scope.h"
@@ -413,12 +414,9 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
   if (int64_t(st.findings.size()) >= st.options.max_findings()) st.done.store(true);
 }
 
-// True when the fill value of aten::fill_ and its kin (argument 1) is a
-// finite number; a tensor value is not looked at here.
-bool scalars_finite(c10::ArrayRef<const c10::IValue> inputs) {
-  for (size_t i = 1; i < inputs.size(); ++i) {
-    const c10::IValue& v = inputs[i];
-    if (v.isTensor()) return false;
+// True when every number among the arguments (not the tensors) is finite.
+bool numbers_finite(c10::ArrayRef<const c10::IValue> inputs) {
+  for (const c10::IValue& v : inputs) {
     if (v.isDouble() && !std::isfinite(v.toDouble())) return false;
     if (v.isComplexDouble()) {
       const auto c = v.toComplexDouble();
@@ -428,11 +426,13 @@ bool scalars_finite(c10::ArrayRef<const c10::IValue> inputs) {
   return true;
 }
 
-// True when every number among the arguments (not the tensors) is finite.
-bool numbers_finite(c10::ArrayRef<const c10::IValue> inputs) {
-  for (const c10::IValue& v : inputs)
-    if (v.isDouble() && !std::isfinite(v.toDouble())) return false;
-  return true;
+// True when the fill value of aten::fill_ and its kin (argument 1 on) is a
+// finite number; a tensor value is not looked at here.
+bool scalars_finite(c10::ArrayRef<const c10::IValue> inputs) {
+  if (inputs.size() < 2) return true;
+  const auto values = inputs.slice(1);
+  return std::none_of(values.begin(), values.end(), [](const c10::IValue& v) { return v.isTensor(); }) &&
+         numbers_finite(values);
 }
 
 // The factor a scaling op applies: a number argument, or a 0-dim CPU
