@@ -63,7 +63,10 @@ void own_costs(nanguard::bench::reference_workload& w, double plain_step_s, doub
   constexpr int kSteps = 8;
   nanguard::tracer t(nanguard::tracer_options().measure_cost(true));
   t.name_parameters(*w.model);
-  for (int i = 0; i < kSteps; ++i) w.plain_step();
+  for (int i = 0; i < kSteps; ++i) {
+    t.set_step(i);  // as the guard does: what the tracer knew of the last step goes
+    w.plain_step();
+  }
   const nanguard::tracer_cost c = t.cost();
   const double own_s = c.seconds / kSteps, ops = double(c.ops) / kSteps;
   fmt::print("tracer_ops_per_step: {:.0f}\n", ops);
@@ -71,6 +74,9 @@ void own_costs(nanguard::bench::reference_workload& w, double plain_step_s, doub
   fmt::print("tracer_own_ms: {:.2f}\n", own_s * 1e3);
   fmt::print("tracer_own_fraction: {:.4f}\n", own_s / plain_step_s);
   fmt::print("record_function_floor_fraction: {:.4f}\n", ops * observer_s_per_op / plain_step_s);
+  for (size_t i = 0; i < std::min<size_t>(c.scans_by_op.size(), 12); ++i)
+    fmt::print("# scanned per step: {:7.2f} MB {:5.1f} scans  {}\n", double(c.scans_by_op[i].bytes) / kSteps / 1e6,
+               double(c.scans_by_op[i].scans) / kSteps, c.scans_by_op[i].op);
 }
 
 }  // namespace

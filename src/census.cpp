@@ -1,6 +1,7 @@
 #include "nanguard/census.h"
 
 #include "detail/census_kernels.h"
+#include "detail/value_range.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -9,6 +10,7 @@
 
 #include <atomic>
 #include <cfloat>
+#include <cstring>
 #include <ostream>
 
 namespace nanguard {
@@ -182,7 +184,62 @@ tensor_stats census(const at::Tensor& x) {
 
 bool has_nonfinite(const at::Tensor& x) { return scan_for_nonfinite(x, /*parallel=*/true, "has_nonfinite"); }
 
+namespace {
+
+// The bounds of a range of floats Width bits wide from its extreme bit
+// patterns. A NaN pattern lies above infinity's on its side; when no value
+// is negative (or none non-negative), zero bounds that side.
+template <int Width, typename Decode>
+detail::value_range range_from(detail::extreme_bits e, uint64_t infinity_bits, Decode decode) {
+  const uint64_t sign = uint64_t(1) << (Width - 1);
+  const bool any_non_negative = (e.signed_max & sign) == 0, any_negative = (e.unsigned_max & sign) != 0;
+  const bool nan = (any_non_negative && e.signed_max > infinity_bits) ||
+                   (any_negative && (e.unsigned_max & ~sign) > infinity_bits);
+  if (nan) return {NAN, NAN};
+  return {any_negative ? decode(e.unsigned_max) : 0.0, any_non_negative ? decode(e.signed_max) : 0.0};
+}
+
+template <typename Bits, typename Float>
+Float bit_cast(Bits bits) {
+  Float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// The range with ATen ops, on the tensor's own device.
+detail::value_range range_by_aten(const at::Tensor& x) {
+  if (!at::isfinite(x).all().item<bool>()) return {NAN, NAN};
+  const auto [lo, hi] = at::aminmax(x);
+  return {lo.item<double>(), hi.item<double>()};
+}
+
+}  // namespace
+
 namespace detail {
+
+value_range value_range_on_this_thread(const at::Tensor& x) {
+  TORCH_CHECK(x.is_floating_point(), "nanguard: value_range_on_this_thread needs a floating-point tensor");
+  if (x.numel() == 0) return {};
+  if (!x.is_cpu()) return range_by_aten(x);
+  if (!x.is_contiguous()) return value_range_on_this_thread(x.contiguous());
+  const int64_t n = x.numel();
+  switch (x.scalar_type()) {
+    case at::kFloat:
+      return range_from<32>(extremes_32bit(static_cast<const uint32_t*>(x.data_ptr()), n), 0x7F800000,
+                            [](uint64_t b) { return double(bit_cast<uint32_t, float>(uint32_t(b))); });
+    case at::kDouble:
+      return range_from<64>(extremes_64bit(static_cast<const uint64_t*>(x.data_ptr()), n),
+                            0x7FF0000000000000, [](uint64_t b) { return bit_cast<uint64_t, double>(b); });
+    case at::kHalf:
+      return range_from<16>(extremes_16bit(static_cast<const uint16_t*>(x.data_ptr()), n), 0x7C00,
+                            [](uint64_t b) { return double(float(c10::Half(uint16_t(b), c10::Half::from_bits()))); });
+    case at::kBFloat16:
+      return range_from<16>(extremes_16bit(static_cast<const uint16_t*>(x.data_ptr()), n), 0x7F80,
+                            [](uint64_t b) { return double(bit_cast<uint32_t, float>(uint32_t(b) << 16)); });
+    default:
+      return range_by_aten(x);  // float types added after 1.13
+  }
+}
 
 bool has_nonfinite_on_this_thread(const at::Tensor& x) {
   return scan_for_nonfinite(x, /*parallel=*/false, "has_nonfinite");

@@ -7,16 +7,19 @@
 //
 // Scanning outputs is what the tracer costs, so it scans only what can hold
 // values no check has seen (see op_traits.h): not views, not what composite
-// ops return (the ops they ran were checked), not zeros or Bernoulli draws,
-// not what an op only keeps (relu, cat) or shrinks (x * 0.5) of tensors seen
-// finite since their last write (finite_memo); and an in-place op's old
-// values only when the memo does not know them.
+// ops return (the ops they ran were checked), and not what a range rule
+// proves finite from the ranges of the op's arguments (range_rules.h: the
+// sums, products, matrix products, softmaxes, normalisations and optimiser
+// updates of tensors whose range is known since their last write, see
+// range_memo). A scan reads an output's range, which the memo keeps; an
+// in-place op's old values are read only when the memo does not know them.
 #include "nanguard/tracer.h"
 
 #include "nanguard/scope.h"
 
 #include "detail/op_tensors.h"
 #include "detail/op_traits.h"
+#include "detail/range_rules.h"
 #include "detail/scope_handle.h"
 
 #include <ATen/record_function.h>
@@ -42,9 +45,11 @@
 namespace nanguard {
 
 using detail::collect_tensors;
+using detail::maybe_range;
 using detail::measurable;
 using detail::op_traits;
 using detail::output_kind;
+using detail::value_range;
 
 namespace {
 
@@ -91,33 +96,59 @@ struct op_context : at::ObserverContext {
   // Inputs the op writes (in-place self, or the same tensor as an out=
   // buffer): whether each held a NaN or Inf before the op; -1 for the rest.
   c10::SmallVector<int8_t, 4> nonfinite_before;
-  bool outputs_finite = false;           // finite whatever the inputs (zeros, fill with a finite value)
-  bool inputs_known_finite = false;      // keeps_input_values ops: every input seen finite, numbers finite
+  c10::SmallVector<maybe_range, 1> output_ranges;  // by output index, from the op's range rule
   at::CallbackHandle sealed = 0;         // the tracer's callback, disabled inside this op (loops_over_slices)
   module_ref module;
 };
 
-// Tensors this thread has seen finite since their last recorded write: an
-// in-place op on one needs no scan of its old values. A tensor is known by
-// TensorImpl, data and version counter, which every recorded in-place write
-// bumps; a weak reference keeps a remembered TensorImpl's memory from going
-// to a new tensor, which would otherwise match a dead one's entry. Writes
-// behind LibTorch's back (through data_ptr()) bump nothing, so what the
-// memo knows lasts one tracer step (see generation).
-class finite_memo {
+// The ranges of tensors this thread has seen finite since their last
+// recorded write, read by a scan or bounded by a rule: an in-place op on
+// one needs no scan of its old values, and range rules build on them.
+//
+// A tensor is known by its storage, first element, size, dtype and version
+// counter, which every recorded in-place write bumps; and by its
+// TensorImpl, unless both it and the remembered tensor are contiguous: then
+// another TensorImpl over the same elements shares the entry (autograd's
+// saved outputs, `_unsafe_view`). A slot is chosen by the first element, so
+// a write through any such alias replaces the entry. Weak references keep
+// a remembered TensorImpl's or StorageImpl's memory from going to a new one,
+// which would otherwise match a dead one's entry. Writes behind LibTorch's
+// back (through data_ptr()) bump nothing, so what the memo knows lasts one
+// tracer step (see generation).
+class range_memo {
   using weak_impl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+  using weak_storage = c10::weak_intrusive_ptr<c10::StorageImpl>;
 
  public:
-  bool contains(const at::TensorBase& t) const {
-    if (t.is_inference()) return false;  // no version counter
+  /// The range of `t`, when known since its last write.
+  const value_range* find(const at::TensorBase& t) const {
+    if (!rememberable(t)) return nullptr;
     const entry& e = slots_[slot(t)];
-    return e.impl._unsafe_get_target() == t.unsafeGetTensorImpl() && e.data == t.data_ptr() &&
-           e.version == t._version() && e.generation == generation.load(std::memory_order_relaxed);
+    const bool same_elements = e.impl._unsafe_get_target() == t.unsafeGetTensorImpl() ||
+                               (e.contiguous && t.is_contiguous());
+    const bool same = same_elements && e.data == t.data_ptr() &&
+                      e.storage._unsafe_get_target() == t.storage().unsafeGetStorageImpl() &&
+                      e.numel == t.numel() && e.dtype == t.scalar_type() && e.version == t._version() &&
+                      e.generation == generation.load(std::memory_order_relaxed);
+    return same ? &e.range : nullptr;
   }
-  void insert(const at::TensorBase& t) {
-    if (t.is_inference()) return;
-    slots_[slot(t)] = {weak_impl::reclaim_copy(t.unsafeGetTensorImpl()), t.data_ptr(), t._version(),
-                       generation.load(std::memory_order_relaxed)};
+  void insert(const at::TensorBase& t, const value_range& range) {
+    if (!rememberable(t)) return;
+    slots_[slot(t)] = {weak_impl::reclaim_copy(t.unsafeGetTensorImpl()),
+                       weak_storage::reclaim_copy(t.storage().unsafeGetStorageImpl()),
+                       t.data_ptr(),
+                       t.numel(),
+                       t.scalar_type(),
+                       t.is_contiguous(),
+                       t._version(),
+                       generation.load(std::memory_order_relaxed),
+                       range};
+  }
+  /// Forgets the range of `t` and of any tensor remembered over its elements.
+  void erase(const at::TensorBase& t) {
+    if (!rememberable(t)) return;
+    entry& e = slots_[slot(t)];
+    if (e.data == t.data_ptr()) e = entry();
   }
   /// Forgets what every thread's memo knows.
   static void forget_all() { generation.fetch_add(1, std::memory_order_relaxed); }
@@ -125,27 +156,51 @@ class finite_memo {
  private:
   struct entry {
     weak_impl impl = weak_impl(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());
+    weak_storage storage = weak_storage(c10::intrusive_ptr<c10::StorageImpl>());
     const void* data = nullptr;
+    int64_t numel = 0;
+    at::ScalarType dtype = at::ScalarType::Undefined;
+    bool contiguous = false;
     int64_t version = 0;
     uint64_t generation = 0;
+    value_range range;
   };
+  // Inference tensors have no version counter, sparse ones no storage.
+  static bool rememberable(const at::TensorBase& t) { return !t.is_inference() && t.has_storage(); }
   static constexpr size_t kSlots = 4096;  // direct-mapped: a collision only costs a scan
   static size_t slot(const at::TensorBase& t) {
-    return (reinterpret_cast<uintptr_t>(t.unsafeGetTensorImpl()) >> 4) * 0x9E3779B97F4A7C15ull >> 52;
+    return (reinterpret_cast<uintptr_t>(t.data_ptr()) >> 4) * 0x9E3779B97F4A7C15ull >> 52;
   }
   static inline std::atomic<uint64_t> generation{1};
   std::vector<entry> slots_ = std::vector<entry>(kSlots);
 };
 
-finite_memo& this_thread_memo() {
-  thread_local finite_memo memo;
+range_memo& this_thread_memo() {
+  thread_local range_memo memo;
   return memo;
 }
 
-// True when the memo saw `t` finite since its last write; a view is known
-// through its base, whose version counter it shares.
-bool known_finite(const finite_memo& memo, const at::Tensor& t) {
-  return memo.contains(t) || (t.is_view() && t._base().defined() && memo.contains(t._base()));
+// The range of `t` when the memo knows it; a view is known through its
+// base, whose version counter it shares (and whose range holds its values).
+maybe_range known_range(const range_memo& memo, const at::Tensor& t) {
+  const value_range* r = memo.find(t);
+  if (!r && t.is_view() && t._base().defined()) r = memo.find(t._base());
+  return r ? maybe_range(*r) : c10::nullopt;
+}
+
+// Records what an op wrote into `t`: its range when finite, else that its
+// range is unknown. A kernel may write through an op nested in it without
+// bumping the version counter (masked_fill runs masked_fill_ on a clone),
+// so the entry itself must change; and a write into a view changes its base.
+void remember_write(range_memo& memo, const at::Tensor& t, const value_range& r) {
+  const at::TensorBase base = t.is_view() ? t._base() : at::TensorBase();
+  const value_range* before = base.defined() ? memo.find(base) : nullptr;
+  const maybe_range base_range = before ? maybe_range(before->hull(r)) : c10::nullopt;
+  if (r.finite()) memo.insert(t, r);
+  else memo.erase(t);
+  if (!base.defined()) return;
+  if (base_range && base_range->finite()) memo.insert(base, *base_range);
+  else memo.erase(base);
 }
 
 // Names of tensors by their TensorImpl. The weak reference keeps the impl's
@@ -184,6 +239,7 @@ struct tracer::state {
   std::atomic<bool> done{false};
   // What the callbacks cost (options.measure_cost only).
   std::atomic<int64_t> ops{0}, scans{0}, scanned_bytes{0}, nanoseconds{0};
+  std::unordered_map<std::string, tracer_op_scans> scans_by_op;  // under mutex
   tensor_names parameters;
   tensor_names named;
   std::unordered_map<int64_t, forward_record> forward_ops;  // by sequence number
@@ -414,72 +470,6 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
   if (int64_t(st.findings.size()) >= st.options.max_findings()) st.done.store(true);
 }
 
-// True when every number among the arguments (not the tensors) is finite.
-bool numbers_finite(c10::ArrayRef<const c10::IValue> inputs) {
-  for (const c10::IValue& v : inputs) {
-    if (v.isDouble() && !std::isfinite(v.toDouble())) return false;
-    if (v.isComplexDouble()) {
-      const auto c = v.toComplexDouble();
-      if (!std::isfinite(c.real()) || !std::isfinite(c.imag())) return false;
-    }
-  }
-  return true;
-}
-
-// True when the fill value of aten::fill_ and its kin (argument 1 on) is a
-// finite number; a tensor value is not looked at here.
-bool scalars_finite(c10::ArrayRef<const c10::IValue> inputs) {
-  if (inputs.size() < 2) return true;
-  const auto values = inputs.slice(1);
-  return std::none_of(values.begin(), values.end(), [](const c10::IValue& v) { return v.isTensor(); }) &&
-         numbers_finite(values);
-}
-
-// The factor a scaling op applies: a number argument, or a 0-dim CPU
-// tensor (`x * 0.5` wraps the number into one, `x.mul_(0.5)` converts that
-// to x's dtype).
-c10::optional<double> scalar_factor(const c10::IValue& v) {
-  if (v.isDouble()) return v.toDouble();
-  if (v.isInt()) return double(v.toInt());
-  if (!v.isTensor()) return c10::nullopt;
-  const at::Tensor& t = v.toTensor();
-  if (t.dim() != 0 || !t.is_cpu()) return c10::nullopt;
-  switch (t.scalar_type()) {
-    case at::kDouble: return *t.data_ptr<double>();
-    case at::kFloat: return double(*t.data_ptr<float>());
-    case at::kHalf: return double(float(*t.data_ptr<at::Half>()));
-    case at::kBFloat16: return double(float(*t.data_ptr<at::BFloat16>()));
-    case at::kLong: return double(*t.data_ptr<int64_t>());
-    default: return c10::nullopt;
-  }
-}
-
-// True when a scaling op's result is finite: the tensor it scales was seen
-// finite, and the factor is at most 1 in magnitude (at least 1 for a
-// quotient). A product's factor may come first: x.mul_(0.5) runs as
-// mul.out(0.5, x, out=x).
-bool scales_finite_values(const op_traits& traits, c10::ArrayRef<const c10::IValue> inputs,
-                          const finite_memo& memo) {
-  if (inputs.size() < 2) return false;
-  for (int f : {1, 0}) {  // the factor's argument
-    if (f == 0 && traits.divides) break;
-    const c10::optional<double> factor = scalar_factor(inputs[f]);
-    const c10::IValue& x = inputs[1 - f];
-    if (!factor || !std::isfinite(*factor) || !x.isTensor()) continue;
-    const bool shrinks = traits.divides ? std::fabs(*factor) >= 1 : std::fabs(*factor) <= 1;
-    if (shrinks && known_finite(memo, x.toTensor())) return true;
-  }
-  return false;
-}
-
-// True when `out` has the dtype of every input, and there is one.
-bool dtype_of_inputs(const at::Tensor& out, const c10::SmallVector<at::Tensor, 4>& inputs) {
-  if (inputs.empty()) return false;
-  for (const auto& in : inputs)
-    if (in.scalar_type() != out.scalar_type()) return false;
-  return true;
-}
-
 // Whether an op's output can hold values that no check has seen. Outputs
 // the schema calls new can still alias an input (aten::_unsafe_view).
 bool holds_new_values(output_kind kind, const at::Tensor& out, const op_context& ctx) {
@@ -509,19 +499,27 @@ class cost_meter {
   std::chrono::steady_clock::time_point start_;
 };
 
-// has_nonfinite on this thread, counted in the tracer's cost when measured.
-bool scan_has_nonfinite(tracer::state& st, const at::Tensor& t) {
+// The range of `t`'s values, read on this thread for `op` (its output, or
+// an input it writes); counted in the tracer's cost when measured.
+value_range scan_range(tracer::state& st, const at::Tensor& t, const char* op, bool old_values) {
   if (st.options.measure_cost()) {
+    const int64_t bytes = t.numel() * int64_t(t.element_size());
     st.scans.fetch_add(1, std::memory_order_relaxed);
-    st.scanned_bytes.fetch_add(t.numel() * int64_t(t.element_size()), std::memory_order_relaxed);
+    st.scanned_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> lock(st.mutex);
+    const std::string key = old_values ? std::string(op) + " (old values)" : std::string(op);
+    tracer_op_scans& entry = st.scans_by_op[key];
+    entry.op = key;
+    entry.scans += 1;
+    entry.bytes += bytes;
   }
-  return detail::has_nonfinite_on_this_thread(t);
+  return detail::value_range_on_this_thread(t);
 }
 
 // For each input the op will write (its in-place self, or an input that
 // is also its out= buffer: x.mul_(0.5) runs as mul.out(0.5, x, out=x)),
 // whether it holds a NaN or Inf now: afterwards, its values are the op's.
-// A tensor the memo saw finite needs no scan; one scanned finite joins it.
+// A tensor the memo knows needs no scan; one scanned finite joins it.
 void record_written_inputs(tracer::state& st, const op_traits& traits, c10::ArrayRef<const c10::IValue> args,
                            op_context& ctx) {
   c10::SmallVector<const at::Tensor*, 2> written;
@@ -531,15 +529,41 @@ void record_written_inputs(tracer::state& st, const op_traits& traits, c10::Arra
       written.push_back(&args[i].toTensor());
   ctx.nonfinite_before.assign(ctx.inputs.size(), -1);
   if (written.empty()) return;
-  finite_memo& memo = this_thread_memo();
+  range_memo& memo = this_thread_memo();
   for (size_t k = 0; k < ctx.inputs.size(); ++k) {
     const at::Tensor& in = ctx.inputs[k];
     const bool overwritten =
         std::any_of(written.begin(), written.end(), [&](const at::Tensor* w) { return in.is_alias_of(*w); });
     if (!overwritten) continue;
-    ctx.nonfinite_before[k] = !memo.contains(in) && scan_has_nonfinite(st, in);
-    if (!ctx.nonfinite_before[k]) memo.insert(in);  // an inner op writing it again need not rescan
+    if (known_range(memo, in)) {
+      ctx.nonfinite_before[k] = 0;
+      continue;
+    }
+    const value_range before = scan_range(st, in, ctx.op, /*old_values=*/true);
+    ctx.nonfinite_before[k] = !before.finite();
+    if (before.finite()) memo.insert(in, before);  // the op's range rule and inner ops build on it
   }
+}
+
+// The ranges the op's rule gives its outputs, from its arguments' ranges
+// as they are before it runs.
+void bound_outputs(tracer::state& st, const op_traits& traits, c10::ArrayRef<const c10::IValue> args,
+                   op_context& ctx) {
+  if (!traits.rule) return;
+  range_memo& memo = this_thread_memo();
+  // A parameter is read once a step, where it is first used: it is
+  // smaller than what the ops that use it make, and used again in the
+  // backward pass and by the optimiser.
+  for (const at::Tensor& in : ctx.inputs) {
+    const at::Tensor p = in.is_view() && in._base().defined() ? at::Tensor(in._base()) : in;  // weight.t() in aten::linear
+    if (!p.is_leaf() || !p.requires_grad() || known_range(memo, p)) continue;
+    const value_range r = scan_range(st, p, ctx.op, /*old_values=*/true);
+    if (r.finite()) memo.insert(p, r);
+  }
+  const auto lookup = [&](const at::Tensor& t) { return known_range(memo, t); };
+  const detail::op_arguments arguments(args, lookup);
+  ctx.output_ranges.resize(std::max<size_t>(traits.outputs.size(), 1));
+  for (size_t i = 0; i < ctx.output_ranges.size(); ++i) ctx.output_ranges[i] = traits.rule->output(arguments, i);
 }
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
@@ -571,13 +595,8 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     collect_tensors(inputs[i], ctx->inputs);
     ctx->argument_of.resize(ctx->inputs.size(), int(i));
   }
-  ctx->outputs_finite = traits.always_finite || (traits.finite_if_scalars_finite && scalars_finite(inputs));
-  const finite_memo& memo = this_thread_memo();
-  if (traits.keeps_input_values)
-    ctx->inputs_known_finite = numbers_finite(inputs) && std::all_of(ctx->inputs.begin(), ctx->inputs.end(),
-                                                                     [&](const at::Tensor& t) { return known_finite(memo, t); });
-  if (traits.scales_by_scalar && scales_finite_values(traits, inputs, memo)) ctx->outputs_finite = true;
   record_written_inputs(*st, traits, inputs, *ctx);
+  bound_outputs(*st, traits, inputs, *ctx);
   const bool backward = !node_stack().empty();
   if (!backward) {
     std::lock_guard<std::mutex> lock(st->mutex);
@@ -603,16 +622,18 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   const op_traits& traits = *ctx->traits;
   if (traits.allocates_only || traits.composite) return;
   callback_scope no_recursion;
-  finite_memo& memo = this_thread_memo();
+  range_memo& memo = this_thread_memo();
   const auto& outputs = fn.outputs();
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (!outputs[i].isTensor()) continue;
     const at::Tensor& out = outputs[i].toTensor();
     if (!measurable(out) || !holds_new_values(traits.output(i), out, *ctx)) continue;
-    const bool finite_by_rule =
-        ctx->outputs_finite || (ctx->inputs_known_finite && dtype_of_inputs(out, ctx->inputs));
-    if (finite_by_rule || !scan_has_nonfinite(*st, out)) memo.insert(out);
-    else on_nonfinite_output(*st, fn, *ctx, out, int(i));
+    maybe_range range;
+    if (i < ctx->output_ranges.size() && ctx->output_ranges[i])
+      range = detail::stored_range(*ctx->output_ranges[i], out.scalar_type(), *traits.rule);
+    if (!range) range = scan_range(*st, out, ctx->op, /*old_values=*/false);
+    remember_write(memo, out, *range);
+    if (!range->finite()) on_nonfinite_output(*st, fn, *ctx, out, int(i));
   }
 }
 
@@ -622,7 +643,7 @@ tracer::tracer(tracer_options options) : state_(std::make_unique<state>()) {
   TORCH_CHECK(options.max_findings() >= 1, "nanguard::tracer: max_findings must be at least 1, got ",
               options.max_findings());
   state_->options = std::move(options);
-  finite_memo::forget_all();
+  range_memo::forget_all();
   if (state_->options.all_threads()) {
     tracer::state* expected = nullptr;
     TORCH_CHECK(global_tracer.compare_exchange_strong(expected, state_.get()),
@@ -658,7 +679,7 @@ void tracer::name_tensor(const at::Tensor& tensor, const std::string& name) {
 void tracer::set_step(int64_t step) {
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->step = step;
-  finite_memo::forget_all();
+  range_memo::forget_all();
   state_->forward_ops.clear();
   state_->allowed.clear();
 }
@@ -669,7 +690,7 @@ bool tracer::found() const { return !state_->findings.empty(); }
 
 void tracer::clear() {
   std::lock_guard<std::mutex> lock(state_->mutex);
-  finite_memo::forget_all();
+  range_memo::forget_all();
   state_->findings.clear();
   state_->reported.clear();
   state_->allowed.clear();
@@ -702,8 +723,13 @@ bool tracer::active() const { return state_->active; }
 const tracer_options& tracer::options() const { return state_->options; }
 
 tracer_cost tracer::cost() const {
-  const state& st = *state_;
-  return {st.ops.load(), st.scans.load(), st.scanned_bytes.load(), double(st.nanoseconds.load()) * 1e-9};
+  state& st = *state_;
+  tracer_cost c{st.ops.load(), st.scans.load(), st.scanned_bytes.load(), double(st.nanoseconds.load()) * 1e-9, {}};
+  std::lock_guard<std::mutex> lock(st.mutex);
+  for (const auto& entry : st.scans_by_op) c.scans_by_op.push_back(entry.second);
+  std::sort(c.scans_by_op.begin(), c.scans_by_op.end(),
+            [](const tracer_op_scans& a, const tracer_op_scans& b) { return a.bytes > b.bytes; });
+  return c;
 }
 
 }  // namespace nanguard

@@ -1,6 +1,7 @@
 #include "nanguard/census.h"
 
 #include "detail/census_kernels.h"
+#include "detail/value_range.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -293,6 +294,44 @@ TEST(has_nonfinite, the_one_thread_scan_agrees_on_every_dtype_and_size) {
     }
   EXPECT_FALSE(has_nonfinite_on_this_thread(at::arange(10)));
   EXPECT_THROW(has_nonfinite_on_this_thread(at::Tensor()), c10::Error);
+}
+
+// The range scan's bounds hold every value, and are the exact min and max
+// when the values take both signs (one sign alone bounds the other side by 0).
+TEST(value_range, bounds_every_dtype_sign_and_special_value_on_every_isa) {
+  using nanguard::detail::value_range_on_this_thread;
+  for_each_isa([] {
+    for (const auto dtype : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16})
+      for (const int64_t n : {int64_t(1), int64_t(31), int64_t(1000), int64_t(70001)}) {
+        SCOPED_TRACE(::testing::Message() << dtype << " n=" << n);
+        const at::Tensor mixed = (at::randn({n}) * 3).to(dtype);
+        const auto r = value_range_on_this_thread(mixed);
+        const auto [lo, hi] = at::aminmax(mixed.to(at::kDouble));
+        if (n > 1) {
+          EXPECT_EQ(lo.item<double>(), r.lo);
+          EXPECT_EQ(hi.item<double>(), r.hi);
+        }
+        EXPECT_LE(r.lo, lo.item<double>());
+        EXPECT_GE(r.hi, hi.item<double>());
+        const auto negative = value_range_on_this_thread(-mixed.abs() - 1);
+        EXPECT_EQ(0.0, negative.hi);
+        EXPECT_EQ((-mixed.abs() - 1).min().item<double>(), negative.lo);
+        const auto positive = value_range_on_this_thread(mixed.abs() + 1);
+        EXPECT_EQ(0.0, positive.lo);
+        EXPECT_EQ((mixed.abs() + 1).max().item<double>(), positive.hi);
+        for (const double special : {double(NAN), -double(NAN), kInf, -kInf}) {
+          at::Tensor x = mixed.clone();
+          x[n / 2] = special;
+          const auto s = value_range_on_this_thread(x);
+          EXPECT_FALSE(s.finite()) << special;
+          if (std::isnan(special)) EXPECT_TRUE(std::isnan(s.lo) && std::isnan(s.hi));
+          else EXPECT_EQ(special, special > 0 ? s.hi : s.lo);
+        }
+      }
+  });
+  EXPECT_EQ(4.0, value_range_on_this_thread(at::arange(5.0).flip(0).expand({3, 5})).hi) << "a strided view";
+  const auto empty = value_range_on_this_thread(at::empty({0}));
+  EXPECT_TRUE(empty.finite());
 }
 
 TEST(census, renders_one_readable_line) {

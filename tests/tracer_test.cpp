@@ -314,8 +314,12 @@ TEST(tracer, does_not_rescan_values_it_saw_finite) {
   // At most the factors, converted to float.
   EXPECT_LT(t.cost().scanned_bytes, seen + 100);
   const int64_t kept = t.cost().scanned_bytes;
-  y.mul_(2.0);  // may overflow: scanned
-  EXPECT_GE(t.cost().scanned_bytes, kept + 4000);
+  y.mul_(2.0).add_(x);  // bounded by x's range: not scanned
+  EXPECT_EQ(kept, t.cost().scanned_bytes);
+  // Sums of 100 values of x are at most 100 max|x|, which times 1e36 may
+  // overflow (though these sums, near 10 in size, do not): scanned.
+  const at::Tensor sums = x.view({10, 100}).sum(1) * 1e36;
+  EXPECT_GE(t.cost().scanned_bytes, kept + 40);
   EXPECT_GT(t.cost().ops, 0);
   EXPECT_GT(t.cost().seconds, 0);
   EXPECT_FALSE(t.found());

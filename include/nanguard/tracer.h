@@ -60,12 +60,22 @@ struct tracer_options {
   TORCH_ARG(bool, measure_cost) = false;
 };
 
+/// The tensors a tracer read for one op, measured with `measure_cost(true)`.
+struct tracer_op_scans {
+  std::string op;     ///< `aten::add_`, or `aten::add_ (old values)` for an in-place op's input
+  int64_t scans = 0;  ///< tensors read
+  int64_t bytes = 0;  ///< bytes read
+};
+
 /// What a tracer has cost so far, measured with `measure_cost(true)`.
 struct tracer_cost {
   int64_t ops = 0;            ///< recorded ops its callbacks ran for
   int64_t scans = 0;          ///< tensors it scanned (outputs, in-place inputs)
   int64_t scanned_bytes = 0;  ///< bytes those scans read
   double seconds = 0;         ///< time inside its callbacks
+  /// The scans by op, most bytes first: the ops whose outputs no range
+  /// rule bounded.
+  std::vector<tracer_op_scans> scans_by_op;
 };
 
 /// Observes every op while it lives and reports non-finite outputs.

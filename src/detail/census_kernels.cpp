@@ -434,6 +434,48 @@ NANGUARD_HOT bool any_exponent_saturated(const uint16_t* bits, int64_t n, uint16
   return false;
 }
 
+// Integer maxima of the bit patterns, signed and unsigned, R registers of
+// each: one load and two integer max instructions per vector.
+template <typename U, int Bytes, int R>
+NANGUARD_HOT extreme_bits extremes(const U* x, int64_t n) {
+  using S = std::make_signed_t<U>;
+  typedef S VS __attribute__((vector_size(Bytes)));
+  typedef U VU __attribute__((vector_size(Bytes)));
+  constexpr int lanes = Bytes / int(sizeof(U));
+  VS smax[R];
+  VU umax[R];
+  for (int r = 0; r < R; ++r) {
+    smax[r] = VS{} + std::numeric_limits<S>::min();
+    umax[r] = VU{};
+  }
+  int64_t i = 0;
+  for (; i + lanes * R <= n; i += lanes * R) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      VU v;
+      std::memcpy(&v, x + i + r * lanes, Bytes);
+#if NANGUARD_X86
+      asm("" : "+x"(v));  // one load for both maxima, not a memory operand each
+#endif
+      const VS s = reinterpret_cast<VS>(v);
+      smax[r] = smax[r] > s ? smax[r] : s;
+      umax[r] = umax[r] > v ? umax[r] : v;
+    }
+  }
+  S sm = std::numeric_limits<S>::min();
+  U um = 0;
+  for (int r = 0; r < R; ++r)
+    for (int l = 0; l < lanes; ++l) {
+      sm = std::max(sm, S(smax[r][l]));
+      um = std::max(um, U(umax[r][l]));
+    }
+  for (; i < n; ++i) {
+    sm = std::max(sm, S(x[i]));
+    um = std::max(um, x[i]);
+  }
+  return {uint64_t(U(sm)), uint64_t(um)};
+}
+
 }  // namespace
 
 void census_partial::merge(const census_partial& next) {
@@ -486,6 +528,15 @@ void census_partial::merge(const census_partial& next) {
   }                                                                                             \
   target bool any_nonfinite_16bit_##isa(const uint16_t* x, int64_t n, uint16_t mask) {          \
     return any_exponent_saturated(x, n, mask);                                                  \
+  }                                                                                             \
+  target extreme_bits extremes_16bit_##isa(const uint16_t* x, int64_t n) {                      \
+    return extremes<uint16_t, bytes, 4>(x, n);                                                  \
+  }                                                                                             \
+  target extreme_bits extremes_32bit_##isa(const uint32_t* x, int64_t n) {                      \
+    return extremes<uint32_t, bytes, 4>(x, n);                                                  \
+  }                                                                                             \
+  target extreme_bits extremes_64bit_##isa(const uint64_t* x, int64_t n) {                      \
+    return extremes<uint64_t, bytes, 4>(x, n);                                                  \
   }
 
 namespace {
@@ -552,6 +603,12 @@ bool any_nonfinite_f64(const double* x, int64_t n) { NANGUARD_DISPATCH(any_nonfi
 bool any_nonfinite_16bit(const uint16_t* bits, int64_t n, uint16_t exponent_mask) {
   NANGUARD_DISPATCH(any_nonfinite_16bit, bits, n, exponent_mask)
 }
+
+extreme_bits extremes_16bit(const uint16_t* x, int64_t n) { NANGUARD_DISPATCH(extremes_16bit, x, n) }
+
+extreme_bits extremes_32bit(const uint32_t* x, int64_t n) { NANGUARD_DISPATCH(extremes_32bit, x, n) }
+
+extreme_bits extremes_64bit(const uint64_t* x, int64_t n) { NANGUARD_DISPATCH(extremes_64bit, x, n) }
 
 }  // namespace nanguard::detail
 

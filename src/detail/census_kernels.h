@@ -47,6 +47,19 @@ bool any_nonfinite_f64(const double* x, int64_t n);
 /// (`exponent_mask` 0x7C00 for float16, 0x7F80 for bfloat16): NaN or Inf.
 bool any_nonfinite_16bit(const uint16_t* bits, int64_t n, uint16_t exponent_mask);
 
+/// The largest bit patterns of a range of floats read as integers. As signed
+/// integers, the largest is the largest non-negative float (or a NaN or +Inf
+/// above it); as unsigned, the most negative float (or a NaN or -Inf): the
+/// range's bounds from two integer maxima per element, with no float compare.
+struct extreme_bits {
+  uint64_t signed_max = 0;    ///< the largest pattern as a signed integer, in the float's width
+  uint64_t unsigned_max = 0;  ///< the largest pattern as an unsigned integer
+};
+/// Extreme patterns of the float16/bfloat16, float32 or float64 bits in x[0, n).
+extreme_bits extremes_16bit(const uint16_t* x, int64_t n);
+extreme_bits extremes_32bit(const uint32_t* x, int64_t n);
+extreme_bits extremes_64bit(const uint64_t* x, int64_t n);
+
 }  // namespace nanguard::detail
 
 namespace nanguard::detail {

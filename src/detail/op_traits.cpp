@@ -30,22 +30,17 @@ bool is_composite(const c10::OperatorHandle& op) {
 op_traits make_traits(const at::RecordFunction& fn) {
   const char* name = fn.name();
   op_traits t;
-  t.inplace = is_inplace(name);
+  // In-place ops that change how a tensor is seen, not its values.
+  const bool metadata_only = one_of(name, {"detach_", "aten::detach_", "aten::requires_grad_", "aten::squeeze_",
+                                           "aten::unsqueeze_", "aten::t_", "aten::transpose_", "aten::as_strided_",
+                                           "aten::swapdims_", "aten::swapaxes_"});
+  t.inplace = is_inplace(name) && !metadata_only;
   t.overwrites_self = t.inplace && one_of(name, {"aten::copy_", "aten::fill_", "aten::zero_", "aten::normal_",
                                                  "aten::uniform_", "aten::random_", "aten::bernoulli_",
                                                  "aten::exponential_", "aten::set_"});
   t.allocates_only = allocates_only(name);
-  t.always_finite = one_of(name, {"aten::zero_", "aten::zeros", "aten::zeros_like", "aten::ones",
-                                  "aten::ones_like", "aten::eye", "aten::bernoulli_", "aten::bernoulli"});
-  t.finite_if_scalars_finite = one_of(name, {"aten::fill_", "aten::full", "aten::full_like", "aten::new_full"});
   t.loops_over_slices = one_of(name, {"aten::bmm", "aten::baddbmm"});
-  t.keeps_input_values = one_of(name, {"aten::relu", "aten::relu_", "aten::threshold_backward", "aten::clone",
-                                       "aten::copy_", "aten::_to_copy", "aten::cat", "aten::detach_",
-                                       "aten::index_select", "aten::gather", "aten::embedding", "aten::where",
-                                       "aten::masked_fill", "aten::masked_fill_", "aten::clamp_min",
-                                       "aten::clamp_min_"});
-  t.divides = one_of(name, {"aten::div", "aten::div_"});
-  t.scales_by_scalar = t.divides || one_of(name, {"aten::mul", "aten::mul_"});
+  t.rule = range_rule_for(name);
   const auto op_name = fn.operator_name();
   const auto op = op_name ? c10::Dispatcher::singleton().findOp(*op_name) : c10::nullopt;
   if (!op) return t;  // a user scope: outputs stay unknown
@@ -56,6 +51,7 @@ op_traits make_traits(const at::RecordFunction& fn) {
     const c10::AliasInfo* alias = ret.alias_info();
     t.outputs.push_back(!alias ? output_kind::fresh : alias->isWrite() ? output_kind::written : output_kind::view);
   }
+  if (metadata_only) std::fill(t.outputs.begin(), t.outputs.end(), output_kind::view);
   t.views_only = !t.inplace && !t.outputs.empty() &&
                  std::all_of(t.outputs.begin(), t.outputs.end(), [](output_kind k) { return k == output_kind::view; });
   return t;

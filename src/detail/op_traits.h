@@ -1,8 +1,10 @@
 // op_traits.h — what the tracer knows about an op before it runs, from its
 // name and its schema: which outputs hold new values, whether every value it
-// writes is written by other recorded ops, whether its result is finite
-// whatever its inputs hold. Worked out once per op and thread.
+// writes is written by other recorded ops, and the rule that bounds its
+// results (range_rules.h). Worked out once per op and thread.
 #pragma once
+
+#include "range_rules.h"
 
 #include <ATen/record_function.h>
 
@@ -26,7 +28,6 @@ struct op_traits {
   // CompositeImplicitAutograd (aten::linear, aten::dropout): it computes
   // through other ops, each recorded and checked, and writes nothing itself.
   bool composite = false;
-  bool always_finite = false;    // zeros, ones, bernoulli draws
   // Every output is a view of an input (aten::select, aten::as_strided):
   // it holds no new values.
   bool views_only = false;
@@ -34,16 +35,8 @@ struct op_traits {
   // (aten::bmm: select, resolve_conj, mm): some hundred recorded calls per
   // call, whose values all end up in its own output, which is checked.
   bool loops_over_slices = false;
-  bool finite_if_scalars_finite = false;  // aten::fill_(x, value)
-  // Its outputs hold only values of its floating inputs, zeros and its
-  // scalars (aten::relu, aten::clone, aten::cat): finite when those are and
-  // the dtype does not change.
-  bool keeps_input_values = false;
-  // Multiplies self by its scalar argument (aten::mul, aten::mul_) or
-  // divides by it (aten::div, aten::div_): finite self stays finite when
-  // the factor is at most 1 in magnitude.
-  bool scales_by_scalar = false;
-  bool divides = false;  // ... by dividing
+  // How its outputs' ranges follow from its arguments' (nullptr: read them).
+  const range_rule* rule = nullptr;
   std::vector<output_kind> outputs;  // by return index
   std::vector<bool> out_arguments;   // by argument index: an out= buffer, whose old values are no input
 
