@@ -105,16 +105,17 @@ struct op_context : at::ObserverContext {
 // recorded write, read by a scan or bounded by a rule: an in-place op on
 // one needs no scan of its old values, and range rules build on them.
 //
-// A tensor is known by its storage, first element, size, dtype and version
-// counter, which every recorded in-place write bumps; and by its
-// TensorImpl, unless both it and the remembered tensor are contiguous: then
-// another TensorImpl over the same elements shares the entry (autograd's
-// saved outputs, `_unsafe_view`). A slot is chosen by the first element, so
-// a write through any such alias replaces the entry. Weak references keep
-// a remembered TensorImpl's or StorageImpl's memory from going to a new one,
-// which would otherwise match a dead one's entry. Writes behind LibTorch's
-// back (through data_ptr()) bump nothing, so what the memo knows lasts one
-// tracer step (see generation).
+// An entry remembers a tensor by TensorImpl, storage, first element, size,
+// dtype and version counter, which every recorded in-place write bumps. A
+// slot is chosen by the first element, so that a recorded write through
+// any tensor starting there replaces the entry. Another tensor over the
+// same memory reads the entry too when its elements lie within the
+// remembered (contiguous) ones and those are unchanged: autograd's saved
+// outputs, detach(), _unsafe_view, a bias expanded inside addmm. Weak
+// references keep a remembered TensorImpl's or StorageImpl's memory from
+// going to a new one, which would otherwise match a dead one's entry.
+// Writes behind LibTorch's back (through data_ptr()) bump nothing, so what
+// the memo knows lasts one tracer step (see generation).
 class range_memo {
   using weak_impl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
   using weak_storage = c10::weak_intrusive_ptr<c10::StorageImpl>;
@@ -124,13 +125,18 @@ class range_memo {
   const value_range* find(const at::TensorBase& t) const {
     if (!rememberable(t)) return nullptr;
     const entry& e = slots_[slot(t)];
-    const bool same_elements = e.impl._unsafe_get_target() == t.unsafeGetTensorImpl() ||
-                               (e.contiguous && t.is_contiguous());
-    const bool same = same_elements && e.data == t.data_ptr() &&
-                      e.storage._unsafe_get_target() == t.storage().unsafeGetStorageImpl() &&
-                      e.numel == t.numel() && e.dtype == t.scalar_type() && e.version == t._version() &&
-                      e.generation == generation.load(std::memory_order_relaxed);
-    return same ? &e.range : nullptr;
+    if (e.generation != generation.load(std::memory_order_relaxed) || e.data != t.data_ptr() ||
+        e.dtype != t.scalar_type() || e.storage._unsafe_get_target() != t.storage().unsafeGetStorageImpl())
+      return nullptr;
+    const c10::TensorImpl* remembered = e.impl._unsafe_get_target();
+    if (remembered == t.unsafeGetTensorImpl())
+      return e.version == t._version() && e.numel == t.numel() ? &e.range : nullptr;
+    if (!e.contiguous || !within(t, e.numel)) return nullptr;
+    // Unchanged: the remembered tensor is at its version; once it is gone,
+    // only writes through others could change them, and a write through
+    // `t` would have bumped its own version (a new alias starts at 0).
+    const int64_t now = e.impl.use_count() > 0 ? remembered->version_counter().current_version() : t._version();
+    return now == e.version ? &e.range : nullptr;
   }
   void insert(const at::TensorBase& t, const value_range& range) {
     if (!rememberable(t)) return;
@@ -167,6 +173,12 @@ class range_memo {
   };
   // Inference tensors have no version counter, sparse ones no storage.
   static bool rememberable(const at::TensorBase& t) { return !t.is_inference() && t.has_storage(); }
+  // True when every element of `t` is among the `numel` that follow its first.
+  static bool within(const at::TensorBase& t, int64_t numel) {
+    int64_t last = 0;
+    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+    return last < numel;
+  }
   static constexpr size_t kSlots = 4096;  // direct-mapped: a collision only costs a scan
   static size_t slot(const at::TensorBase& t) {
     return (reinterpret_cast<uintptr_t>(t.data_ptr()) >> 4) * 0x9E3779B97F4A7C15ull >> 52;
@@ -499,15 +511,20 @@ class cost_meter {
   std::chrono::steady_clock::time_point start_;
 };
 
-// The range of `t`'s values, read on this thread for `op` (its output, or
-// an input it writes); counted in the tracer's cost when measured.
-value_range scan_range(tracer::state& st, const at::Tensor& t, const char* op, bool old_values) {
+// What a scan reads for an op.
+enum class scanned { output, old_values, parameter };
+
+// The range of `t`'s values, read on this thread for `op` (its output, an
+// input it writes, or a parameter it uses first); counted in the tracer's
+// cost when measured.
+value_range scan_range(tracer::state& st, const at::Tensor& t, const char* op, scanned what) {
   if (st.options.measure_cost()) {
     const int64_t bytes = t.numel() * int64_t(t.element_size());
     st.scans.fetch_add(1, std::memory_order_relaxed);
     st.scanned_bytes.fetch_add(bytes, std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(st.mutex);
-    const std::string key = old_values ? std::string(op) + " (old values)" : std::string(op);
+    const char* suffix = what == scanned::old_values ? " (old values)" : what == scanned::parameter ? " (parameter)" : "";
+    const std::string key = std::string(op) + suffix;
     tracer_op_scans& entry = st.scans_by_op[key];
     entry.op = key;
     entry.scans += 1;
@@ -539,7 +556,7 @@ void record_written_inputs(tracer::state& st, const op_traits& traits, c10::Arra
       ctx.nonfinite_before[k] = 0;
       continue;
     }
-    const value_range before = scan_range(st, in, ctx.op, /*old_values=*/true);
+    const value_range before = scan_range(st, in, ctx.op, scanned::old_values);
     ctx.nonfinite_before[k] = !before.finite();
     if (before.finite()) memo.insert(in, before);  // the op's range rule and inner ops build on it
   }
@@ -557,7 +574,7 @@ void bound_outputs(tracer::state& st, const op_traits& traits, c10::ArrayRef<con
   for (const at::Tensor& in : ctx.inputs) {
     const at::Tensor p = in.is_view() && in._base().defined() ? at::Tensor(in._base()) : in;  // weight.t() in aten::linear
     if (!p.is_leaf() || !p.requires_grad() || known_range(memo, p)) continue;
-    const value_range r = scan_range(st, p, ctx.op, /*old_values=*/true);
+    const value_range r = scan_range(st, p, ctx.op, scanned::parameter);
     if (r.finite()) memo.insert(p, r);
   }
   const auto lookup = [&](const at::Tensor& t) { return known_range(memo, t); };
@@ -631,7 +648,7 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
     maybe_range range;
     if (i < ctx->output_ranges.size() && ctx->output_ranges[i])
       range = detail::stored_range(*ctx->output_ranges[i], out.scalar_type(), *traits.rule);
-    if (!range) range = scan_range(*st, out, ctx->op, /*old_values=*/false);
+    if (!range) range = scan_range(*st, out, ctx->op, scanned::output);
     remember_write(memo, out, *range);
     if (!range->finite()) on_nonfinite_output(*st, fn, *ctx, out, int(i));
   }

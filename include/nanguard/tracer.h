@@ -62,7 +62,9 @@ struct tracer_options {
 
 /// The tensors a tracer read for one op, measured with `measure_cost(true)`.
 struct tracer_op_scans {
-  std::string op;     ///< `aten::add_`, or `aten::add_ (old values)` for an in-place op's input
+  /// `aten::add_`; `aten::add_ (old values)` for what an in-place op
+  /// overwrites, `aten::mm (parameter)` for a parameter read at first use.
+  std::string op;
   int64_t scans = 0;  ///< tensors read
   int64_t bytes = 0;  ///< bytes read
 };

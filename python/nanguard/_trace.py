@@ -100,7 +100,7 @@ class Trace:
     """
 
     def __init__(self, model=None, max_findings=1, raise_on_finding=False, allow=DEFAULT_ALLOW,
-                 step=0, capture_backtrace=False, prefix=""):
+                 step=0, capture_backtrace=False, prefix="", measure_cost=False):
         if max_findings < 1:
             raise ValueError(f"nanguard.trace: max_findings must be >= 1, got {max_findings}")
         self.model = model
@@ -113,6 +113,8 @@ class Trace:
         self.step = step
         self.capture_backtrace = capture_backtrace
         self.prefix = prefix
+        self.measure_cost = bool(measure_cost)
+        self._cost = None
         self._tracer = None
         self._hooks = []
         self._depth = 0
@@ -125,7 +127,7 @@ class Trace:
         rules = [(r.op, r.module, r.nan, r.pos_inf, r.neg_inf) for r in self.allow]
         self._findings = None
         self._depth = _nanguard.scope_depth()
-        self._tracer = _nanguard.Tracer(self.max_findings, self.capture_backtrace, rules)
+        self._tracer = _nanguard.Tracer(self.max_findings, self.capture_backtrace, rules, self.measure_cost)
         try:
             self._tracer.set_step(int(self.step))
             if self.model is not None:
@@ -150,6 +152,7 @@ class Trace:
             _nanguard.scope_pop()
         if self._tracer is not None:
             self._findings = [Finding(j) for j in self._tracer.findings_json()]
+            self._cost = self._tracer.cost()
             self._tracer.close()
             self._tracer = None
 
@@ -208,6 +211,15 @@ class Trace:
         return list(self._findings or [])
 
     @property
+    def cost(self):
+        """What the tracer cost, with ``measure_cost=True`` (else zeros): a dict
+        of ``ops``, ``scans``, ``scanned_bytes``, ``seconds`` inside its
+        callbacks, and ``scans_by_op``, (op, scans, bytes) most bytes first."""
+        if self._tracer is not None:
+            return self._tracer.cost()
+        return dict(self._cost or {})
+
+    @property
     def found(self):
         """True when there is at least one finding."""
         return bool(self.findings)
@@ -232,7 +244,7 @@ class Trace:
 
 
 def trace(model=None, max_findings=1, raise_on_finding=False, allow=DEFAULT_ALLOW, step=0,
-          capture_backtrace=False):
+          capture_backtrace=False, measure_cost=False):
     """A context manager that checks every forward and backward op's output.
 
     With ``model`` (an ``nn.Module``) findings name its modules (by forward
@@ -246,6 +258,8 @@ def trace(model=None, max_findings=1, raise_on_finding=False, allow=DEFAULT_ALLO
 
     ``allow`` lists :class:`AllowRule` for intentional infinities (default:
     the -inf of masked_fill). ``max_findings`` stops checking after that many.
+    ``measure_cost`` times the tracer's callbacks and counts what it reads
+    (``Trace.cost``).
     """
     return Trace(model, max_findings=max_findings, raise_on_finding=raise_on_finding, allow=allow,
-                 step=step, capture_backtrace=capture_backtrace)
+                 step=step, capture_backtrace=capture_backtrace, measure_cost=measure_cost)

@@ -191,16 +191,17 @@ PYBIND11_MODULE(_nanguard, m) {
   // ------------------------------------------------------------ tracer
   py::class_<py_tracer>(m, "Tracer", "nanguard::tracer: observes every ATen op of this thread.")
       .def(py::init([](int64_t max_findings, bool capture_backtrace,
-                       const std::vector<std::tuple<std::string, std::string, bool, bool, bool>>& allow) {
+                       const std::vector<std::tuple<std::string, std::string, bool, bool, bool>>& allow,
+                       bool measure_cost) {
              nanguard::tracer_options o;
-             o.max_findings(max_findings).capture_backtrace(capture_backtrace);
+             o.max_findings(max_findings).capture_backtrace(capture_backtrace).measure_cost(measure_cost);
              std::vector<nanguard::allow_rule> rules;
              for (const auto& [op, module, nan, pos_inf, neg_inf] : allow)
                rules.push_back(nanguard::allow_rule().op(op).module(module).nan(nan).pos_inf(pos_inf).neg_inf(neg_inf));
              o.allow(std::move(rules));
              return std::make_unique<py_tracer>(std::move(o));
            }),
-           py::arg("max_findings"), py::arg("capture_backtrace"), py::arg("allow"))
+           py::arg("max_findings"), py::arg("capture_backtrace"), py::arg("allow"), py::arg("measure_cost") = false)
       .def("name_parameters", [](py_tracer& t, const std::vector<std::pair<std::string, at::Tensor>>& named) {
         t.get().name_parameters(*mirror_of(named));
       }, py::arg("named_parameters"), "Names parameters (and through them modules) from (name, tensor) pairs.")
@@ -218,6 +219,18 @@ PYBIND11_MODULE(_nanguard, m) {
       .def("pause", [](py_tracer& t) { t.get().pause(); })
       .def("resume", [](py_tracer& t) { t.get().resume(); })
       .def("active", [](py_tracer& t) { return t.get().active(); })
+      .def("cost", [](py_tracer& t) {
+        const nanguard::tracer_cost c = t.get().cost();
+        py::list by_op;
+        for (const auto& o : c.scans_by_op) by_op.append(py::make_tuple(o.op, o.scans, o.bytes));
+        py::dict d;
+        d["ops"] = c.ops;
+        d["scans"] = c.scans;
+        d["scanned_bytes"] = c.scanned_bytes;
+        d["seconds"] = c.seconds;
+        d["scans_by_op"] = by_op;
+        return d;
+      }, "What the tracer cost so far (zeros unless made with measure_cost).")
       .def("close", &py_tracer::close, "Stops observing and frees the tracer (call on its thread).")
       .def_property_readonly("closed", &py_tracer::closed);
 

@@ -252,7 +252,8 @@ maybe_range addcmul(const op_arguments& a, size_t) {
   const double value = a.number(3, 1.0);
   if (!s || !x || !y || !std::isfinite(value)) return c10::nullopt;
   const at::Tensor *t1 = a.tensor(1), *t2 = a.tensor(2);
-  const bool same = t1 && t2 && t1->is_same(*t2);
+  const bool same = t1 && t2 && t1->data_ptr() == t2->data_ptr() && t1->dtype() == t2->dtype() &&
+                    t1->sizes() == t2->sizes() && t1->strides() == t2->strides();  // grad and grad.conj()
   const value_range prod = (same ? square(*x) : *x * *y).widened(kRounding);
   return rounded(*s + (prod * value).widened(kRounding), 1);
 }
