@@ -325,6 +325,28 @@ TEST(tracer, does_not_rescan_values_it_saw_finite) {
   EXPECT_FALSE(t.found());
 }
 
+TEST(tracer, knows_a_write_through_a_view_changes_its_base) {
+  nanguard::tracer t;
+  at::Tensor x = at::zeros({4});            // known to be 0
+  x.narrow(0, 2, 2).fill_(1e38);            // now up to 1e38
+  const at::Tensor y = x * 10;              // overflows: must be read, not bounded by the old range
+  const auto& f = only_finding(t);
+  EXPECT_EQ("aten::mul", f.op);
+  EXPECT_EQ(role::producer, f.role);
+  EXPECT_EQ(2, f.index);
+}
+
+TEST(tracer, bounds_the_ranges_of_what_it_has_seen_instead_of_reading_them) {
+  nanguard::tracer t(nanguard::tracer_options().measure_cost(true));
+  const at::Tensor w = at::randn({64, 64}), x = at::randn({32, 64});  // read: randn's results
+  const int64_t seen = t.cost().scanned_bytes;
+  const at::Tensor h = at::relu(at::mm(x, w) + 1).softmax(-1);
+  const at::Tensor loss = (h * 0.5).sum();
+  EXPECT_EQ(seen, t.cost().scanned_bytes) << "products, sums and softmaxes of known ranges";
+  EXPECT_TRUE(t.cost().scans_by_op.size() >= 1);
+  EXPECT_FALSE(t.found());
+}
+
 TEST(tracer, still_finds_what_value_keeping_and_scaling_ops_pass_on_or_make) {
   const at::Tensor nan = at::full({3}, NAN);
   at::Tensor big = at::full({3}, 1e30f);

@@ -179,3 +179,19 @@ def test_nothing_is_observed_after_the_block():
         pass
     torch.log(torch.tensor([0.0]))
     assert t.findings == []
+
+
+def test_measure_cost_counts_what_the_tracer_read():
+    model = NormNet()
+    with nanguard.trace(model, measure_cost=True) as t:
+        model(torch.randn(8, 4)).sum().backward()
+    c = t.cost
+    assert c["ops"] > 10
+    assert 0 < c["scans"] == sum(n for _, n, _ in c["scans_by_op"])
+    assert c["scanned_bytes"] == sum(b for _, _, b in c["scans_by_op"])
+    assert c["seconds"] > 0
+    # A parameter is read once, where it is first used.
+    assert any(op.endswith("(parameter)") for op, _, _ in c["scans_by_op"])
+    with nanguard.trace(model) as quiet:
+        model(torch.randn(8, 4))
+    assert quiet.cost["scans"] == 0, "nothing is counted unless asked"
