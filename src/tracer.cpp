@@ -131,6 +131,8 @@ class range_memo {
     const c10::TensorImpl* remembered = e.impl._unsafe_get_target();
     if (remembered == t.unsafeGetTensorImpl())
       return e.version == t._version() && e.numel == t.numel() ? &e.range : nullptr;
+    if (e.owner._unsafe_get_target() == t.unsafeGetTensorImpl())
+      return e.owner_version == t._version() && e.numel == t.numel() ? &e.range : nullptr;
     if (!e.contiguous || !within(t, e.numel)) return nullptr;
     // Unchanged: the remembered tensor is at its version; once it is gone,
     // only writes through others could change them, and a write through
@@ -140,15 +142,18 @@ class range_memo {
   }
   void insert(const at::TensorBase& t, const value_range& range) {
     if (!rememberable(t)) return;
-    slots_[slot(t)] = {weak_impl::reclaim_copy(t.unsafeGetTensorImpl()),
-                       weak_storage::reclaim_copy(t.storage().unsafeGetStorageImpl()),
-                       t.data_ptr(),
-                       t.numel(),
-                       t.scalar_type(),
-                       t.is_contiguous(),
-                       t._version(),
-                       generation.load(std::memory_order_relaxed),
-                       range};
+    entry& e = slots_[slot(t)];
+    entry next{weak_impl::reclaim_copy(t.unsafeGetTensorImpl()),
+               weak_storage::reclaim_copy(t.storage().unsafeGetStorageImpl()),
+               t.data_ptr(),
+               t.numel(),
+               t.scalar_type(),
+               t.is_contiguous(),
+               t._version(),
+               generation.load(std::memory_order_relaxed),
+               range};
+    carry_owner(e, next, t);
+    e = std::move(next);
   }
   /// Forgets the range of `t` and of any tensor remembered over its elements.
   void erase(const at::TensorBase& t) {
@@ -170,7 +175,32 @@ class range_memo {
     int64_t version = 0;
     uint64_t generation = 0;
     value_range range;
+    // A tensor over the same elements, remembered before a write through
+    // another one (grad.data().mul_(c) writes grad's values but bumps
+    // only the version of grad.data()): its version then, which a write
+    // through it would bump.
+    weak_impl owner = weak_impl(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());
+    int64_t owner_version = 0;
   };
+  static bool unchanged_since(const weak_impl& impl, int64_t version) {
+    return impl.use_count() > 0 && impl._unsafe_get_target()->version_counter().current_version() == version;
+  }
+  // Keeps, in `next` (about to replace `e` for a write through `t`), the
+  // tensor `e` knew over the same elements while it is unchanged since.
+  void carry_owner(const entry& e, entry& next, const at::TensorBase& t) const {
+    const bool same_elements = e.generation == next.generation && e.data == next.data &&
+                               e.storage._unsafe_get_target() == next.storage._unsafe_get_target() &&
+                               e.dtype == next.dtype && e.numel == next.numel && e.contiguous && next.contiguous;
+    if (!same_elements) return;
+    const c10::TensorImpl* writer = t.unsafeGetTensorImpl();
+    if (e.impl._unsafe_get_target() != writer && unchanged_since(e.impl, e.version)) {
+      next.owner = e.impl;
+      next.owner_version = e.version;
+    } else if (e.owner._unsafe_get_target() != writer && unchanged_since(e.owner, e.owner_version)) {
+      next.owner = e.owner;
+      next.owner_version = e.owner_version;
+    }
+  }
   // Inference tensors have no version counter, sparse ones no storage.
   static bool rememberable(const at::TensorBase& t) { return !t.is_inference() && t.has_storage(); }
   // True when every element of `t` is among the `numel` that follow its first.

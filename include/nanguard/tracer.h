@@ -2,9 +2,13 @@
 // inputs into a NaN or Inf.
 //
 // A RecordFunction observer checks the floating-point outputs of every ATen
-// op (and so of every op inside autograd's backward nodes) with
-// `has_nonfinite`, and takes a census only of what it flags. While no tracer
-// lives, nothing is observed and nothing is paid.
+// op (and so of every op inside autograd's backward nodes), and takes a
+// census only of what it flags. An output is read (one pass, as fast as
+// `has_nonfinite`) unless the ranges of the op's arguments prove it finite:
+// the tracer remembers the range of every tensor it has seen until its next
+// write, and interval arithmetic bounds what sums, products, matrix
+// products, softmaxes, normalisations and optimiser updates make of them.
+// While no tracer lives, nothing is observed and nothing is paid.
 //
 //   nanguard::tracer t(nanguard::tracer_options().throw_on_finding(true));
 //   t.name_parameters(*model);          // findings name parameters and modules
