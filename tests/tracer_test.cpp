@@ -347,6 +347,22 @@ TEST(tracer, bounds_the_ranges_of_what_it_has_seen_instead_of_reading_them) {
   EXPECT_FALSE(t.found());
 }
 
+TEST(tracer, follows_writes_through_another_tensor_over_the_same_values) {
+  // clip_grad_norm_ in C++ rescales grad.data(): a new TensorImpl whose
+  // version counter is not grad's.
+  nanguard::tracer t(nanguard::tracer_options().measure_cost(true).allow(
+      {nanguard::allow_rule().op("aten::fill_").pos_inf(true)}));
+  const at::Tensor g = at::randn({100});
+  g.variable_data().mul_(0.5);
+  const int64_t seen = t.cost().scanned_bytes;
+  const at::Tensor h = g * 2;  // bounded by what mul_ wrote
+  EXPECT_EQ(seen, t.cost().scanned_bytes);
+  g.variable_data().fill_(INFINITY);  // allowed here, but g's range is no longer known
+  const at::Tensor k = g * 0;         // inf * 0: NaN, which no rule may hide
+  ASSERT_TRUE(t.found());
+  EXPECT_EQ("aten::mul", t.findings().front().op);
+}
+
 TEST(tracer, still_finds_what_value_keeping_and_scaling_ops_pass_on_or_make) {
   const at::Tensor nan = at::full({3}, NAN);
   at::Tensor big = at::full({3}, 1e30f);
