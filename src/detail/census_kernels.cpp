@@ -42,6 +42,18 @@ constexpr double kFp16Max = 65504.0;
 constexpr double kFp16MinNormal = 6.103515625e-05;
 constexpr double kBf16Max = 3.3895313892515355e38;
 
+// The census does six vector operations per register of data, so it issues
+// loads too slowly for the hardware prefetcher to keep enough cache lines
+// in flight from L3 and main memory: it asks for the line 4 KiB ahead
+// itself (measured on AVX2 Zen 3: 0.61-0.85 -> 0.84-0.95 of x.sum() at
+// 2^22-2^26 floats). A prefetch past the end of the data is harmless.
+constexpr int64_t kPrefetchBytes = 4096;
+
+template <typename T>
+NANGUARD_HOT void prefetch_ahead(const T* p) {
+  __builtin_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes);
+}
+
 // Statistics of a finite block, from its shifted sums.
 template <typename T>
 NANGUARD_HOT census_partial finite_block(int64_t n, T shift, double s1, double s2, T lo, T hi) {
@@ -325,6 +337,7 @@ NANGUARD_HOT census_partial census_block(const T* x, int64_t n, int64_t base, T 
     for (int64_t k = i; k < i + sub_block; k += step) {
 #pragma GCC unroll 8
       for (int u = 0; u < U; ++u) {
+        if ((u * Bytes) % 64 == 0) prefetch_ahead(x + k + u * S::lanes);
         const V v = S::load(x + k + u * S::lanes);
         const V d = ops.minus_shift(v);
         s1[u] = ops.plus(s1[u], d);
