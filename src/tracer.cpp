@@ -335,10 +335,11 @@ tracer::state* current_state() {
   return s ? s : global_tracer.load(std::memory_order_acquire);
 }
 
+constexpr char kEngineFrame[] = "autograd::engine::evaluate_function: ";
+
 std::string strip_node_prefix(const char* name) {
-  std::string s = name;
-  const std::string prefix = "autograd::engine::evaluate_function: ";
-  return s.rfind(prefix, 0) == 0 ? s.substr(prefix.size()) : s;
+  const size_t prefix = sizeof(kEngineFrame) - 1;
+  return std::strncmp(name, kEngineFrame, prefix) == 0 ? std::string(name + prefix) : std::string(name);
 }
 
 // True when module path `inner` is `outer` or inside it.
@@ -622,6 +623,9 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     node_stack().push_back({fn.name(), fn.seqNr()});
     return std::make_unique<node_context>();  // tells the end callback to pop
   }
+  // The engine's own frame around each node (a FUNCTION-scope record whose
+  // name is built per call): the node's record keeps the stack above.
+  if (std::strncmp(fn.name(), kEngineFrame, sizeof(kEngineFrame) - 1) == 0) return nullptr;
   callback_scope no_recursion;
   const op_traits& traits = detail::traits_of(fn);
   // A view makes no values, and one no autograd node will name (nested in
