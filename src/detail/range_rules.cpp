@@ -1,11 +1,10 @@
 #include "range_rules.h"
 
 #include <ATen/core/Tensor.h>
-#include <c10/util/Half.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 
 #include <cfloat>
-#include <cstring>
 #include <string_view>
 #include <unordered_map>
 
