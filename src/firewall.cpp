@@ -1,5 +1,7 @@
 #include "nanguard/firewall.h"
 
+#include "detail/dtype_limits.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
@@ -154,10 +156,7 @@ firewall_result firewall::apply(const at::Tensor& batch) const {
     const at::Tensor m = own.median();
     std::copy_n(m.data_ptr<double>(), f, med.begin());
   }
-  const double dtype_max = batch.scalar_type() == at::kDouble ? std::numeric_limits<double>::max()
-                           : batch.scalar_type() == at::kHalf  ? 65504.0
-                           : batch.scalar_type() == at::kBFloat16 ? 3.3895313892515355e38
-                                                                  : double(std::numeric_limits<float>::max());
+  const double dtype_max = detail::largest_finite(batch.scalar_type());
   std::vector<double> posinf(size_t(f), dtype_max), neginf(size_t(f), -dtype_max);
   for (int64_t j = 0; j < f; ++j) {
     if (fitted()) {

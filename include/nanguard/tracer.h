@@ -60,7 +60,8 @@ struct tracer_options {
   TORCH_ARG(bool, capture_backtrace) = false;
   /// Intentional non-finite values. The default allows -inf from masked_fill.
   TORCH_ARG(std::vector<allow_rule>, allow) = {allow_rule().op("aten::masked_fill*")};
-  /// Measure what the tracer costs (`tracer::cost()`): two clock reads per op.
+  /// Measure what the tracer costs (`tracer::cost()`): two clock reads per
+  /// op, and a locked count per tensor it reads.
   TORCH_ARG(bool, measure_cost) = false;
 };
 

@@ -1,10 +1,11 @@
 #include "range_rules.h"
 
+#include "dtype_limits.h"
+
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
-#include <cfloat>
 #include <string_view>
 #include <unordered_map>
 
@@ -350,17 +351,6 @@ const std::unordered_map<std::string_view, range_rule>& rules() {
   return table;
 }
 
-// Largest finite value of a floating dtype.
-double largest(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kDouble: return DBL_MAX;
-    case at::kFloat: return FLT_MAX;
-    case at::kHalf: return 65504.0;
-    case at::kBFloat16: return 3.3895313892515355e38;
-    default: return 0;  // not a type the rules know
-  }
-}
-
 }  // namespace
 
 maybe_range op_arguments::range(size_t i) const {
@@ -428,7 +418,7 @@ maybe_range stored_range(const value_range& r, at::ScalarType dtype, const range
   // tensor, a float32 into a float16 one), with a factor 2 to spare.
   const double unit = dtype == at::kDouble ? 0x1p-52 : dtype == at::kFloat ? 0x1p-23 : 0x1p-7;
   const value_range stored = r.widened(unit);
-  if (!stored.finite() || stored.magnitude() >= largest(dtype)) return c10::nullopt;
+  if (!stored.finite() || stored.magnitude() >= largest_finite(dtype)) return c10::nullopt;
   return stored;
 }
 
