@@ -82,22 +82,15 @@ maybe_range gradient_or_zero(const op_arguments& a, size_t) {
   return g ? maybe_range(g->hull(value_range::of(0))) : c10::nullopt;
 }
 
-// add(self, other, alpha), sub(...): self + sign * alpha * other.
-template <int Sign>
+// add(self, other, alpha), sub(...): self + sign * alpha * other; and
+// rsub(self, other, alpha): other - alpha * self (X = 1, Y = 0).
+template <size_t X, size_t Y, int Sign>
 maybe_range add(const op_arguments& a, size_t) {
-  const maybe_range x = a.range(0), y = a.range(1);
+  const maybe_range x = a.range(X), y = a.range(Y);
   const double alpha = Sign * a.number(2, 1.0);
   if (!x || !y || !std::isfinite(alpha)) return c10::nullopt;
   const value_range scaled = alpha == 1 ? *y : (*y * alpha).widened(kRounding);
   return rounded(*x + scaled, 1);
-}
-
-// rsub(self, other, alpha): other - alpha * self.
-maybe_range rsub(const op_arguments& a, size_t) {
-  const maybe_range x = a.range(0), y = a.range(1);
-  const double alpha = a.number(2, 1.0);
-  if (!x || !y || !std::isfinite(alpha)) return c10::nullopt;
-  return rounded(*y + (-(*x * alpha).widened(kRounding)), 1);
 }
 
 maybe_range neg(const op_arguments& a, size_t) {
@@ -321,9 +314,9 @@ const std::unordered_map<std::string_view, range_rule>& rules() {
     copies({"aten::clamp_min", "aten::clamp_min_"}, clamp_min);
     copies({"aten::threshold_backward"}, gradient_or_zero);
     copies({"aten::neg", "aten::neg_"}, neg);
-    computes({"aten::add", "aten::add_"}, add<1>);
-    computes({"aten::sub", "aten::sub_"}, add<-1>);
-    computes({"aten::rsub"}, rsub);
+    computes({"aten::add", "aten::add_"}, add<0, 1, 1>);
+    computes({"aten::sub", "aten::sub_"}, add<0, 1, -1>);
+    computes({"aten::rsub"}, add<1, 0, -1>);
     computes({"aten::mul", "aten::mul_"}, mul);
     computes({"aten::div", "aten::div_"}, div);
     computes({"aten::sqrt", "aten::sqrt_"}, sqrt_rule);
