@@ -218,7 +218,9 @@ detail::value_range range_by_aten(const at::Tensor& x) {
 namespace detail {
 
 value_range value_range_on_this_thread(const at::Tensor& x) {
-  TORCH_CHECK(x.is_floating_point(), "nanguard: value_range_on_this_thread needs a floating-point tensor");
+  TORCH_CHECK(x.defined() && x.is_floating_point(), "nanguard::detail::value_range_on_this_thread: expected a "
+              "floating-point tensor but got ", x.defined() ? c10::toString(x.scalar_type()) : "an undefined one",
+              "; integer and bool tensors hold no NaN or Inf (callers filter them with measurable())");
   if (x.numel() == 0) return {};
   if (!x.is_cpu()) return range_by_aten(x);
   if (!x.is_contiguous()) return value_range_on_this_thread(x.contiguous());
