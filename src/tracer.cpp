@@ -626,6 +626,9 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   // The engine's own frame around each node (a FUNCTION-scope record whose
   // name is built per call): the node's record keeps the stack above.
   if (std::strncmp(fn.name(), kEngineFrame, sizeof(kEngineFrame) - 1) == 0) return nullptr;
+  // Work inside a kernel (see op_traits::kernel) is checked through the
+  // kernel's outputs: half of the ops a training step records.
+  if (!st->options.inside_kernels() && !op_stack().empty() && op_stack().back()->traits->kernel) return nullptr;
   callback_scope no_recursion;
   const op_traits& traits = detail::traits_of(fn);
   // A view makes no values, and one no autograd node will name (nested in

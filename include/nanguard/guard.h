@@ -85,8 +85,9 @@ struct guard_options {
   TORCH_ARG(spike_options, spikes) = {};
   /// Replay a bad step under the tracer to name the op (and give a verdict).
   TORCH_ARG(bool, replay) = true;
-  /// Options of the replay's tracer.
-  TORCH_ARG(tracer_options, tracer) = {};
+  /// Options of the replay's tracer. A replay runs once per bad step, so it
+  /// also checks inside kernels to name the op within.
+  TORCH_ARG(tracer_options, tracer) = tracer_options().inside_kernels(true);
   /// Each event lists this many of the largest per-parameter grad norms.
   TORCH_ARG(int64_t, log_top_norms) = 5;
   /// JSONL event log path ("" : no log file).

@@ -60,6 +60,12 @@ struct tracer_options {
   TORCH_ARG(bool, capture_backtrace) = false;
   /// Intentional non-finite values. The default allows -inf from masked_fill.
   TORCH_ARG(std::vector<allow_rule>, allow) = {allow_rule().op("aten::masked_fill*")};
+  /// Also check the ops a kernel runs inside itself, to name the one that
+  /// made a NaN or Inf (aten::sum inside aten::mean, aten::copy_ inside
+  /// aten::_to_copy). Off, the kernel's outputs are checked and the kernel
+  /// is named, at about half the ops to observe; the guard's replay turns
+  /// it on.
+  TORCH_ARG(bool, inside_kernels) = false;
   /// Measure what the tracer costs (`tracer::cost()`): two clock reads per
   /// op, and a locked count per tensor it reads.
   TORCH_ARG(bool, measure_cost) = false;

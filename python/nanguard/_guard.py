@@ -199,7 +199,7 @@ class Guard:
         self.optimizer.zero_grad(set_to_none=True)
         torch.set_rng_state(rng)
         try:
-            with trace(self.model, step=step) as t:
+            with trace(self.model, step=step, inside_kernels=True) as t:
                 loss = closure(*args, **kwargs)
                 # (not torch.isfinite: it compares with a wrapped +inf scalar,
                 # whose conversion the tracer would report)

@@ -100,7 +100,7 @@ class Trace:
     """
 
     def __init__(self, model=None, max_findings=1, raise_on_finding=False, allow=DEFAULT_ALLOW,
-                 step=0, capture_backtrace=False, prefix="", measure_cost=False):
+                 step=0, capture_backtrace=False, prefix="", measure_cost=False, inside_kernels=False):
         if max_findings < 1:
             raise ValueError(f"nanguard.trace: max_findings must be >= 1, got {max_findings}")
         self.model = model
@@ -114,6 +114,7 @@ class Trace:
         self.capture_backtrace = capture_backtrace
         self.prefix = prefix
         self.measure_cost = bool(measure_cost)
+        self.inside_kernels = bool(inside_kernels)
         self._cost = None
         self._tracer = None
         self._hooks = []
@@ -127,7 +128,8 @@ class Trace:
         rules = [(r.op, r.module, r.nan, r.pos_inf, r.neg_inf) for r in self.allow]
         self._findings = None
         self._depth = _nanguard.scope_depth()
-        self._tracer = _nanguard.Tracer(self.max_findings, self.capture_backtrace, rules, self.measure_cost)
+        self._tracer = _nanguard.Tracer(self.max_findings, self.capture_backtrace, rules, self.measure_cost,
+                                         self.inside_kernels)
         try:
             self._tracer.set_step(int(self.step))
             if self.model is not None:
@@ -244,7 +246,7 @@ class Trace:
 
 
 def trace(model=None, max_findings=1, raise_on_finding=False, allow=DEFAULT_ALLOW, step=0,
-          capture_backtrace=False, measure_cost=False):
+          capture_backtrace=False, measure_cost=False, inside_kernels=False):
     """A context manager that checks every forward and backward op's output.
 
     With ``model`` (an ``nn.Module``) findings name its modules (by forward
@@ -259,7 +261,10 @@ def trace(model=None, max_findings=1, raise_on_finding=False, allow=DEFAULT_ALLO
     ``allow`` lists :class:`AllowRule` for intentional infinities (default:
     the -inf of masked_fill). ``max_findings`` stops checking after that many.
     ``measure_cost`` times the tracer's callbacks and counts what it reads
-    (``Trace.cost``).
+    (``Trace.cost``). ``inside_kernels`` also checks the ops a kernel runs
+    inside itself, naming the inner op (``aten::sum`` inside ``aten::mean``)
+    at about half again the cost per op; off, the kernel is named.
     """
     return Trace(model, max_findings=max_findings, raise_on_finding=raise_on_finding, allow=allow,
-                 step=step, capture_backtrace=capture_backtrace, measure_cost=measure_cost)
+                 step=step, capture_backtrace=capture_backtrace, measure_cost=measure_cost,
+                 inside_kernels=inside_kernels)

@@ -192,16 +192,18 @@ PYBIND11_MODULE(_nanguard, m) {
   py::class_<py_tracer>(m, "Tracer", "nanguard::tracer: observes every ATen op of this thread.")
       .def(py::init([](int64_t max_findings, bool capture_backtrace,
                        const std::vector<std::tuple<std::string, std::string, bool, bool, bool>>& allow,
-                       bool measure_cost) {
+                       bool measure_cost, bool inside_kernels) {
              nanguard::tracer_options o;
              o.max_findings(max_findings).capture_backtrace(capture_backtrace).measure_cost(measure_cost);
+             o.inside_kernels(inside_kernels);
              std::vector<nanguard::allow_rule> rules;
              for (const auto& [op, module, nan, pos_inf, neg_inf] : allow)
                rules.push_back(nanguard::allow_rule().op(op).module(module).nan(nan).pos_inf(pos_inf).neg_inf(neg_inf));
              o.allow(std::move(rules));
              return std::make_unique<py_tracer>(std::move(o));
            }),
-           py::arg("max_findings"), py::arg("capture_backtrace"), py::arg("allow"), py::arg("measure_cost") = false)
+           py::arg("max_findings"), py::arg("capture_backtrace"), py::arg("allow"), py::arg("measure_cost") = false,
+           py::arg("inside_kernels") = false)
       .def("name_parameters", [](py_tracer& t, const std::vector<std::pair<std::string, at::Tensor>>& named) {
         t.get().name_parameters(*mirror_of(named));
       }, py::arg("named_parameters"), "Names parameters (and through them modules) from (name, tensor) pairs.")

@@ -195,3 +195,14 @@ def test_measure_cost_counts_what_the_tracer_read():
     with nanguard.trace(model) as quiet:
         model(torch.randn(8, 4))
     assert quiet.cost["scans"] == 0, "nothing is counted unless asked"
+
+
+def test_inside_kernels_names_the_inner_op():
+    x = torch.full((8,), 3e38)
+    with nanguard.trace() as t:
+        x.mean()
+    assert t.findings[0].op == "aten::mean"
+    with nanguard.trace(inside_kernels=True) as inner:
+        x.mean()
+    assert inner.findings[0].op == "aten::sum"
+    assert inner.findings[0].caller == "aten::mean"

@@ -45,6 +45,7 @@ op_traits make_traits(const at::RecordFunction& fn) {
   const auto op = op_name ? c10::Dispatcher::singleton().findOp(*op_name) : c10::nullopt;
   if (!op) return t;  // a user scope: outputs stay unknown
   t.composite = is_composite(*op);
+  t.kernel = !t.composite;
   for (const auto& arg : op->schema().arguments())
     t.out_arguments.push_back(arg.kwarg_only() && arg.alias_info() && arg.alias_info()->isWrite());
   for (const auto& ret : op->schema().returns()) {

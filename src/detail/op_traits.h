@@ -28,6 +28,11 @@ struct op_traits {
   // CompositeImplicitAutograd (aten::linear, aten::dropout): it computes
   // through other ops, each recorded and checked, and writes nothing itself.
   bool composite = false;
+  // An ATen op with a kernel of its own: the ops it runs inside (aten::mul
+  // turning its scalar into a tensor with aten::to) are its implementation,
+  // writing only its temporaries and its outputs, which are checked when it
+  // ends. Not a composite op, and not a user's RecordFunction scope.
+  bool kernel = false;
   // Every output is a view of an input (aten::select, aten::as_strided):
   // it holds no new values.
   bool views_only = false;

@@ -30,7 +30,7 @@ expect_row zero-std 'aten::div' norm forward producer 'standardize \(eps\)'
 expect_row lr-too-high 'aten::mse_loss' loss forward producer 'clip \+ warmup'
 expect_row bad-data 'aten::addmm' fc1 forward input firewall
 expect_row log-softmax 'aten::log' loss forward producer cross_entropy
-expect_row fp16-overflow 'aten::copy_' fc2 backward producer 'loss scaling'
+expect_row fp16-overflow 'aten::_to_copy' fc2 backward producer 'loss scaling'
 expect_row masked-attention 'aten::_softmax' attn forward producer masked_softmax
 expect "every remedy trained to a finite, falling loss"
 grep -qE "in [0-9.]+ s \([0-9]+ threads\)" <<<"$out" || fail "no time taken at the end:
