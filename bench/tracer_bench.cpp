@@ -8,7 +8,8 @@
 // observer that asks for inputs and outputs adds: the floor of any op-level
 // observer) and `tracer_op_us` (what the tracer adds). Last, from inside
 // the tracer (tracer_options::measure_cost) on a few steps of the workload:
-// `tracer_own_ms` per step and `tracer_own_fraction` of a plain step, with
+// `tracer_own_ms` per step (`tracer_scan_ms` of it reading tensors) and
+// `tracer_own_fraction` of a plain step, with
 // `record_function_floor_fraction`, what boxing the ops it saw costs.
 // Usage: tracer_bench [rounds] [plain|tracer|anomaly]
 // (naming a variant runs only it, `rounds` times: for a profiler).
@@ -72,6 +73,7 @@ void own_costs(nanguard::bench::reference_workload& w, double plain_step_s, doub
   fmt::print("tracer_ops_per_step: {:.0f}\n", ops);
   fmt::print("tracer_scanned_mb_per_step: {:.1f}\n", double(c.scanned_bytes) / kSteps / 1e6);
   fmt::print("tracer_own_ms: {:.2f}\n", own_s * 1e3);
+  fmt::print("tracer_scan_ms: {:.2f}\n", c.scan_seconds / kSteps * 1e3);
   fmt::print("tracer_own_fraction: {:.4f}\n", own_s / plain_step_s);
   fmt::print("record_function_floor_fraction: {:.4f}\n", ops * observer_s_per_op / plain_step_s);
   for (size_t i = 0; i < std::min<size_t>(c.scans_by_op.size(), 12); ++i)

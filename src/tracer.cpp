@@ -280,7 +280,7 @@ struct tracer::state {
   std::vector<finding> findings;
   std::atomic<bool> done{false};
   // What the callbacks cost (options.measure_cost only).
-  std::atomic<int64_t> ops{0}, scans{0}, scanned_bytes{0}, nanoseconds{0};
+  std::atomic<int64_t> ops{0}, scans{0}, scanned_bytes{0}, nanoseconds{0}, scan_nanoseconds{0};
   std::unordered_map<std::string, tracer_op_scans> scans_by_op;  // under mutex
   tensor_names parameters;
   tensor_names named;
@@ -523,22 +523,23 @@ bool holds_new_values(output_kind kind, const at::Tensor& out, const op_context&
   return true;
 }
 
-// Adds a callback's time to the tracer's cost, when measured.
+// Adds the time until it goes out of scope to one of the tracer's cost
+// counters (a callback's, a scan's), when the tracer measures its cost.
 class cost_meter {
  public:
-  explicit cost_meter(tracer::state& st)
-      : st_(st.options.measure_cost() ? &st : nullptr),
-        start_(st_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point()) {}
+  cost_meter(const tracer::state& st, std::atomic<int64_t>& nanoseconds)
+      : into_(st.options.measure_cost() ? &nanoseconds : nullptr),
+        start_(into_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point()) {}
   ~cost_meter() {
-    if (!st_) return;
+    if (!into_) return;
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_);
-    st_->nanoseconds.fetch_add(ns.count(), std::memory_order_relaxed);
+    into_->fetch_add(ns.count(), std::memory_order_relaxed);
   }
   cost_meter(const cost_meter&) = delete;
   cost_meter& operator=(const cost_meter&) = delete;
 
  private:
-  tracer::state* st_;
+  std::atomic<int64_t>* into_;
   std::chrono::steady_clock::time_point start_;
 };
 
@@ -561,6 +562,7 @@ value_range scan_range(tracer::state& st, const at::Tensor& t, const char* op, s
     entry.scans += 1;
     entry.bytes += bytes;
   }
+  const cost_meter meter(st, st.scan_nanoseconds);
   return detail::value_range_on_this_thread(t);
 }
 
@@ -617,7 +619,7 @@ void bound_outputs(tracer::state& st, const op_traits& traits, c10::ArrayRef<con
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   tracer::state* st = current_state();
   if (!st || st->done.load(std::memory_order_relaxed)) return nullptr;
-  const cost_meter meter(*st);
+  const cost_meter meter(*st, st->nanoseconds);
   if (st->options.measure_cost()) st->ops.fetch_add(1, std::memory_order_relaxed);
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
     node_stack().push_back({fn.name(), fn.seqNr()});
@@ -672,7 +674,7 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   op_stack().pop_back();  // ops end innermost first
   tracer::state* st = current_state();
   if (!st || st->done.load(std::memory_order_relaxed)) return;
-  const cost_meter meter(*st);
+  const cost_meter meter(*st, st->nanoseconds);
   const op_traits& traits = *ctx->traits;
   if (traits.allocates_only || traits.composite) return;
   callback_scope no_recursion;
@@ -778,7 +780,8 @@ const tracer_options& tracer::options() const { return state_->options; }
 
 tracer_cost tracer::cost() const {
   state& st = *state_;
-  tracer_cost c{st.ops.load(), st.scans.load(), st.scanned_bytes.load(), double(st.nanoseconds.load()) * 1e-9, {}};
+  tracer_cost c{st.ops.load(), st.scans.load(), st.scanned_bytes.load(), double(st.nanoseconds.load()) * 1e-9,
+                double(st.scan_nanoseconds.load()) * 1e-9, {}};
   std::lock_guard<std::mutex> lock(st.mutex);
   for (const auto& entry : st.scans_by_op) c.scans_by_op.push_back(entry.second);
   std::sort(c.scans_by_op.begin(), c.scans_by_op.end(),

@@ -86,6 +86,7 @@ struct tracer_cost {
   int64_t scans = 0;          ///< tensors it scanned (outputs, in-place inputs)
   int64_t scanned_bytes = 0;  ///< bytes those scans read
   double seconds = 0;         ///< time inside its callbacks
+  double scan_seconds = 0;    ///< the part of `seconds` spent reading tensors
   /// The scans by op, most bytes first: the ops whose outputs no range
   /// rule bounded.
   std::vector<tracer_op_scans> scans_by_op;

@@ -216,7 +216,8 @@ class Trace:
     def cost(self):
         """What the tracer cost, with ``measure_cost=True`` (else zeros): a dict
         of ``ops``, ``scans``, ``scanned_bytes``, ``seconds`` inside its
-        callbacks, and ``scans_by_op``, (op, scans, bytes) most bytes first."""
+        callbacks (``scan_seconds`` of them reading tensors), and
+        ``scans_by_op``, (op, scans, bytes) most bytes first."""
         if self._tracer is not None:
             return self._tracer.cost()
         return dict(self._cost or {})

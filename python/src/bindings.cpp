@@ -230,6 +230,7 @@ PYBIND11_MODULE(_nanguard, m) {
         d["scans"] = c.scans;
         d["scanned_bytes"] = c.scanned_bytes;
         d["seconds"] = c.seconds;
+        d["scan_seconds"] = c.scan_seconds;
         d["scans_by_op"] = by_op;
         return d;
       }, "What the tracer cost so far (zeros unless made with measure_cost).")
