@@ -63,7 +63,7 @@ struct tracer_options {
   /// Also check the ops a kernel runs inside itself, to name the one that
   /// made a NaN or Inf (aten::sum inside aten::mean, aten::copy_ inside
   /// aten::_to_copy). Off, the kernel's outputs are checked and the kernel
-  /// is named, at about half the ops to observe; the guard's replay turns
+  /// is named, for two thirds of the cost per op; the guard's replay turns
   /// it on.
   TORCH_ARG(bool, inside_kernels) = false;
   /// Measure what the tracer costs (`tracer::cost()`): two clock reads per

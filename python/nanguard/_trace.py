@@ -264,7 +264,7 @@ def trace(model=None, max_findings=1, raise_on_finding=False, allow=DEFAULT_ALLO
     ``measure_cost`` times the tracer's callbacks and counts what it reads
     (``Trace.cost``). ``inside_kernels`` also checks the ops a kernel runs
     inside itself, naming the inner op (``aten::sum`` inside ``aten::mean``)
-    at about half again the cost per op; off, the kernel is named.
+    for half as much again per op; off, the kernel is named.
     """
     return Trace(model, max_findings=max_findings, raise_on_finding=raise_on_finding, allow=allow,
                  step=step, capture_backtrace=capture_backtrace, measure_cost=measure_cost,
