@@ -7,7 +7,8 @@
 //
 // Scanning outputs is what the tracer costs, so it scans only what can hold
 // values no check has seen (see op_traits.h): not views, not what composite
-// ops return (the ops they ran were checked), and not what a range rule
+// ops return (the ops they ran were checked), not the work inside a kernel
+// (its outputs are checked when it ends), and not what a range rule
 // proves finite from the ranges of the op's arguments (range_rules.h: the
 // sums, products, matrix products, softmaxes, normalisations and optimiser
 // updates of tensors whose range is known since their last write, see

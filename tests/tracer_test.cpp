@@ -207,6 +207,18 @@ TEST(tracer, names_the_kernel_whose_inner_op_overflows) {
   EXPECT_EQ(kInf, f.value);
 }
 
+TEST(tracer, checks_inside_a_kernel_that_writes_what_it_does_not_return) {
+  // aten::_foreach_mul_ returns nothing: on CPU its per-tensor mul_ ops are
+  // the only place its writes can be seen.
+  std::vector<at::Tensor> state = {at::ones({3}), at::full({2}, 1e38f)};
+  nanguard::tracer t;
+  at::_foreach_mul_(state, 10.0);
+  const auto& f = only_finding(t);
+  EXPECT_EQ("aten::mul_", f.op);
+  EXPECT_EQ("aten::_foreach_mul_", f.caller);
+  EXPECT_EQ(role::producer, f.role);
+}
+
 TEST(tracer, names_the_op_inside_a_kernel_that_overflows) {
   // aten::mean sums into its result (aten::sum, out=), then divides in
   // place: the overflow is the sum's, not the division's.

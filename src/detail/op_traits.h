@@ -31,7 +31,8 @@ struct op_traits {
   // An ATen op with a kernel of its own: the ops it runs inside (aten::mul
   // turning its scalar into a tensor with aten::to) are its implementation,
   // writing only its temporaries and its outputs, which are checked when it
-  // ends. Not a composite op, and not a user's RecordFunction scope.
+  // ends. Not a composite op, not a user's RecordFunction scope, and not an
+  // op that writes arguments it does not return.
   bool kernel = false;
   // Every output is a view of an input (aten::select, aten::as_strided):
   // it holds no new values.
