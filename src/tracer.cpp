@@ -98,6 +98,7 @@ struct op_context : at::ObserverContext {
   // buffer): whether each held a NaN or Inf before the op; -1 for the rest.
   c10::SmallVector<int8_t, 4> nonfinite_before;
   c10::SmallVector<maybe_range, 1> output_ranges;  // by output index, from the op's range rule
+  uint64_t memo_writes = 0;  // this thread's range_memo::writes() as the op started (writes_unreturned)
   at::CallbackHandle sealed = 0;         // the tracer's callback, disabled inside this op (loops_over_slices)
   module_ref module;
 };
@@ -124,22 +125,16 @@ class range_memo {
  public:
   /// The range of `t`, when known since its last write.
   const value_range* find(const at::TensorBase& t) const {
-    if (!rememberable(t)) return nullptr;
-    const entry& e = slots_[slot(t)];
-    if (e.generation != generation.load(std::memory_order_relaxed) || e.data != t.data_ptr() ||
-        e.dtype != t.scalar_type() || e.storage._unsafe_get_target() != t.storage().unsafeGetStorageImpl())
-      return nullptr;
-    const c10::TensorImpl* remembered = e.impl._unsafe_get_target();
-    if (remembered == t.unsafeGetTensorImpl())
-      return e.version == t._version() && e.numel == t.numel() ? &e.range : nullptr;
-    if (e.owner._unsafe_get_target() == t.unsafeGetTensorImpl())
-      return e.owner_version == t._version() && e.numel == t.numel() ? &e.range : nullptr;
-    if (!e.contiguous || !within(t, e.numel)) return nullptr;
-    // Unchanged: the remembered tensor is at its version; once it is gone,
-    // only writes through others could change them, and a write through
-    // `t` would have bumped its own version (a new alias starts at 0).
-    const int64_t now = e.impl.use_count() > 0 ? remembered->version_counter().current_version() : t._version();
-    return now == e.version ? &e.range : nullptr;
+    const entry* e = find_entry(t);
+    return e ? &e->range : nullptr;
+  }
+  /// How many ranges this memo has recorded so far.
+  uint64_t writes() const { return writes_; }
+  /// True when `t`'s range is known from a write recorded after the memo
+  /// had recorded `writes` of them.
+  bool written_since(const at::TensorBase& t, uint64_t writes) const {
+    const entry* e = find_entry(t);
+    return e && e->write > writes;
   }
   void insert(const at::TensorBase& t, const value_range& range) {
     if (!rememberable(t)) return;
@@ -152,6 +147,7 @@ class range_memo {
                t.is_contiguous(),
                t._version(),
                generation.load(std::memory_order_relaxed),
+               ++writes_,
                range};
     carry_owner(e, next, t);
     e = std::move(next);
@@ -175,6 +171,7 @@ class range_memo {
     bool contiguous = false;
     int64_t version = 0;
     uint64_t generation = 0;
+    uint64_t write = 0;  // the memo's count of writes when this one was recorded
     value_range range;
     // A tensor over the same elements, remembered before a write through
     // another one (grad.data().mul_(c) writes grad's values but bumps
@@ -183,6 +180,24 @@ class range_memo {
     weak_impl owner = weak_impl(c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>());
     int64_t owner_version = 0;
   };
+  const entry* find_entry(const at::TensorBase& t) const {
+    if (!rememberable(t)) return nullptr;
+    const entry& e = slots_[slot(t)];
+    if (e.generation != generation.load(std::memory_order_relaxed) || e.data != t.data_ptr() ||
+        e.dtype != t.scalar_type() || e.storage._unsafe_get_target() != t.storage().unsafeGetStorageImpl())
+      return nullptr;
+    const c10::TensorImpl* remembered = e.impl._unsafe_get_target();
+    if (remembered == t.unsafeGetTensorImpl())
+      return e.version == t._version() && e.numel == t.numel() ? &e : nullptr;
+    if (e.owner._unsafe_get_target() == t.unsafeGetTensorImpl())
+      return e.owner_version == t._version() && e.numel == t.numel() ? &e : nullptr;
+    if (!e.contiguous || !within(t, e.numel)) return nullptr;
+    // Unchanged: the remembered tensor is at its version; once it is gone,
+    // only writes through others could change them, and a write through
+    // `t` would have bumped its own version (a new alias starts at 0).
+    const int64_t now = e.impl.use_count() > 0 ? remembered->version_counter().current_version() : t._version();
+    return now == e.version ? &e : nullptr;
+  }
   static bool unchanged_since(const weak_impl& impl, int64_t version) {
     return impl.use_count() > 0 && impl._unsafe_get_target()->version_counter().current_version() == version;
   }
@@ -216,6 +231,7 @@ class range_memo {
   }
   static inline std::atomic<uint64_t> generation{1};
   std::vector<entry> slots_ = std::vector<entry>(kSlots);
+  uint64_t writes_ = 0;
 };
 
 range_memo& this_thread_memo() {
@@ -409,6 +425,10 @@ bool inside_infinity_test() {
   return false;
 }
 
+// on_nonfinite_output's output index for a tensor the op wrote without
+// returning it: the finding lists it after the outputs.
+constexpr int kWrittenArgument = -1;
+
 void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_context& ctx,
                          const at::Tensor& out, int output_index) {
   std::lock_guard<std::mutex> lock(st.mutex);
@@ -505,6 +525,10 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
     for (const auto& o : outs) f.outputs.push_back(record_of(o, "output " + std::to_string(i)));
   }
   f.output = output_index;
+  if (output_index == kWrittenArgument) {
+    f.outputs.push_back(record_of(out, "written in place"));
+    f.output = int(f.outputs.size()) - 1;
+  }
   f.index = out_stats.first_nonfinite_index;
   f.value = out_stats.first_nonfinite_value;
   f.thread = fn.threadId();
@@ -578,6 +602,9 @@ void record_written_inputs(tracer::state& st, const op_traits& traits, c10::Arra
   for (size_t i = 0; i < args.size(); ++i)
     if (i < traits.out_arguments.size() && traits.out_arguments[i] && args[i].isTensor())
       written.push_back(&args[i].toTensor());
+  if (traits.writes_unreturned)  // e.g. each tensor of the list aten::_foreach_mul_ updates
+    for (size_t k = 0; k < ctx.inputs.size(); ++k)
+      if (traits.writes_argument(ctx.argument_of[k])) written.push_back(&ctx.inputs[k]);
   ctx.nonfinite_before.assign(ctx.inputs.size(), -1);
   if (written.empty()) return;
   range_memo& memo = this_thread_memo();
@@ -617,6 +644,20 @@ void bound_outputs(tracer::state& st, const op_traits& traits, c10::ArrayRef<con
   for (size_t i = 0; i < ctx.output_ranges.size(); ++i) ctx.output_ranges[i] = traits.rule->output(arguments, i);
 }
 
+// The tensors an op wrote without returning them (see
+// op_traits::writes_unreturned), read unless an op inside it recorded a
+// write to them since it started (on CPU, aten::_foreach_mul_'s mul_ ops),
+// which checked them.
+void check_unreturned_writes(tracer::state& st, const at::RecordFunction& fn, op_context& ctx, range_memo& memo) {
+  for (size_t k = 0; k < ctx.inputs.size(); ++k) {
+    const at::Tensor& written = ctx.inputs[k];
+    if (ctx.nonfinite_before[k] < 0 || !measurable(written) || memo.written_since(written, ctx.memo_writes)) continue;
+    const value_range range = scan_range(st, written, ctx.op, scanned::output);
+    remember_write(memo, written, range);
+    if (!range.finite()) on_nonfinite_output(st, fn, ctx, written, kWrittenArgument);
+  }
+}
+
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   tracer::state* st = current_state();
   if (!st || st->done.load(std::memory_order_relaxed)) return nullptr;
@@ -654,6 +695,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   }
   record_written_inputs(*st, traits, inputs, *ctx);
   bound_outputs(*st, traits, inputs, *ctx);
+  if (traits.writes_unreturned) ctx->memo_writes = this_thread_memo().writes();
   const bool backward = !node_stack().empty();
   if (!backward) {
     std::lock_guard<std::mutex> lock(st->mutex);
@@ -692,6 +734,7 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
     remember_write(memo, out, *range);
     if (!range->finite()) on_nonfinite_output(*st, fn, *ctx, out, int(i));
   }
+  if (traits.writes_unreturned) check_unreturned_writes(*st, fn, *ctx, memo);
 }
 
 }  // namespace

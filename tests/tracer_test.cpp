@@ -219,6 +219,43 @@ TEST(tracer, checks_inside_a_kernel_that_writes_what_it_does_not_return) {
   EXPECT_EQ(role::producer, f.role);
 }
 
+TEST(tracer, reads_a_list_updated_in_place_only_when_no_op_inside_wrote_it) {
+  nanguard::tracer t(nanguard::tracer_options().measure_cost(true));
+  std::vector<at::Tensor> state = {at::ones({3}), at::full({2}, 2.0f)};  // known ranges
+  const int64_t before = t.cost().scanned_bytes;
+  at::_foreach_mul_(state, 0.5);  // its mul_ ops bound each tensor from its known range
+  EXPECT_EQ(before, t.cost().scanned_bytes);
+  EXPECT_FALSE(t.found());
+}
+
+// A list updated in place by a kernel that runs no recorded op inside and
+// returns nothing, as CUDA's fused foreach kernels do.
+void scale_in_place(at::TensorList tensors, double factor) {
+  for (const at::Tensor& x : tensors) {
+    float* p = x.data_ptr<float>();
+    for (int64_t i = 0; i < x.numel(); ++i) p[i] *= float(factor);
+  }
+}
+
+TORCH_LIBRARY(nanguard_test, m) { m.def("scale_(Tensor(a!)[] tensors, float factor) -> ()"); }
+TORCH_LIBRARY_IMPL(nanguard_test, CPU, m) { m.impl("scale_", &scale_in_place); }
+
+TEST(tracer, checks_what_a_kernel_writes_without_returning_it) {
+  const auto scale = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("nanguard_test::scale_", "")
+                         .typed<void(at::TensorList, double)>();
+  std::vector<at::Tensor> state = {at::ones({3}), at::full({2}, 1e38f)};
+  nanguard::tracer t;
+  scale.call(state, 10.0);
+  const auto& f = only_finding(t);
+  EXPECT_EQ("nanguard_test::scale_", f.op);
+  EXPECT_EQ(role::producer, f.role);
+  EXPECT_EQ(kInf, f.value);
+  ASSERT_EQ(1u, f.outputs.size());
+  EXPECT_EQ("written in place", f.outputs[0].name);
+  EXPECT_EQ(0, f.output);
+}
+
 TEST(tracer, names_the_op_inside_a_kernel_that_overflows) {
   // aten::mean sums into its result (aten::sum, out=), then divides in
   // place: the overflow is the sum's, not the division's.

@@ -45,19 +45,20 @@ op_traits make_traits(const at::RecordFunction& fn) {
   const auto op = op_name ? c10::Dispatcher::singleton().findOp(*op_name) : c10::nullopt;
   if (!op) return t;  // a user scope: outputs stay unknown
   t.composite = is_composite(*op);
-  size_t written_arguments = 0;
   for (const auto& arg : op->schema().arguments()) {
-    const bool written = arg.alias_info() && arg.alias_info()->isWrite();
-    written_arguments += written;
+    const bool written = arg.alias_info() && arg.alias_info()->isWrite() && !metadata_only;
+    t.written_arguments.push_back(written);
     t.out_arguments.push_back(arg.kwarg_only() && written);
   }
   for (const auto& ret : op->schema().returns()) {
     const c10::AliasInfo* alias = ret.alias_info();
     t.outputs.push_back(!alias ? output_kind::fresh : alias->isWrite() ? output_kind::written : output_kind::view);
   }
-  // An op that writes arguments it does not return (aten::_foreach_mul_
-  // returns nothing) shows its writes only through the ops it runs inside.
-  t.kernel = !t.composite && written_arguments <= size_t(std::count(t.outputs.begin(), t.outputs.end(), output_kind::written));
+  t.writes_unreturned = size_t(std::count(t.written_arguments.begin(), t.written_arguments.end(), true)) >
+                        size_t(std::count(t.outputs.begin(), t.outputs.end(), output_kind::written));
+  // Such an op may show its writes through the ops it runs inside (on CPU,
+  // aten::_foreach_mul_ runs mul_ on each tensor): those stay checked.
+  t.kernel = !t.composite && !t.writes_unreturned;
   if (metadata_only) std::fill(t.outputs.begin(), t.outputs.end(), output_kind::view);
   t.views_only = !t.inplace && !t.outputs.empty() &&
                  std::all_of(t.outputs.begin(), t.outputs.end(), [](output_kind k) { return k == output_kind::view; });

@@ -34,6 +34,9 @@ struct op_traits {
   // ends. Not a composite op, not a user's RecordFunction scope, and not an
   // op that writes arguments it does not return.
   bool kernel = false;
+  // It writes arguments it does not return (aten::_foreach_mul_ updates a
+  // list in place and returns nothing): those are checked when it ends.
+  bool writes_unreturned = false;
   // Every output is a view of an input (aten::select, aten::as_strided):
   // it holds no new values.
   bool views_only = false;
@@ -45,8 +48,10 @@ struct op_traits {
   const range_rule* rule = nullptr;
   std::vector<output_kind> outputs;  // by return index
   std::vector<bool> out_arguments;   // by argument index: an out= buffer, whose old values are no input
+  std::vector<bool> written_arguments;  // by argument index: written (self of an in-place op, out=, a list)
 
   output_kind output(size_t i) const { return i < outputs.size() ? outputs[i] : output_kind::unknown; }
+  bool writes_argument(size_t i) const { return i < written_arguments.size() && written_arguments[i]; }
   /// True when argument i's values are not read: out= buffers, or self of
   /// an op that overwrites all of it.
   bool ignores_argument(size_t i) const {
