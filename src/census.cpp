@@ -1,6 +1,7 @@
 #include "nanguard/census.h"
 
 #include "detail/census_kernels.h"
+#include "detail/chunked_parallel.h"
 #include "detail/value_range.h"
 
 #include <ATen/Parallel.h>
@@ -78,11 +79,9 @@ census_partial census_contiguous(const at::Tensor& x) {
   const int64_t n = x.numel();
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<census_partial> parts(chunks);
-  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) {
-      const int64_t start = c * kChunk;
-      parts[c] = kernel<T>::census(data + start, std::min(kChunk, n - start), start);
-    }
+  detail::for_each_chunk(chunks, [&](int64_t c) {
+    const int64_t start = c * kChunk;
+    parts[c] = kernel<T>::census(data + start, std::min(kChunk, n - start), start);
   });
   census_partial total;
   for (const auto& p : parts) total.merge(p);  // in order: first_bad stays the first
