@@ -1,5 +1,7 @@
 #include "nanguard/distributed.h"
 
+#include "nanguard/tracer.h"
+
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -55,7 +57,10 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_gloo(const c10::intrusive_ptr<c10d::
 
 // Waits for a collective; a peer that died or timed out becomes an error
 // that says what happened and what to look at.
-void wait_for(const c10::intrusive_ptr<c10d::Work>& work, const char* what, int64_t rank) {
+// Waits for a collective that wrote `written`. It wrote them without a
+// recorded op or a version bump: mark_written tells a live tracer.
+void wait_for(const c10::intrusive_ptr<c10d::Work>& work, const std::vector<at::Tensor>& written, const char* what,
+              int64_t rank) {
   try {
     work->wait();
   } catch (const std::exception& ex) {
@@ -64,6 +69,7 @@ void wait_for(const c10::intrusive_ptr<c10d::Work>& work, const char* what, int6
                 " all-reduce failed (another rank died, or did not arrive within the timeout): ",
                 ce ? ce->what_without_backtrace() : ex.what());
   }
+  for (const at::Tensor& t : written) mark_written(t);
 }
 
 }  // namespace
@@ -146,7 +152,7 @@ consensus distributed::agree(bool nonfinite, double sumsq, double loss) {
   p[s.world] = nonfinite ? 0.0 : sumsq;
   p[s.world + 1] = nonfinite ? 0.0 : loss;
   std::vector<at::Tensor> tensors{buf};
-  wait_for(s.pg->allreduce(tensors, c10d::AllreduceOptions{}), "consensus", s.rank);
+  wait_for(s.pg->allreduce(tensors, c10d::AllreduceOptions{}), tensors, "consensus", s.rank);
   consensus c;
   for (int64_t r = 0; r < s.world; ++r)
     if (p[r] != 0) c.nonfinite_ranks.push_back(r);
@@ -204,7 +210,7 @@ void distributed::average_gradients_(const std::vector<at::Tensor>& parameters, 
   for (auto& [t, i] : open) launch(buckets[i]);
   const double inv_world = 1.0 / static_cast<double>(s.world);
   for (bucket& b : buckets) {
-    wait_for(b.work, "gradient", s.rank);
+    wait_for(b.work, {b.flat}, "gradient", s.rank);
     b.flat.mul_(inv_world);
     int64_t offset = 0;
     for (const at::Tensor& g : b.grads) {
@@ -228,7 +234,7 @@ std::vector<int64_t> distributed::check_consistency(const std::vector<at::Tensor
   std::memcpy(&v, &mine, sizeof v);
   buf.data_ptr<int64_t>()[s.rank] = v;
   std::vector<at::Tensor> tensors{buf};
-  wait_for(s.pg->allreduce(tensors, c10d::AllreduceOptions{}), "gradient-checksum", s.rank);
+  wait_for(s.pg->allreduce(tensors, c10d::AllreduceOptions{}), tensors, "gradient-checksum", s.rank);
   const int64_t* all = buf.data_ptr<int64_t>();
   std::map<int64_t, int64_t> votes;
   for (int64_t r = 0; r < s.world; ++r) ++votes[all[r]];
@@ -251,19 +257,19 @@ std::string distributed::broadcast(const std::string& text, int64_t root) {
   bo.rootRank = root;
   {
     std::vector<at::Tensor> tensors{size};
-    wait_for(s.pg->broadcast(tensors, bo), "broadcast", s.rank);
+    wait_for(s.pg->broadcast(tensors, bo), tensors, "broadcast", s.rank);
   }
   const int64_t n = size.item<int64_t>();
   if (n == 0) return "";
   at::Tensor bytes = at::empty({n}, at::kByte);
   if (s.rank == root) std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), text.size());
   std::vector<at::Tensor> tensors{bytes};
-  wait_for(s.pg->broadcast(tensors, bo), "broadcast", s.rank);
+  wait_for(s.pg->broadcast(tensors, bo), tensors, "broadcast", s.rank);
   return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(n));
 }
 
 void distributed::barrier() {
-  wait_for(impl_->pg->barrier(), "barrier", impl_->rank);
+  wait_for(impl_->pg->barrier(), {}, "barrier", impl_->rank);
 }
 
 void distributed::on_averaged(std::function<void(int64_t, const std::vector<at::Tensor>&)> hook) {

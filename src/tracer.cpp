@@ -833,4 +833,9 @@ tracer_cost tracer::cost() const {
   return c;
 }
 
+void mark_written(const at::Tensor& tensor) {
+  // Inference tensors have no version counter, and no tracer remembers them.
+  if (tensor.defined() && !tensor.is_inference()) tensor.unsafeGetTensorImpl()->bump_version();
+}
+
 }  // namespace nanguard

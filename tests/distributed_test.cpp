@@ -5,6 +5,7 @@
 // end by tests/cli/distributed_test.sh.
 #include "nanguard/distributed.h"
 #include "nanguard/guard.h"
+#include "nanguard/tracer.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -13,6 +14,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
 
 namespace {
 
@@ -126,6 +128,30 @@ TEST(distributed, guard_events_carry_the_rank) {
   EXPECT_EQ(e.findings.front().op, "aten::sqrt");
   EXPECT_EQ(e.findings.front().rank, 0);
   EXPECT_EQ(e.verdict, "reproduced");
+}
+
+// Two ranks on two threads. A collective writes its tensors without a
+// recorded op: the tracer on rank 0 must not trust what it knew of the
+// bucket before the all-reduce brought rank 1's NaN into it.
+TEST(distributed, a_tracer_sees_a_nan_that_arrives_through_the_all_reduce) {
+  const std::string store = fresh_store("traced");
+  std::vector<nanguard::finding> findings;
+  const auto rank_main = [&](int64_t rank) {
+    nanguard::distributed d(nanguard::init_process_group(store, rank, 2));
+    at::Tensor w = torch::ones({4}, torch::requires_grad());
+    std::unique_ptr<nanguard::tracer> t;
+    if (rank == 0) t = std::make_unique<nanguard::tracer>();  // knows the gradient: all 2
+    (w * 2).sum().backward();
+    if (rank == 1) w.mutable_grad()[3] = NAN;
+    d.average_gradients_({w}, 0);
+    if (t) findings = t->findings();
+  };
+  std::thread other(rank_main, 1);
+  rank_main(0);
+  other.join();
+  ASSERT_FALSE(findings.empty()) << "rank 1's NaN reached rank 0's gradient unseen";
+  EXPECT_EQ("aten::mul_", findings.front().op);
+  EXPECT_EQ(nanguard::role::input, findings.front().role);
 }
 
 }  // namespace

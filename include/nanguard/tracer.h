@@ -111,7 +111,8 @@ class tracer {
   /// and which tensors it saw finite. Call it every step when the program
   /// refills tensors through data_ptr() (a data loader's reused buffer):
   /// within a step, an in-place op on a tensor seen finite since its last
-  /// recorded write does not scan its old values again.
+  /// recorded write does not scan its old values again. A tensor written
+  /// behind LibTorch's back within a step needs `mark_written`.
   void set_step(int64_t step);
 
   /// Findings so far, first first.
@@ -158,5 +159,11 @@ class tracer_pause {
   tracer& tracer_;
   bool was_active_;
 };
+
+/// Tells tracers that `tensor`'s values changed outside a recorded op: a
+/// c10d collective (nanguard's distributed helpers call it for theirs), a
+/// write through data_ptr(). Bumps its version counter, as an in-place op
+/// does, so that no tracer trusts what it knew of the old values.
+void mark_written(const at::Tensor& tensor);
 
 }  // namespace nanguard

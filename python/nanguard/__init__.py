@@ -20,7 +20,7 @@ from ._trace import AllowRule, Finding, NonFiniteError, Trace, trace
 from ._guard import Guard, StepResult
 
 __all__ = [
-    "census", "has_nonfinite", "TensorStats", "trace", "Trace", "Finding",
+    "census", "has_nonfinite", "mark_written", "TensorStats", "trace", "Trace", "Finding",
     "NonFiniteError", "AllowRule", "Guard", "StepResult", "IsolationForest",
     "Firewall", "FirewallReport",
 ]
@@ -66,3 +66,17 @@ def has_nonfinite(tensor):
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"nanguard.has_nonfinite: expected a torch.Tensor, got {type(tensor).__name__}")
     return _nanguard.has_nonfinite(tensor.detach())
+
+
+def mark_written(tensor):
+    """Tells a live ``trace`` that ``tensor`` changed outside a recorded op.
+
+    Call it after writing a tensor behind PyTorch's back within a traced
+    step: ``torch.distributed`` collectives (``all_reduce`` writes without
+    a version bump in torch 1.13), writes through ``tensor.numpy()`` or a
+    raw pointer. Otherwise the tracer may trust the finite range it saw
+    before the write. Bumps the tensor's version, as an in-place op does.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"nanguard.mark_written: expected a torch.Tensor, got {type(tensor).__name__}")
+    _nanguard.mark_written(tensor)

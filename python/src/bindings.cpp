@@ -165,6 +165,8 @@ PYBIND11_MODULE(_nanguard, m) {
         "One vectorised pass: NaN/Inf/zero/subnormal counts, min/max/mean/std, norms, headroom.");
   m.def("has_nonfinite", &nanguard::has_nonfinite, py::arg("tensor"),
         py::call_guard<py::gil_scoped_release>(), "True when the tensor holds a NaN or an Inf.");
+  m.def("mark_written", &nanguard::mark_written, py::arg("tensor"),
+        "Tells tracers the tensor changed outside a recorded op (bumps its version).");
 
   // ------------------------------------------------------------ findings
   m.def("finding_to_string", [](const std::string& json) {

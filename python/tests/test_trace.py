@@ -86,6 +86,17 @@ def test_nan_in_data_is_role_input():
     assert f.direction == "forward"
 
 
+def test_a_write_behind_torchs_back_is_seen_once_marked():
+    x = torch.ones(4)
+    with nanguard.trace(max_findings=4) as t:
+        y = x * 2  # the tracer knows y: all 2
+        y.numpy()[1] = float("nan")  # what an all_reduce from another rank does
+        nanguard.mark_written(y)
+        y.mul_(3)
+    assert [f.op for f in t.findings] == ["aten::mul_"]
+    assert t.findings[0].role == "input"
+
+
 class Attention(nn.Module):
     def __init__(self):
         super().__init__()
