@@ -66,7 +66,7 @@ void wait_for(const c10::intrusive_ptr<c10d::Work>& work, const std::vector<at::
   } catch (const std::exception& ex) {
     const c10::Error* ce = dynamic_cast<const c10::Error*>(&ex);
     TORCH_CHECK(false, "nanguard::distributed: rank ", rank, ": the ", what,
-                " all-reduce failed (another rank died, or did not arrive within the timeout): ",
+                " failed (another rank died, or did not arrive within the timeout): ",
                 ce ? ce->what_without_backtrace() : ex.what());
   }
   for (const at::Tensor& t : written) mark_written(t);
@@ -152,7 +152,7 @@ consensus distributed::agree(bool nonfinite, double sumsq, double loss) {
   p[s.world] = nonfinite ? 0.0 : sumsq;
   p[s.world + 1] = nonfinite ? 0.0 : loss;
   std::vector<at::Tensor> tensors{buf};
-  wait_for(s.pg->allreduce(tensors, c10d::AllreduceOptions{}), tensors, "consensus", s.rank);
+  wait_for(s.pg->allreduce(tensors, c10d::AllreduceOptions{}), tensors, "consensus all-reduce", s.rank);
   consensus c;
   for (int64_t r = 0; r < s.world; ++r)
     if (p[r] != 0) c.nonfinite_ranks.push_back(r);
@@ -210,7 +210,7 @@ void distributed::average_gradients_(const std::vector<at::Tensor>& parameters, 
   for (auto& [t, i] : open) launch(buckets[i]);
   const double inv_world = 1.0 / static_cast<double>(s.world);
   for (bucket& b : buckets) {
-    wait_for(b.work, {b.flat}, "gradient", s.rank);
+    wait_for(b.work, {b.flat}, "gradient all-reduce", s.rank);
     b.flat.mul_(inv_world);
     int64_t offset = 0;
     for (const at::Tensor& g : b.grads) {
@@ -234,7 +234,7 @@ std::vector<int64_t> distributed::check_consistency(const std::vector<at::Tensor
   std::memcpy(&v, &mine, sizeof v);
   buf.data_ptr<int64_t>()[s.rank] = v;
   std::vector<at::Tensor> tensors{buf};
-  wait_for(s.pg->allreduce(tensors, c10d::AllreduceOptions{}), tensors, "gradient-checksum", s.rank);
+  wait_for(s.pg->allreduce(tensors, c10d::AllreduceOptions{}), tensors, "gradient-checksum all-reduce", s.rank);
   const int64_t* all = buf.data_ptr<int64_t>();
   std::map<int64_t, int64_t> votes;
   for (int64_t r = 0; r < s.world; ++r) ++votes[all[r]];
