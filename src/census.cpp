@@ -4,7 +4,6 @@
 #include "detail/chunked_parallel.h"
 #include "detail/value_range.h"
 
-#include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <fmt/format.h>
@@ -122,12 +121,10 @@ bool any_chunk(int64_t n, bool parallel, const F& chunk_has_nonfinite) {
   if (!parallel || n <= kScanChunk) return chunk_has_nonfinite(0, n);
   const int64_t chunks = (n + kScanChunk - 1) / kScanChunk;
   std::atomic<bool> found{false};
-  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end && !found.load(std::memory_order_relaxed); ++c) {
-      const int64_t start = c * kScanChunk;
-      if (chunk_has_nonfinite(start, std::min(kScanChunk, n - start)))
-        found.store(true, std::memory_order_relaxed);
-    }
+  detail::for_each_chunk(chunks, [&](int64_t c) {
+    const int64_t start = c * kScanChunk;
+    if (!found.load(std::memory_order_relaxed) && chunk_has_nonfinite(start, std::min(kScanChunk, n - start)))
+      found.store(true, std::memory_order_relaxed);
   });
   return found.load();
 }
