@@ -1,8 +1,12 @@
 // Whole-step overhead of the op tracer on the reference workload, measured
-// side by side with a plain step and with autograd's DetectAnomalyGuard.
-// Prints `plain_step_s`, `tracer_step_s`, `anomaly_step_s`, and the ratios
-// `tracer_ratio` and `anomaly_ratio` (median of per-round ratios) with their
-// 95% intervals (`tracer_ratio_ci95: low..high`). Then the cost per op on a
+// side by side with a plain step, with autograd's DetectAnomalyGuard and with
+// an empty observer.
+// Prints `plain_step_s`, `tracer_step_s`, `anomaly_step_s`, `observer_step_s`
+// and the ratios `tracer_ratio`, `anomaly_ratio` and `observer_ratio` (an
+// observer that boxes every op's inputs and outputs and checks nothing: the
+// floor of any op-level observer), medians of per-round ratios, with their
+// 95% intervals (`tracer_ratio_ci95: low..high`), and
+// `tracer_over_observer_ratio`, what the tracer adds above that floor. Then the cost per op on a
 // loop of small ops, where the step's other work does not hide it:
 // `op_us` (plain), `record_function_op_us` (what an empty RecordFunction
 // observer that asks for inputs and outputs adds: the floor of any op-level
@@ -11,7 +15,7 @@
 // `tracer_own_ms` per step (`tracer_scan_ms` of it reading tensors) and
 // `tracer_own_fraction` of a plain step, with
 // `record_function_floor_fraction`, what boxing the ops it saw costs.
-// Usage: tracer_bench [rounds] [plain|tracer|anomaly]
+// Usage: tracer_bench [rounds] [plain|tracer|anomaly|observer]
 // (naming a variant runs only it, `rounds` times: for a profiler).
 #include "reference_workload.h"
 
@@ -25,6 +29,17 @@
 
 namespace {
 
+// An observer that asks for every op's inputs and outputs and does nothing
+// with them: what RecordFunction's boxing costs any op-level observer.
+at::RecordFunctionCallback empty_observer_callback() {
+  return at::RecordFunctionCallback(
+             [](const at::RecordFunction&) -> std::unique_ptr<at::ObserverContext> { return nullptr; },
+             [](const at::RecordFunction&, at::ObserverContext*) {})
+      .needsInputs(true)
+      .needsOutputs(true)
+      .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION});
+}
+
 // Seconds per op of plain small ops, and what an empty observer and the
 // tracer add to each, from `rounds` interleaved rounds (medians). Returns
 // the empty observer's cost per op, in seconds.
@@ -36,12 +51,7 @@ double per_op_costs(int rounds) {
     for (int i = 0; i < kIterations; ++i) c = at::add(c, b).mul_(0.5);
   };
   const auto empty_observer = [&] {
-    const auto handle = at::addThreadLocalCallback(
-        at::RecordFunctionCallback([](const at::RecordFunction&) -> std::unique_ptr<at::ObserverContext> { return nullptr; },
-                                   [](const at::RecordFunction&, at::ObserverContext*) {})
-            .needsInputs(true)
-            .needsOutputs(true)
-            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+    const auto handle = at::addThreadLocalCallback(empty_observer_callback());
     ops();
     at::removeCallback(handle);
   };
@@ -101,24 +111,28 @@ int main(int argc, char** argv) {
     torch::autograd::DetectAnomalyGuard guard;
     w.plain_step();
   };
+  const auto observed = [&] {  // the floor: RecordFunction boxing every op, nothing checked
+    const auto handle = at::addThreadLocalCallback(empty_observer_callback());
+    w.plain_step();
+    at::removeCallback(handle);
+  };
+  const char* names[] = {"plain", "tracer", "anomaly", "observer"};
+  const std::function<void()> variants[] = {plain, traced, anomaly, observed};
   if (argc > 2) {
-    const char* names[] = {"plain", "tracer", "anomaly"};
-    const std::function<void()> variants[] = {plain, traced, anomaly};
-    for (int i = 0; i < 3; ++i)
+    for (int i = 0; i < 4; ++i)
       if (std::strcmp(argv[2], names[i]) == 0)
         return fmt::print("{}_step_s: {:.4f}\n", names[i], nanguard::bench::median_seconds({variants[i]}, rounds)[0]), 0;
-    return fmt::print(stderr, "tracer_bench: unknown variant '{}' (plain, tracer, anomaly)\n", argv[2]), 2;
+    return fmt::print(stderr, "tracer_bench: unknown variant '{}' (plain, tracer, anomaly, observer)\n", argv[2]), 2;
   }
-  const auto t = nanguard::bench::interleaved_seconds({plain, traced, anomaly}, rounds);
-  const auto tracer = nanguard::bench::paired_ratio(t[1], t[0]), anomalous = nanguard::bench::paired_ratio(t[2], t[0]);
+  const auto t = nanguard::bench::interleaved_seconds({variants, variants + 4}, rounds);
   fmt::print("rounds: {} (variants interleaved, rotating order; ratios: median of per-round ratios)\n", rounds);
-  fmt::print("plain_step_s: {:.4f}\n", nanguard::bench::median(t[0]));
-  fmt::print("tracer_step_s: {:.4f}\n", nanguard::bench::median(t[1]));
-  fmt::print("anomaly_step_s: {:.4f}\n", nanguard::bench::median(t[2]));
-  fmt::print("tracer_ratio: {:.3f}\n", tracer.median);
-  fmt::print("tracer_ratio_ci95: {:.3f}..{:.3f}\n", tracer.low, tracer.high);
-  fmt::print("anomaly_ratio: {:.3f}\n", anomalous.median);
-  fmt::print("anomaly_ratio_ci95: {:.3f}..{:.3f}\n", anomalous.low, anomalous.high);
+  for (int i = 0; i < 4; ++i) fmt::print("{}_step_s: {:.4f}\n", names[i], nanguard::bench::median(t[i]));
+  const auto print_ratio = [](const std::string& key, const nanguard::bench::ratio_estimate& r) {
+    fmt::print("{}: {:.3f}\n{}_ci95: {:.3f}..{:.3f}\n", key, r.median, key, r.low, r.high);
+  };
+  for (int i = 1; i < 4; ++i) print_ratio(fmt::format("{}_ratio", names[i]), nanguard::bench::paired_ratio(t[i], t[0]));
+  // The tracer's own share: its step against the empty observer's.
+  print_ratio("tracer_over_observer_ratio", nanguard::bench::paired_ratio(t[1], t[3]));
   if (findings != 0) fmt::print("warning: the healthy workload produced {} findings\n", findings);
   own_costs(w, nanguard::bench::median(t[0]), per_op_costs(21));
 }
