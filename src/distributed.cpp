@@ -56,9 +56,9 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_gloo(const c10::intrusive_ptr<c10d::
 }
 
 // Waits for a collective; a peer that died or timed out becomes an error
-// that says what happened and what to look at.
-// Waits for a collective that wrote `written`. It wrote them without a
-// recorded op or a version bump: mark_written tells a live tracer.
+// that says what happened and what to look at. The collective wrote
+// `written` without a recorded op or a version bump: mark_written tells a
+// live tracer.
 void wait_for(const c10::intrusive_ptr<c10d::Work>& work, const std::vector<at::Tensor>& written, const char* what,
               int64_t rank) {
   try {
