@@ -20,7 +20,7 @@ from ._trace import AllowRule, Finding, NonFiniteError, Trace, trace
 from ._guard import Guard, StepResult
 
 __all__ = [
-    "census", "has_nonfinite", "mark_written", "TensorStats", "trace", "Trace", "Finding",
+    "census", "has_nonfinite", "mark_written", "allreduce_hook", "TensorStats", "trace", "Trace", "Finding",
     "NonFiniteError", "AllowRule", "Guard", "StepResult", "IsolationForest",
     "Firewall", "FirewallReport",
 ]
@@ -80,3 +80,27 @@ def mark_written(tensor):
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"nanguard.mark_written: expected a torch.Tensor, got {type(tensor).__name__}")
     _nanguard.mark_written(tensor)
+
+
+def allreduce_hook(process_group, bucket):
+    """A DistributedDataParallel comm hook: torch's default averaging
+    all-reduce, after which the bucket is marked written (``mark_written``).
+
+    Without it a live ``trace`` may trust the range it saw of the bucket
+    before the all-reduce, and miss a NaN that another rank sent; with torch's
+    own Python hooks it does. Use it in place of the default::
+
+        model = DistributedDataParallel(net)
+        model.register_comm_hook(None, nanguard.allreduce_hook)
+    """
+    import torch.distributed as dist
+
+    group = process_group if process_group is not None else dist.group.WORLD
+    tensor = bucket.buffer().div_(group.size())
+
+    def written(fut):
+        out = fut.value()[0]
+        mark_written(out)
+        return out
+
+    return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(written)

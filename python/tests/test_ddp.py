@@ -1,0 +1,53 @@
+"""nanguard.allreduce_hook on two DistributedDataParallel ranks (Gloo, two
+processes): gradients average as with torch's default hook, and a trace on
+rank 0 sees the NaN that rank 1 sends through the all-reduce."""
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import nanguard
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                reason="torch.distributed with Gloo")
+
+
+def _rank_main(rank, store, nan_on_rank_1, results):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+        model.register_comm_hook(None, nanguard.allreduce_hook)
+        x = torch.full((8, 4), float(rank + 1))
+        if nan_on_rank_1 and rank == 1:
+            x[0, 0] = float("nan")
+        with nanguard.trace(model.module, max_findings=4) as t:
+            model(x).sum().backward()
+        if rank == 0:
+            results.put(([f.to_dict() for f in t.findings], model.module.weight.grad.tolist()))  # no shared storage
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_two_ranks(tmp_path, nan_on_rank_1):
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    mp.spawn(_rank_main, args=(str(tmp_path / "store"), nan_on_rank_1, results), nprocs=2)
+    findings, grad = results.get(timeout=60)
+    return findings, torch.tensor(grad)
+
+
+def test_allreduce_hook_averages_like_torchs(tmp_path):
+    findings, grad = _run_two_ranks(tmp_path, nan_on_rank_1=False)
+    assert findings == []
+    # d(sum(w.x + b))/dw = sum of x's rows: 8 * 1 on rank 0, 8 * 2 on rank 1; averaged 12.
+    assert torch.equal(grad, torch.full((1, 4), 12.0))
+
+
+def test_a_trace_sees_the_nan_another_rank_sent(tmp_path):
+    findings, grad = _run_two_ranks(tmp_path, nan_on_rank_1=True)
+    assert torch.isnan(grad).any()
+    assert findings, "rank 1's NaN reached rank 0's gradient unseen"
