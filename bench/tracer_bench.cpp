@@ -1,14 +1,13 @@
 // Whole-step overhead of the op tracer on the reference workload, measured
 // side by side with a plain step, with autograd's DetectAnomalyGuard and with
-// an empty observer.
-// Prints `plain_step_s`, `tracer_step_s`, `anomaly_step_s`, `observer_step_s`
-// and the ratios `tracer_ratio`, `anomaly_ratio` and `observer_ratio` (an
-// observer that boxes every op's inputs and outputs and checks nothing: the
-// floor of any op-level observer), medians of per-round ratios, with their
-// 95% intervals (`tracer_ratio_ci95: low..high`), and
-// `tracer_over_observer_ratio`, what the tracer adds above that floor. Then the cost per op on a
-// loop of small ops, where the step's other work does not hide it:
-// `op_us` (plain), `record_function_op_us` (what an empty RecordFunction
+// an empty observer (one that boxes every op's inputs and outputs and checks
+// nothing: the floor of any op-level observer). Prints `plain_step_s`,
+// `tracer_step_s`, `anomaly_step_s`, `observer_step_s`, the ratios
+// `tracer_ratio`, `anomaly_ratio` and `observer_ratio` (medians of per-round
+// ratios) with their 95% intervals (`tracer_ratio_ci95: low..high`), and
+// `tracer_over_observer_ratio`, what the tracer adds above that floor. Then
+// the cost per op on a loop of small ops, where the step's other work does
+// not hide it: `op_us` (plain), `record_function_op_us` (what an empty RecordFunction
 // observer that asks for inputs and outputs adds: the floor of any op-level
 // observer) and `tracer_op_us` (what the tracer adds). Last, from inside
 // the tracer (tracer_options::measure_cost) on a few steps of the workload:

@@ -83,8 +83,9 @@ def mark_written(tensor):
 
 
 def allreduce_hook(process_group, bucket):
-    """A DistributedDataParallel comm hook: torch's default averaging
-    all-reduce, after which the bucket is marked written (``mark_written``).
+    """A DistributedDataParallel comm hook: torch's own ``allreduce_hook``
+    (the default averaging), after which the bucket is marked written
+    (``mark_written``).
 
     Without it a live ``trace`` may trust the range it saw of the bucket
     before the all-reduce, and miss a NaN that another rank sent; with torch's
@@ -93,14 +94,11 @@ def allreduce_hook(process_group, bucket):
         model = DistributedDataParallel(net)
         model.register_comm_hook(None, nanguard.allreduce_hook)
     """
-    import torch.distributed as dist
-
-    group = process_group if process_group is not None else dist.group.WORLD
-    tensor = bucket.buffer().div_(group.size())
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     def written(fut):
-        out = fut.value()[0]
+        out = fut.value()
         mark_written(out)
         return out
 
-    return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(written)
+    return default_hooks.allreduce_hook(process_group, bucket).then(written)
