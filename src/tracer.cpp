@@ -325,9 +325,11 @@ std::vector<const op_context*>& op_stack() {
 
 // The enclosing op that made `t` with work ATen does not record (e.g. the
 // sum inside aten::mean): the innermost one `t` did not come in through.
+// A user scope lists only the inputs it chooses, so it makes nothing here.
 const op_context* unrecorded_maker(const at::Tensor& t) {
   const auto& stack = op_stack();
   for (auto it = stack.rbegin(); it != stack.rend(); ++it) {
+    if ((*it)->traits->user_scope) continue;
     bool came_in = false;
     for (const auto& in : (*it)->inputs) came_in |= t.is_alias_of(in);
     if (!came_in) return *it;

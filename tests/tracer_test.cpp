@@ -164,6 +164,30 @@ TEST(tracer, a_composite_op_handed_a_nan_is_not_its_producer) {
   EXPECT_EQ("input 1", f.culprit);
 }
 
+// A RecordFunction scope of user code (DDP's
+// `torch.distributed.ddp.reducer::copy_bucket_to_grad`) shows the inputs
+// it chooses, not all it reads: a NaN that came from outside is no value
+// the scope made.
+TEST(tracer, a_user_scope_is_not_the_producer_of_what_it_did_not_list) {
+  const at::Tensor listed = at::ones({4});
+  at::Tensor arrived = at::ones({4});
+  nanguard::tracer t;
+  {
+    nanguard::tracer_pause receiving(t);
+    arrived[2] = NAN;  // as a collective writes it
+  }
+  {
+    RECORD_FUNCTION("user::copy_into_gradient", std::vector<c10::IValue>({listed}));
+    at::Tensor gradient = at::zeros({4});
+    gradient.copy_(arrived);
+  }
+  const auto& f = only_finding(t);
+  EXPECT_EQ("aten::copy_", f.op);
+  EXPECT_EQ(role::input, f.role);
+  EXPECT_EQ("input 1", f.culprit);
+  EXPECT_EQ("user::copy_into_gradient", f.caller);
+}
+
 at::Tensor masked_attention(const at::Tensor& mask) {
   at::manual_seed(1);
   const at::Tensor scores = at::randn({2, 4, 4});

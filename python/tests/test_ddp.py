@@ -51,3 +51,8 @@ def test_a_trace_sees_the_nan_another_rank_sent(tmp_path):
     findings, grad = _run_two_ranks(tmp_path, nan_on_rank_1=True)
     assert torch.isnan(grad).any()
     assert findings, "rank 1's NaN reached rank 0's gradient unseen"
+    # It came in through the all-reduce: the reducer's copy into the
+    # gradient is handed it, and makes nothing.
+    first = findings[0]
+    assert (first["op"], first["role"]) == ("aten::copy_", "input"), first
+    assert first["caller"] == "torch.distributed.ddp.reducer::copy_bucket_to_grad"

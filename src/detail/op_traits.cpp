@@ -43,7 +43,10 @@ op_traits make_traits(const at::RecordFunction& fn) {
   t.rule = range_rule_for(name);
   const auto op_name = fn.operator_name();
   const auto op = op_name ? c10::Dispatcher::singleton().findOp(*op_name) : c10::nullopt;
-  if (!op) return t;  // a user scope: outputs stay unknown
+  if (!op) {
+    t.user_scope = true;
+    return t;
+  }
   t.composite = is_composite(*op);
   for (const auto& arg : op->schema().arguments()) {
     const bool written = arg.alias_info() && arg.alias_info()->isWrite() && !metadata_only;

@@ -40,6 +40,9 @@ struct op_traits {
   // Every output is a view of an input (aten::select, aten::as_strided):
   // it holds no new values.
   bool views_only = false;
+  // A RecordFunction scope of user code (no schema): it shows the inputs it
+  // chooses, not all it reads, and its outputs are unknown.
+  bool user_scope = false;
   // Its CPU kernel loops over the batch with recorded ops on each slice
   // (aten::bmm: select, resolve_conj, mm): some hundred recorded calls per
   // call, whose values all end up in its own output, which is checked.
