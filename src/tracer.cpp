@@ -356,6 +356,12 @@ tracer::state* current_state() {
 
 constexpr char kEngineFrame[] = "autograd::engine::evaluate_function: ";
 
+// True for the engine's frame; the first two characters turn away every
+// aten:: op before the whole prefix is compared.
+bool is_engine_frame(const char* name) {
+  return name[0] == 'a' && name[1] == 'u' && std::strncmp(name, kEngineFrame, sizeof(kEngineFrame) - 1) == 0;
+}
+
 std::string strip_node_prefix(const char* name) {
   const size_t prefix = sizeof(kEngineFrame) - 1;
   return std::strncmp(name, kEngineFrame, prefix) == 0 ? std::string(name + prefix) : std::string(name);
@@ -671,7 +677,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   }
   // The engine's own frame around each node (a FUNCTION-scope record whose
   // name is built per call): the node's record keeps the stack above.
-  if (std::strncmp(fn.name(), kEngineFrame, sizeof(kEngineFrame) - 1) == 0) return nullptr;
+  if (is_engine_frame(fn.name())) return nullptr;
   // Work inside a kernel (see op_traits::kernel) is checked through the
   // kernel's outputs: half of the ops a training step records.
   if (!st->options.inside_kernels() && !op_stack().empty() && op_stack().back()->traits->kernel) return nullptr;
