@@ -245,6 +245,13 @@ TEST(census, mean_and_std_of_1e8_elements_stay_accurate) {
   EXPECT_NEAR(want.l2_norm * std::sqrt(double(kN / kPeriod)), got.l2_norm, 1e-9 * got.l2_norm);
 }
 
+// Centred within two standard deviations: summed without a shift.
+TEST(census, std_stays_accurate_for_data_just_inside_the_unshifted_range) {
+  at::manual_seed(4);
+  const at::Tensor x = (at::randn({1 << 20}, at::kDouble) + 1.9).to(at::kFloat);
+  expect_matches(reference(x), nanguard::census(x), 2e-5);
+}
+
 TEST(census, huge_finite_values_do_not_overflow_the_sums) {
   at::Tensor x = at::full({4096}, 3e38f);
   x[1] = -3.3e38f;
