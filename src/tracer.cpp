@@ -99,7 +99,7 @@ struct op_context : at::ObserverContext {
   c10::SmallVector<int8_t, 4> nonfinite_before;
   c10::SmallVector<maybe_range, 1> output_ranges;  // by output index, from the op's range rule
   uint64_t memo_writes = 0;  // this thread's range_memo::writes() as the op started (writes_unreturned)
-  at::CallbackHandle sealed = 0;         // the tracer's callback, disabled inside this op (loops_over_slices)
+  at::CallbackHandle sealed = 0;         // the tracer's callback, disabled while this op runs
   module_ref module;
 };
 
@@ -680,7 +680,10 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   if (is_engine_frame(fn.name())) return nullptr;
   // Work inside a kernel (see op_traits::kernel) is checked through the
   // kernel's outputs: half of the ops a training step records.
-  if (!st->options.inside_kernels() && !op_stack().empty() && op_stack().back()->traits->kernel) return nullptr;
+  if (!st->options.inside_kernels() && !op_stack().empty() && op_stack().back()->traits->kernel) {
+    op_stack().back()->traits->runs_recorded_ops = true;  // sealed from its next call on
+    return nullptr;
+  }
   callback_scope no_recursion;
   const op_traits& traits = detail::traits_of(fn);
   // A view makes no values, and one no autograd node will name (nested in
@@ -690,8 +693,11 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   std::unique_ptr<op_context> ctx(new op_context);  // not make_unique: that zeroes it first
   ctx->op = fn.name();
   ctx->traits = &traits;
-  if (traits.loops_over_slices && !st->options.all_threads()) {
-    // Its per-slice ops go unrecorded; its output is checked as a whole.
+  // The ops it runs go unobserved (a bmm's per-slice ops, a kernel's inner
+  // work); its outputs are checked as a whole. The callback of an
+  // all-threads tracer is every thread's, so it stays on.
+  const bool seal = traits.loops_over_slices || (traits.runs_recorded_ops && !st->options.inside_kernels());
+  if (seal && !st->options.all_threads()) {
     at::disableCallback(st->handle);
     ctx->sealed = st->handle;
   }

@@ -466,6 +466,23 @@ TEST(tracer, still_finds_what_value_keeping_and_scaling_ops_pass_on_or_make) {
   EXPECT_EQ(role::producer, t.findings()[2].role);
 }
 
+// Once a kernel is seen running recorded ops inside it (aten::mul turning
+// its scalar into a tensor), the tracer turns itself off while it runs:
+// those ops are not even boxed for it. The kernel's output is still checked.
+TEST(tracer, seals_a_kernel_that_runs_recorded_ops_and_still_checks_it) {
+  const at::Tensor x = at::full({8}, 3e38f);
+  nanguard::tracer t(nanguard::tracer_options().measure_cost(true));
+  x.mul(0.5);
+  x.mul(0.5);  // learnt by now, whichever test ran before
+  const int64_t before = t.cost().ops;
+  x.mul(0.5);
+  EXPECT_EQ(1, t.cost().ops - before) << "the ops inside aten::mul were observed";
+  x.mul(10.0);
+  const auto& f = only_finding(t);
+  EXPECT_EQ("aten::mul", f.op);
+  EXPECT_EQ(kInf, f.value);
+}
+
 TEST(tracer, measures_its_cost_only_when_asked) {
   nanguard::tracer t;
   at::exp(at::ones({4}));

@@ -47,6 +47,11 @@ struct op_traits {
   // (aten::bmm: select, resolve_conj, mm): some hundred recorded calls per
   // call, whose values all end up in its own output, which is checked.
   bool loops_over_slices = false;
+  // Learned on this thread: a recorded op ran inside this kernel (aten::mul
+  // turning its scalar into a tensor with aten::to). The tracer then turns
+  // its callback off while the kernel runs, so that RecordFunction does not
+  // even box those inner ops (it would for the tracer to ignore them).
+  mutable bool runs_recorded_ops = false;
   // How its outputs' ranges follow from its arguments' (nullptr: read them).
   const range_rule* rule = nullptr;
   std::vector<output_kind> outputs;  // by return index
