@@ -403,10 +403,15 @@ NANGUARD_HOT census_partial census_range(const T* x, int64_t n, int64_t base, T 
   census_partial total;
   for (int64_t i = 0; i < n; i += kBlock) {
     const int64_t len = std::min(kBlock, n - i);
-    const T shift = block_shift(x + i, len);
-    if (std::isnan(shift)) total.merge(exact_block(x + i, len, base + i, subnormal_below));
-    else if (shift == T(0)) total.merge(census_block<T, Bytes, U, Ops<T, Bytes>, false>(x + i, len, base + i, subnormal_below, shift));
-    else total.merge(census_block<T, Bytes, U, Ops<T, Bytes>, true>(x + i, len, base + i, subnormal_below, shift));
+    const T* block = x + i;
+    const T shift = block_shift(block, len);
+    using O = Ops<T, Bytes>;
+    if (std::isnan(shift))
+      total.merge(exact_block(block, len, base + i, subnormal_below));
+    else if (shift == T(0))
+      total.merge(census_block<T, Bytes, U, O, false>(block, len, base + i, subnormal_below, shift));
+    else
+      total.merge(census_block<T, Bytes, U, O, true>(block, len, base + i, subnormal_below, shift));
   }
   return total;
 }
