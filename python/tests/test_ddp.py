@@ -1,7 +1,7 @@
 """nanguard.allreduce_hook on two DistributedDataParallel ranks (Gloo, two
 processes): gradients average as with torch's default hook, and a trace on
 rank 0 sees the NaN that rank 1 sends through the all-reduce."""
-import os
+import queue
 
 import pytest
 import torch
@@ -17,6 +17,7 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 def _rank_main(rank, store, nan_on_rank_1, results):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2)
+    model = None
     try:
         torch.manual_seed(0)
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
@@ -29,14 +30,30 @@ def _rank_main(rank, store, nan_on_rank_1, results):
         if rank == 0:
             results.put(([f.to_dict() for f in t.findings], model.module.weight.grad.tolist()))  # no shared storage
     finally:
+        # The reducer must let go of the process group while the group is
+        # still registered: if its destructor dropped the last reference,
+        # ~ProcessGroupGloo would join Gloo's workers with the GIL held while
+        # a worker waits for the GIL to release a Python callback (a hang).
+        model = None
         dist.destroy_process_group()
 
 
 def _run_two_ranks(tmp_path, nan_on_rank_1):
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    mp.spawn(_rank_main, args=(str(tmp_path / "store"), nan_on_rank_1, results), nprocs=2)
-    findings, grad = results.get(timeout=60)
+    ranks = mp.spawn(_rank_main, args=(str(tmp_path / "store"), nan_on_rank_1, results), nprocs=2, join=False)
+    # Read rank 0's result before joining: a process that put data on a
+    # queue exits only once the data has gone down the pipe.
+    while True:
+        try:
+            findings, grad = results.get(timeout=1)
+            break
+        except queue.Empty:
+            if ranks.join(timeout=0):  # raises when a rank failed
+                findings, grad = results.get(timeout=5)  # the last word of a rank that just ended
+                break
+    while not ranks.join():
+        pass
     return findings, torch.tensor(grad)
 
 
