@@ -93,6 +93,11 @@ def allreduce_hook(process_group, bucket):
 
         model = DistributedDataParallel(net)
         model.register_comm_hook(None, nanguard.allreduce_hook)
+
+    As with torch's own Python comm hooks on Gloo (LibTorch 1.13), drop the
+    model before ``destroy_process_group()``: if the reducer held the last
+    reference to the group, its destructor would join Gloo's workers with
+    the GIL held while one waits for the GIL to free this hook's callback.
     """
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
