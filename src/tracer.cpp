@@ -693,14 +693,6 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   std::unique_ptr<op_context> ctx(new op_context);  // not make_unique: that zeroes it first
   ctx->op = fn.name();
   ctx->traits = &traits;
-  // The ops it runs go unobserved (a bmm's per-slice ops, a kernel's inner
-  // work); its outputs are checked as a whole. The callback of an
-  // all-threads tracer is every thread's, so it stays on.
-  const bool seal = traits.loops_over_slices || (traits.runs_recorded_ops && !st->options.inside_kernels());
-  if (seal && !st->options.all_threads()) {
-    at::disableCallback(st->handle);
-    ctx->sealed = st->handle;
-  }
   const auto inputs = fn.inputs();
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (traits.ignores_argument(i)) continue;
@@ -715,6 +707,15 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     std::lock_guard<std::mutex> lock(st->mutex);
     ctx->module = module_of(*st, ctx->inputs);
     if (fn.seqNr() >= 0) st->forward_ops[fn.seqNr()] = {fn.name(), ctx->module};
+  }
+  // The ops it runs go unobserved (a bmm's per-slice ops, a kernel's inner
+  // work); its outputs are checked as a whole. Last, so that nothing can
+  // leave the callback off without this context to turn it on again. The
+  // callback of an all-threads tracer is every thread's, so it stays on.
+  const bool seal = traits.loops_over_slices || (traits.runs_recorded_ops && !st->options.inside_kernels());
+  if (seal && !st->options.all_threads()) {
+    at::disableCallback(st->handle);
+    ctx->sealed = st->handle;
   }
   op_stack().push_back(ctx.get());
   return ctx;
