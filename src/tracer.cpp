@@ -363,8 +363,7 @@ bool is_engine_frame(const char* name) {
 }
 
 std::string strip_node_prefix(const char* name) {
-  const size_t prefix = sizeof(kEngineFrame) - 1;
-  return std::strncmp(name, kEngineFrame, prefix) == 0 ? std::string(name + prefix) : std::string(name);
+  return is_engine_frame(name) ? std::string(name + sizeof(kEngineFrame) - 1) : std::string(name);
 }
 
 // True when module path `inner` is `outer` or inside it.
