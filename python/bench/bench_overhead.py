@@ -18,8 +18,9 @@ Prints `py_<variant>_ratio: X` lines: the median over rounds of the ratio
 of the variant's step time to plain's in the same round (slow phases of a
 shared machine cancel), and `py_<variant>_ratio_ci95: low..high`, a 95%
 distribution-free interval for it.
-Environment: NANGUARD_BENCH_ROUNDS (default 10), NANGUARD_BENCH_STEPS per
-variant per round (default 2).
+Environment: NANGUARD_BENCH_ROUNDS (default 30: with fewer the median moves
+by ±2% from run to run on a shared VM), NANGUARD_BENCH_STEPS per variant per
+round (default 2).
 """
 import math
 import os
@@ -63,7 +64,7 @@ def main():
     torch.set_num_threads(2)
     torch.manual_seed(0)
     warnings.filterwarnings("ignore")
-    rounds = int(os.environ.get("NANGUARD_BENCH_ROUNDS", "10"))
+    rounds = int(os.environ.get("NANGUARD_BENCH_ROUNDS", "30"))
     steps = int(os.environ.get("NANGUARD_BENCH_STEPS", "2"))
     model = Model().train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
