@@ -1,0 +1,22 @@
+"""Run by the python_install test: the package installed under the directory
+given as argv[1] imports from there and reaches the C++ core."""
+import os
+import sys
+
+import torch
+
+import nanguard
+
+site = os.path.realpath(sys.argv[1])
+where = os.path.realpath(nanguard.__file__)
+assert where.startswith(site + os.sep), f"nanguard imported from {where}, not from the install under {site}"
+assert os.path.realpath(nanguard._nanguard.__file__).startswith(site + os.sep), nanguard._nanguard.__file__
+
+s = nanguard.census(torch.tensor([1.0, float("nan"), float("inf")]))
+assert (s.nan, s.pos_inf, s.finite) == (1, 1, 1), s.to_dict()
+
+model = torch.nn.Linear(3, 1)
+with nanguard.trace(model) as t:
+    model(torch.tensor([[1.0, float("nan"), 0.0]])).sum().backward()
+assert t.findings and t.findings[0].role == "input", [str(f) for f in t.findings]
+print(f"nanguard imports from {where} and finds: {t.findings[0]}")
