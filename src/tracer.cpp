@@ -41,7 +41,6 @@
 #include <string_view>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 
 namespace nanguard {
 
@@ -286,6 +285,31 @@ class tensor_names {
   std::unordered_map<const c10::TensorImpl*, entry> names_;
 };
 
+// Tensors marked by their data (an output already in a finding, one whose
+// non-finite values are allowed), for as long as that data lives: a freed
+// buffer's address comes back for new tensors, which must not inherit the
+// mark. The weak reference keeps the storage's own address from going to a
+// new storage and tells whether the marked one is still alive.
+class marked_data {
+  using weak_storage = c10::weak_intrusive_ptr<c10::StorageImpl>;
+
+ public:
+  void insert(const at::Tensor& t) {
+    if (t.has_storage())
+      marks_.insert_or_assign(t.data_ptr(), weak_storage::reclaim_copy(t.storage().unsafeGetStorageImpl()));
+  }
+  bool contains(const at::Tensor& t) const {
+    if (!t.has_storage()) return false;
+    const auto it = marks_.find(t.data_ptr());
+    return it != marks_.end() && !it->second.expired() &&
+           it->second._unsafe_get_target() == t.storage().unsafeGetStorageImpl();
+  }
+  void clear() { marks_.clear(); }
+
+ private:
+  std::unordered_map<const void*, weak_storage> marks_;
+};
+
 }  // namespace
 
 struct tracer::state {
@@ -302,8 +326,8 @@ struct tracer::state {
   tensor_names parameters;
   tensor_names named;
   std::unordered_map<int64_t, forward_record> forward_ops;  // by sequence number
-  std::unordered_set<const void*> allowed;   // outputs holding intentional non-finite values
-  std::unordered_set<const void*> reported;  // outputs already in a finding
+  marked_data allowed;   // outputs holding intentional non-finite values
+  marked_data reported;  // outputs already in a finding
 };
 
 namespace {
@@ -440,8 +464,7 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
                          const at::Tensor& out, int output_index) {
   std::lock_guard<std::mutex> lock(st.mutex);
   if (st.done.load() || inside_infinity_test()) return;
-  const void* out_data = out.data_ptr();
-  if (st.reported.count(out_data) || st.allowed.count(out_data)) return;  // a nested op's result
+  if (st.reported.contains(out) || st.allowed.contains(out)) return;  // a nested op's result
 
   const std::string op = fn.name();
   const tensor_stats out_stats = census(out);
@@ -453,7 +476,7 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
       module = it->second.module.path();
   }
   if (allowed_by_rules(st.options, op, module, out_stats)) {
-    st.allowed.insert(out_data);
+    st.allowed.insert(out);
     return;
   }
 
@@ -470,13 +493,13 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
     if (bad) {
       any_bad_input = true;
       if (first_bad_input < 0) first_bad_input = int(i);
-      if (st.allowed.count(in.data_ptr())) allowed_nan |= r.stats.nan > 0;
+      if (st.allowed.contains(in)) allowed_nan |= r.stats.nan > 0;
       else bad_inputs_allowed = false;
     }
     inputs.push_back(std::move(r));
   }
   if (any_bad_input && bad_inputs_allowed && (out_stats.nan == 0 || allowed_nan)) {
-    st.allowed.insert(out_data);  // intentional infinities flowing on (mask + scores)
+    st.allowed.insert(out);  // intentional infinities flowing on (mask + scores)
     return;
   }
 
@@ -501,7 +524,7 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
     const std::string& culprit_name = inputs[first_bad_input].name;
     const bool named = culprit_name.rfind("input ", 0) != 0;
     const op_context* maker = named ? nullptr : unrecorded_maker(culprit);
-    if (st.reported.count(culprit.data_ptr())) {
+    if (st.reported.contains(culprit)) {
       f.role = role::propagator;
       f.culprit = culprit_name;
     } else if (maker) {
@@ -516,7 +539,7 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
         inputs.push_back(record_of(in, name_of(st, in, "input " + std::to_string(maker->argument_of[i]))));
         // Unless the enclosing op was handed a non-finite value itself.
         if (f.role == role::producer && !inputs.back().stats.all_finite()) {
-          f.role = st.reported.count(in.data_ptr()) ? role::propagator : role::input;
+          f.role = st.reported.contains(in) ? role::propagator : role::input;
           f.culprit = inputs.back().name;
         }
       }
@@ -540,7 +563,7 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
   f.value = out_stats.first_nonfinite_value;
   f.thread = fn.threadId();
   if (st.options.capture_backtrace()) f.backtrace = c10::get_backtrace(/*frames_to_skip=*/3);
-  st.reported.insert(out_data);
+  st.reported.insert(out);
   st.findings.push_back(std::move(f));
   if (int64_t(st.findings.size()) >= st.options.max_findings()) st.done.store(true);
 }

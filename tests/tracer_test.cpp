@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <set>
 #include <thread>
 
 namespace {
@@ -370,6 +371,23 @@ TEST(tracer, names_a_batched_matmul_that_overflows_and_sees_the_ops_after_it) {
   EXPECT_EQ(role::producer, t.findings()[0].role);
   EXPECT_EQ(kInf, t.findings()[0].value);
   EXPECT_EQ("aten::exp", t.findings()[1].op);
+}
+
+TEST(tracer, a_new_tensor_at_a_freed_findings_address_is_still_checked) {
+  // A reported (or allowed) output is remembered by its data, whose address
+  // the allocator hands to a later tensor once it is freed.
+  constexpr int kTensors = 200;
+  nanguard::tracer t(nanguard::tracer_options().max_findings(kTensors));
+  const at::Tensor big = at::full({64}, 100.0f);
+  std::set<const void*> freed;
+  int reused = 0;
+  for (int i = 0; i < kTensors; ++i) {
+    const at::Tensor blown = at::exp(big);  // Inf, in a new tensor each time
+    reused += int(freed.count(blown.data_ptr()));
+    freed.insert(blown.data_ptr());
+  }
+  if (reused == 0) GTEST_SKIP() << "the allocator never reused an address";
+  EXPECT_EQ(size_t(kTensors), t.findings().size()) << reused << " tensors came at a freed finding's address";
 }
 
 TEST(tracer, names_the_bmm_of_a_backward_pass) {
