@@ -31,7 +31,6 @@
 #include <thread>
 #include <tuple>
 #include <unordered_map>
-#include <unordered_set>
 
 namespace nanguard {
 

@@ -108,11 +108,12 @@ struct op_context : at::ObserverContext {
 //
 // An entry remembers a tensor by TensorImpl, storage, first element, size,
 // dtype and version counter, which every recorded in-place write bumps. A
-// slot is chosen by the first element, so that a recorded write through
-// any tensor starting there replaces the entry. Another tensor over the
-// same memory reads the entry too when its elements lie within the
-// remembered (contiguous) ones and those are unchanged: autograd's saved
-// outputs, detach(), _unsafe_view, a bias expanded inside addmm. Weak
+// set of two slots is chosen by the first element, and a recorded write
+// through any tensor starting there replaces the entry that has it.
+// Another tensor over the same memory reads the entry too when its
+// elements lie within the remembered (contiguous) ones and those are
+// unchanged: autograd's saved outputs, detach(), _unsafe_view, a bias
+// expanded inside addmm. Weak
 // references keep a remembered TensorImpl's or StorageImpl's memory from
 // going to a new one, which would otherwise match a dead one's entry.
 // Writes behind LibTorch's back (through data_ptr()) bump nothing, so what
@@ -137,7 +138,7 @@ class range_memo {
   }
   void insert(const at::TensorBase& t, const value_range& range) {
     if (!rememberable(t)) return;
-    entry& e = slots_[slot(t)];
+    entry& e = slot_for(t);
     entry next{weak_impl::reclaim_copy(t.unsafeGetTensorImpl()),
                weak_storage::reclaim_copy(t.storage().unsafeGetStorageImpl()),
                t.data_ptr(),
@@ -154,8 +155,9 @@ class range_memo {
   /// Forgets the range of `t` and of any tensor remembered over its elements.
   void erase(const at::TensorBase& t) {
     if (!rememberable(t)) return;
-    entry& e = slots_[slot(t)];
-    if (e.data == t.data_ptr()) e = entry();
+    entry* set = &slots_[first_way(t)];
+    for (size_t way = 0; way < kWays; ++way)
+      if (set[way].data == t.data_ptr()) set[way] = entry();
   }
   /// Forgets what every thread's memo knows.
   static void forget_all() { generation.fetch_add(1, std::memory_order_relaxed); }
@@ -181,7 +183,8 @@ class range_memo {
   };
   const entry* find_entry(const at::TensorBase& t) const {
     if (!rememberable(t)) return nullptr;
-    const entry& e = slots_[slot(t)];
+    const entry* set = &slots_[first_way(t)];
+    const entry& e = set[0].data == t.data_ptr() ? set[0] : set[1];
     if (e.generation != generation.load(std::memory_order_relaxed) || e.data != t.data_ptr() ||
         e.dtype != t.scalar_type() || e.storage._unsafe_get_target() != t.storage().unsafeGetStorageImpl())
       return nullptr;
@@ -224,12 +227,28 @@ class range_memo {
     for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
     return last < numel;
   }
-  static constexpr size_t kSlots = 4096;  // direct-mapped: a collision only costs a scan
-  static size_t slot(const at::TensorBase& t) {
-    return (reinterpret_cast<uintptr_t>(t.data_ptr()) >> 4) * 0x9E3779B97F4A7C15ull >> 52;
+  // Two ways per set: only a third tensor whose first element maps there
+  // evicts one (the older), which costs a scan. Direct-mapped, any two
+  // tensors could evict each other, depending on where the allocator put
+  // them: a program would rescan the same tensors on every step.
+  static constexpr size_t kWays = 2, kSets = 2048;  // 2^11 sets: the hash's top 11 bits
+  static_assert(kWays == 2, "find_entry and slot_for pick between two ways");
+  static size_t first_way(const at::TensorBase& t) {
+    return ((reinterpret_cast<uintptr_t>(t.data_ptr()) >> 4) * 0x9E3779B97F4A7C15ull >> 53) * kWays;
+  }
+  // The slot for a write to `t`: the one that has its first element, else
+  // an empty or forgotten one, else the older.
+  entry& slot_for(const at::TensorBase& t) {
+    entry* set = &slots_[first_way(t)];
+    const uint64_t now = generation.load(std::memory_order_relaxed);
+    for (size_t way = 0; way < kWays; ++way)
+      if (set[way].data == t.data_ptr()) return set[way];
+    for (size_t way = 0; way < kWays; ++way)
+      if (set[way].generation != now) return set[way];
+    return set[0].write < set[1].write ? set[0] : set[1];
   }
   static inline std::atomic<uint64_t> generation{1};
-  std::vector<entry> slots_ = std::vector<entry>(kSlots);
+  std::vector<entry> slots_ = std::vector<entry>(kSets * kWays);
   uint64_t writes_ = 0;
 };
 
