@@ -113,11 +113,11 @@ struct op_context : at::ObserverContext {
 // Another tensor over the same memory reads the entry too when its
 // elements lie within the remembered (contiguous) ones and those are
 // unchanged: autograd's saved outputs, detach(), _unsafe_view, a bias
-// expanded inside addmm. Weak
-// references keep a remembered TensorImpl's or StorageImpl's memory from
-// going to a new one, which would otherwise match a dead one's entry.
-// Writes behind LibTorch's back (through data_ptr()) bump nothing, so what
-// the memo knows lasts one tracer step (see generation).
+// expanded inside addmm. Weak references keep a remembered TensorImpl's or
+// StorageImpl's memory from going to a new one, which would otherwise match
+// a dead one's entry. Writes behind LibTorch's back (through data_ptr())
+// bump nothing, so what the memo knows lasts one tracer step (see
+// generation).
 class range_memo {
   using weak_impl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
   using weak_storage = c10::weak_intrusive_ptr<c10::StorageImpl>;
