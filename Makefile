@@ -32,7 +32,7 @@ test: build
 	ctest --test-dir $(BUILD) --output-on-failure --timeout 900
 
 # Every test under AddressSanitizer (leaks included) and UndefinedBehavior-
-# Sanitizer, in its own build tree: about 20 minutes on 2 cores. The
+# Sanitizer, in its own build tree: about 35 minutes on 2 cores. The
 # packaging test is left out (its consumer is built without the sanitizers);
 # vptr and container-overflow checks are off (LibTorch is not built for
 # them: vectors it fills would look overflowed).
