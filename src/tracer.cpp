@@ -155,9 +155,7 @@ class range_memo {
   /// Forgets the range of `t` and of any tensor remembered over its elements.
   void erase(const at::TensorBase& t) {
     if (!rememberable(t)) return;
-    entry* set = &slots_[first_way(t)];
-    for (size_t way = 0; way < kWays; ++way)
-      if (set[way].data == t.data_ptr()) set[way] = entry();
+    if (entry* e = way_with(&slots_[first_way(t)], t.data_ptr())) *e = entry();
   }
   /// Forgets what every thread's memo knows.
   static void forget_all() { generation.fetch_add(1, std::memory_order_relaxed); }
@@ -183,10 +181,11 @@ class range_memo {
   };
   const entry* find_entry(const at::TensorBase& t) const {
     if (!rememberable(t)) return nullptr;
-    const entry* set = &slots_[first_way(t)];
-    const entry& e = set[0].data == t.data_ptr() ? set[0] : set[1];
-    if (e.generation != generation.load(std::memory_order_relaxed) || e.data != t.data_ptr() ||
-        e.dtype != t.scalar_type() || e.storage._unsafe_get_target() != t.storage().unsafeGetStorageImpl())
+    const entry* found = way_with(&slots_[first_way(t)], t.data_ptr());
+    if (!found) return nullptr;
+    const entry& e = *found;
+    if (e.generation != generation.load(std::memory_order_relaxed) || e.dtype != t.scalar_type() ||
+        e.storage._unsafe_get_target() != t.storage().unsafeGetStorageImpl())
       return nullptr;
     const c10::TensorImpl* remembered = e.impl._unsafe_get_target();
     if (remembered == t.unsafeGetTensorImpl())
@@ -232,17 +231,24 @@ class range_memo {
   // tensors could evict each other, depending on where the allocator put
   // them: a program would rescan the same tensors on every step.
   static constexpr size_t kWays = 2, kSets = 2048;  // 2^11 sets: the hash's top 11 bits
-  static_assert(kWays == 2, "find_entry and slot_for pick between two ways");
+  static_assert(kWays == 2, "slot_for picks the older of two ways");
   static size_t first_way(const at::TensorBase& t) {
     return ((reinterpret_cast<uintptr_t>(t.data_ptr()) >> 4) * 0x9E3779B97F4A7C15ull >> 53) * kWays;
+  }
+  // The way of `set` that has the entry starting at `data`, or nullptr: at
+  // most one has it, since a write goes to that way (slot_for).
+  template <typename Entry>
+  static Entry* way_with(Entry* set, const void* data) {
+    for (size_t way = 0; way < kWays; ++way)
+      if (set[way].data == data) return &set[way];
+    return nullptr;
   }
   // The slot for a write to `t`: the one that has its first element, else
   // an empty or forgotten one, else the older.
   entry& slot_for(const at::TensorBase& t) {
     entry* set = &slots_[first_way(t)];
+    if (entry* e = way_with(set, t.data_ptr())) return *e;
     const uint64_t now = generation.load(std::memory_order_relaxed);
-    for (size_t way = 0; way < kWays; ++way)
-      if (set[way].data == t.data_ptr()) return set[way];
     for (size_t way = 0; way < kWays; ++way)
       if (set[way].generation != now) return set[way];
     return set[0].write < set[1].write ? set[0] : set[1];
