@@ -38,9 +38,14 @@ namespace {
 // little, small enough (128 KiB of float) that a second pass over a block
 // with a NaN or a huge value finds it in L2.
 constexpr int64_t kBlock = 32768;
-// Terms a float lane adds before its sum moves to double: one per step of
-// a sub-block, then the U registers are added together (see census_block).
-constexpr int64_t kFloatLaneTerms = 64;
+// Vectors per sub-block: the span one min |x| covers (see census_block).
+constexpr int64_t kSubBlockVectors = 64;
+// Vectors summed in float lanes before the sums move to double lanes, so a
+// lane holds at most this many terms (relative rounding error below 256 ulp,
+// about 1e-6 typically). Moving them every 64 vectors cost 5% more time: the
+// conversion's dependency chain stalls the pass. A multiple of
+// kSubBlockVectors.
+constexpr int64_t kFloatLaneTerms = 256;
 constexpr double kFp16Max = 65504.0;
 constexpr double kFp16MinNormal = 6.103515625e-05;
 constexpr double kBf16Max = 3.3895313892515355e38;
@@ -339,29 +344,33 @@ NANGUARD_HOT T block_shift(const T* x, int64_t n) {
 
 // One vectorised pass over a block: U independent registers per sum so
 // that consecutive fused multiply-adds do not wait on each other (min and
-// max take one cycle, one register each). Per sub-block of
-// kFloatLaneTerms / U steps, the sums move to double lanes (a float lane
-// adds at most kFloatLaneTerms terms first) and min |x| is checked, so the
+// max take one cycle, one register each). The block is read in sub-blocks
+// of kSubBlockVectors vectors, each with its own min |x|, so that the
 // counting pass for tiny values (common in gradients) touches only the
-// sub-blocks that hold them. Shifted: the sums are of x - shift.
+// sub-blocks that hold them; it runs after the pass, once the block is known
+// to be finite. Every kFloatLaneTerms vectors the sums move to double lanes.
+// Shifted: the sums are of x - shift.
 template <typename T, int Bytes, int U, typename Ops, bool Shifted>
 NANGUARD_HOT census_partial census_block(const T* x, int64_t n, int64_t base, T subnormal_below, T shift) {
   using S = simd<T, Bytes>;
   using V = typename S::value;
-  constexpr int64_t step = int64_t(S::lanes) * U, sub_block = kFloatLaneTerms / U * step;
-  static_assert(kBlock % sub_block == 0, "blocks hold whole sub-blocks");
+  constexpr int64_t step = int64_t(S::lanes) * U, sub_block = kSubBlockVectors * S::lanes;
+  constexpr int64_t sub_blocks_per_flush = kFloatLaneTerms / kSubBlockVectors;
+  static_assert(kBlock % sub_block == 0 && sub_block % step == 0, "blocks hold whole sub-blocks");
   const Ops ops(shift);
   V s1[U] = {}, s2[U] = {}, lo = V{} + x[0], hi = lo;
   typename S::wide w1 = {}, w2 = {};
-  census_partial tiny;  // zeros, fp16_underflow and subnormal counts
-  int64_t i = 0;
-  for (; i + sub_block <= n; i += sub_block) {
-    V amin = V{} + std::fabs(x[0]);
-    for (int64_t k = i; k < i + sub_block; k += step) {
+  V smallest[kBlock / sub_block];  // min |x| of each sub-block
+  const V first_magnitude = V{} + std::fabs(x[0]);
+  const int64_t sub_blocks = n / sub_block;
+  for (int64_t b = 0; b < sub_blocks; ++b) {
+    const T* p = x + b * sub_block;
+    V amin = first_magnitude;
+    for (int64_t k = 0; k < sub_block; k += step) {
 #pragma GCC unroll 8
       for (int u = 0; u < U; ++u) {
-        if ((u * Bytes) % 64 == 0) prefetch_ahead(x + k + u * S::lanes);
-        const V v = S::load(x + k + u * S::lanes);
+        if ((u * Bytes) % 64 == 0) prefetch_ahead(p + k + u * S::lanes);
+        const V v = S::load(p + k + u * S::lanes);
         V d = v;
         if constexpr (Shifted) d = ops.minus_shift(v);
         s1[u] = ops.plus(s1[u], d);
@@ -371,16 +380,18 @@ NANGUARD_HOT census_partial census_block(const T* x, int64_t n, int64_t base, T 
         amin = ops.min_magnitude(amin, v);
       }
     }
-    S::flush(s1, U, w1);
-    S::flush(s2, U, w2);
-    const T smallest = S::min(&amin, 1);
-    if (smallest < T(kFp16MinNormal))
-      count_tiny<T, Bytes>(x + i, sub_block, smallest < subnormal_below ? subnormal_below : T(0), tiny);
+    smallest[b] = amin;
+    if ((b + 1) % sub_blocks_per_flush == 0) {
+      S::flush(s1, U, w1);
+      S::flush(s2, U, w2);
+    }
   }
+  S::flush(s1, U, w1);
+  S::flush(s2, U, w2);
   double S1 = S::sum(w1, S::wide_registers), S2 = S::sum(w2, S::wide_registers);
   T mn = S::min(&lo, 1), mx = S::max(&hi, 1);
-  const int64_t tail = i;
-  for (; i < n; ++i) {  // the last partial sub-block
+  const int64_t tail = sub_blocks * sub_block;
+  for (int64_t i = tail; i < n; ++i) {  // the last partial sub-block
     const T v = x[i], d = v - shift;
     S1 += d;
     S2 += double(d) * d;
@@ -390,10 +401,12 @@ NANGUARD_HOT census_partial census_block(const T* x, int64_t n, int64_t base, T 
   // NaN and Inf poison the sums (as do squares that overflow T).
   if (!std::isfinite(S1) || !std::isfinite(S2)) return exact_block(x, n, base, subnormal_below);
   census_partial p = finite_block<T>(n, shift, S1, S2, mn, mx);
-  if (tail < n) count_tiny<T, Bytes>(x + tail, n - tail, subnormal_below, tiny);
-  p.zeros = tiny.zeros;
-  p.fp16_underflow = tiny.fp16_underflow;
-  p.subnormal = tiny.subnormal;
+  for (int64_t b = 0; b < sub_blocks; ++b) {
+    const T least = S::min(&smallest[b], 1);
+    if (least < T(kFp16MinNormal))
+      count_tiny<T, Bytes>(x + b * sub_block, sub_block, least < subnormal_below ? subnormal_below : T(0), p);
+  }
+  if (tail < n) count_tiny<T, Bytes>(x + tail, n - tail, subnormal_below, p);
   if (std::max(std::fabs(mn), std::fabs(mx)) > T(kFp16Max)) count_huge(x, n, p);
   return p;
 }
