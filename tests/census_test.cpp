@@ -252,6 +252,21 @@ TEST(census, std_stays_accurate_for_data_just_inside_the_unshifted_range) {
   expect_matches(reference(x), nanguard::census(x), 2e-5);
 }
 
+// Gradient-like data: about half of it below float16's smallest normal, so
+// every sub-block holds tiny values; zeros only in some, subnormals in one.
+TEST(census, counts_tiny_values_with_and_without_zeros_nearby) {
+  at::manual_seed(5);
+  at::Tensor x = at::randn({100000}) * 1e-4;
+  x.narrow(0, 50000, 20000).relu_();
+  x[80001] = 1e-39f;
+  x[90000] = -0.0f;
+  const tensor_stats want = reference(x);
+  ASSERT_GT(want.zeros, 9000);
+  ASSERT_GT(want.fp16_underflow, 40000);
+  ASSERT_EQ(1, want.subnormal);
+  for_each_isa([&] { expect_matches(want, nanguard::census(x), 2e-5); });
+}
+
 TEST(census, huge_finite_values_do_not_overflow_the_sums) {
   at::Tensor x = at::full({4096}, 3e38f);
   x[1] = -3.3e38f;

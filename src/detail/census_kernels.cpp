@@ -227,30 +227,23 @@ struct simd {
   }
 };
 
-// Adds the zeros, float16 underflows and subnormals of x[0, n) to p: only
-// called for a range whose min |x| says it holds one. Subnormals are those
-// below `subnormal_below`; 0 when the caller knows there are none. Whole
-// vectors go through SIMD lanes (a true compare is -1 in every bit).
-template <typename T, int Bytes>
-NANGUARD_HOT void count_tiny(const T* x, int64_t n, T subnormal_below, census_partial& p) {
+// Adds the float16 underflows of x[0, n) to p, and its zeros and
+// subnormals (those below `subnormal_below`) where the caller says there may
+// be some: each kind of count costs two vector operations per register, a
+// third of a census. Whole vectors go through SIMD lanes (a true compare is
+// -1 in every bit).
+template <typename T, int Bytes, bool Zeros, bool Subnormals>
+NANGUARD_HOT void count_tiny_kinds(const T* x, int64_t n, T subnormal_below, census_partial& p) {
   using S = simd<T, Bytes>;
   using V = typename S::value;
   const V zero{}, fp16_tiny = V{} + T(kFp16MinNormal), subnormal = V{} + subnormal_below;
   decltype(V{} == V{}) zeros{}, tiny{}, sub{};
   int64_t i = 0;
-  if (subnormal_below > T(0)) {
-    for (; i + S::lanes <= n; i += S::lanes) {
-      const V a = S::abs(S::load(x + i));
-      zeros -= a == zero;
-      tiny -= a < fp16_tiny;
-      sub -= a < subnormal;
-    }
-  } else {
-    for (; i + S::lanes <= n; i += S::lanes) {
-      const V a = S::abs(S::load(x + i));
-      zeros -= a == zero;
-      tiny -= a < fp16_tiny;
-    }
+  for (; i + S::lanes <= n; i += S::lanes) {
+    const V a = S::abs(S::load(x + i));
+    if constexpr (Zeros) zeros -= a == zero;
+    tiny -= a < fp16_tiny;
+    if constexpr (Subnormals) sub -= a < subnormal;
   }
   int64_t z = 0, t = 0, s = 0;
   for (int j = 0; j < S::lanes; ++j) {
@@ -262,11 +255,21 @@ NANGUARD_HOT void count_tiny(const T* x, int64_t n, T subnormal_below, census_pa
     const T a = std::fabs(x[i]);
     z += a == T(0);
     t += a < T(kFp16MinNormal);
-    s += a < subnormal_below;
+    s += Subnormals && a < subnormal_below;
   }
   p.zeros += z;
   p.fp16_underflow += t - z;
-  if (subnormal_below > T(0)) p.subnormal += s - z;
+  if (Subnormals) p.subnormal += s - z;
+}
+
+// count_tiny_kinds for a finite range whose min |x| is `least`: zeros are
+// counted only when it is 0 and subnormals only when it is below
+// `subnormal_below`, so small gradients without zeros pay for one count.
+template <typename T, int Bytes>
+NANGUARD_HOT void count_tiny(const T* x, int64_t n, T least, T subnormal_below, census_partial& p) {
+  if (least == T(0)) count_tiny_kinds<T, Bytes, true, true>(x, n, subnormal_below, p);
+  else if (least < subnormal_below) count_tiny_kinds<T, Bytes, false, true>(x, n, subnormal_below, p);
+  else count_tiny_kinds<T, Bytes, false, false>(x, n, subnormal_below, p);
 }
 
 // The per-element steps of census_block as plain vector arithmetic.
@@ -403,10 +406,9 @@ NANGUARD_HOT census_partial census_block(const T* x, int64_t n, int64_t base, T 
   census_partial p = finite_block<T>(n, shift, S1, S2, mn, mx);
   for (int64_t b = 0; b < sub_blocks; ++b) {
     const T least = S::min(&smallest[b], 1);
-    if (least < T(kFp16MinNormal))
-      count_tiny<T, Bytes>(x + b * sub_block, sub_block, least < subnormal_below ? subnormal_below : T(0), p);
+    if (least < T(kFp16MinNormal)) count_tiny<T, Bytes>(x + b * sub_block, sub_block, least, subnormal_below, p);
   }
-  if (tail < n) count_tiny<T, Bytes>(x + tail, n - tail, subnormal_below, p);
+  if (tail < n) count_tiny<T, Bytes>(x + tail, n - tail, T(0), subnormal_below, p);  // min |x| unknown: 0
   if (std::max(std::fabs(mn), std::fabs(mx)) > T(kFp16Max)) count_huge(x, n, p);
   return p;
 }
