@@ -5,7 +5,10 @@
 // per-round ratios), and the headline ratios at 2^24:
 //   census_vs_sum, census_vs_isfinite, has_nonfinite_vs_sum
 // (throughput ratios: > 1 means faster than the baseline), with
-// `census_vs_sum_ci95` and `has_nonfinite_vs_sum_ci95` intervals.
+// `census_vs_sum_ci95` and `has_nonfinite_vs_sum_ci95` intervals. Two more
+// lines give census_vs_sum at 2^20 on gradient-like data, whose tiny values
+// and zeros the census counts in a second pass over the sub-blocks holding
+// them.
 #include "bench_util.h"
 #include "timing.h"
 
@@ -72,6 +75,26 @@ nanguard::bench::ratio_estimate throughput_ratio(const std::function<void()>& va
   return nanguard::bench::paired_ratio(t[1], t[0]);
 }
 
+// A callable that calls fn `times` times.
+template <typename F>
+std::function<void()> repeat(int64_t times, F fn) {
+  return [times, fn] {
+    for (int64_t i = 0; i < times; ++i) benchmark::DoNotOptimize(fn());
+  };
+}
+
+// Calls per round for a tensor of n floats: about 4 ms of x.sum() at
+// 100 GB/s, at least one call.
+int64_t calls_per_round(int64_t n) {
+  return std::max<int64_t>(1, int64_t(4e-3 * 100e9) / (n * int64_t(sizeof(float))));
+}
+
+nanguard::bench::ratio_estimate census_vs_sum(const at::Tensor& x, int rounds) {
+  const int64_t calls = calls_per_round(x.numel());
+  return throughput_ratio(repeat(calls, [&] { return nanguard::census(x).mean; }),
+                          repeat(calls, [&] { return x.sum().item<float>(); }), rounds);
+}
+
 // Throughput ratios of census and has_nonfinite to sum and isfinite().all()
 // on n elements.
 struct ratios {
@@ -80,26 +103,33 @@ struct ratios {
 
 ratios paired_ratios(int64_t n, int rounds) {
   const at::Tensor x = data(n);
-  // Calls per round: about 4 ms of x.sum() at 100 GB/s, at least one call.
-  const int64_t calls = std::max<int64_t>(1, int64_t(4e-3 * 100e9) / (n * int64_t(sizeof(float))));
-  const auto repeat = [](int64_t times, auto fn) {
-    return [times, fn] {
-      for (int64_t i = 0; i < times; ++i) benchmark::DoNotOptimize(fn());
-    };
-  };
-  const auto sum = [&] { return x.sum().item<float>(); };
+  const int64_t calls = calls_per_round(n);
   const auto census = [&] { return nanguard::census(x).mean; };
   const auto has_nonfinite = [&] { return nanguard::has_nonfinite(x); };
   const auto isfinite_all = [&] { return at::isfinite(x).all().item<bool>(); };
   // isfinite is some 30x slower: one call of it against 30 census calls.
   constexpr int64_t census_calls = 30;
-  ratios r{throughput_ratio(repeat(calls, census), repeat(calls, sum), rounds),
+  ratios r{census_vs_sum(x, rounds),
            throughput_ratio(repeat(census_calls, census), repeat(1, isfinite_all), rounds),
-           throughput_ratio(repeat(calls, has_nonfinite), repeat(calls, sum), rounds)};
+           throughput_ratio(repeat(calls, has_nonfinite), repeat(calls, [&] { return x.sum().item<float>(); }),
+                            rounds)};
   // Those rounds ran census_calls censuses per isfinite: per call, census is that much faster.
   for (double* v : {&r.census_vs_isfinite.median, &r.census_vs_isfinite.low, &r.census_vs_isfinite.high})
     *v *= double(census_calls);
   return r;
+}
+
+// census_vs_sum on gradient-like data, where the census also counts the
+// values below float16's smallest normal (and the zeros) that randn lacks.
+void print_small_value_ratios() {
+  const at::Tensor x = data(int64_t(1) << 20);
+  const std::pair<const char*, at::Tensor> cases[] = {
+      {"randn*1e-4 (46% below float16's smallest normal)", x * 1e-4},
+      {"relu(randn)*1e-4 (50% zeros)", x.relu() * 1e-4}};
+  for (const auto& [name, t] : cases) {
+    const auto r = census_vs_sum(t, 21);
+    fmt::print("2^20 {}: census_vs_sum {:.2f} ({:.2f}..{:.2f})\n", name, r.median, r.low, r.high);
+  }
 }
 
 }  // namespace
@@ -119,6 +149,7 @@ int main(int argc, char** argv) {
                r.has_nonfinite_vs_sum.median, r.has_nonfinite_vs_sum.low, r.has_nonfinite_vs_sum.high);
     if (p == 24) at24 = r;
   }
+  print_small_value_ratios();
   fmt::print("census_vs_sum: {:.3f}\n", at24.census_vs_sum.median);
   fmt::print("census_vs_sum_ci95: {:.3f}..{:.3f}\n", at24.census_vs_sum.low, at24.census_vs_sum.high);
   fmt::print("census_vs_isfinite: {:.2f}\n", at24.census_vs_isfinite.median);
