@@ -104,6 +104,7 @@ struct ratios {
 ratios paired_ratios(int64_t n, int rounds) {
   const at::Tensor x = data(n);
   const int64_t calls = calls_per_round(n);
+  const auto sum = [&] { return x.sum().item<float>(); };
   const auto census = [&] { return nanguard::census(x).mean; };
   const auto has_nonfinite = [&] { return nanguard::has_nonfinite(x); };
   const auto isfinite_all = [&] { return at::isfinite(x).all().item<bool>(); };
@@ -111,8 +112,7 @@ ratios paired_ratios(int64_t n, int rounds) {
   constexpr int64_t census_calls = 30;
   ratios r{census_vs_sum(x, rounds),
            throughput_ratio(repeat(census_calls, census), repeat(1, isfinite_all), rounds),
-           throughput_ratio(repeat(calls, has_nonfinite), repeat(calls, [&] { return x.sum().item<float>(); }),
-                            rounds)};
+           throughput_ratio(repeat(calls, has_nonfinite), repeat(calls, sum), rounds)};
   // Those rounds ran census_calls censuses per isfinite: per call, census is that much faster.
   for (double* v : {&r.census_vs_isfinite.median, &r.census_vs_isfinite.low, &r.census_vs_isfinite.high})
     *v *= double(census_calls);
