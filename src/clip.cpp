@@ -4,6 +4,7 @@
 #include "nanguard/sentinel.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cmath>
 

@@ -52,7 +52,16 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_gloo(const c10::intrusive_ptr<c10d::
                                                  int64_t world, const std::string& hostname, double timeout) {
   auto o = c10d::ProcessGroupGloo::Options::create(to_ms(timeout));
   o->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(hostname));
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(rank), static_cast<int>(world), o);
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(rank), static_cast<int>(world), o);
+  // A c10d ProcessGroup dispatches each collective to the backend of the
+  // tensors' device (as torch.distributed.new_group does): Gloo for CPU
+  // tensors, and for CUDA tensors too (it stages them through the host).
+  auto pg = c10::make_intrusive<c10d::ProcessGroup>(store, static_cast<int>(rank), static_cast<int>(world));
+  constexpr auto kGloo = c10d::ProcessGroup::BackendType::GLOO;
+  pg->setDefaultBackend(kGloo);
+  pg->setBackend(c10::DeviceType::CPU, kGloo, gloo);
+  pg->setBackend(c10::DeviceType::CUDA, kGloo, gloo);
+  return pg;
 }
 
 // Waits for a collective; a peer that died or timed out becomes an error

@@ -3,6 +3,7 @@
 #include "detail/json_number.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <cmath>

@@ -683,17 +683,18 @@ void round_to_precision_(at::Tensor& t, at::ScalarType dtype) {
 // ============================================================== autocast
 
 cpu_autocast::cpu_autocast(at::ScalarType dtype)
-    : was_enabled_(at::autocast::is_cpu_enabled()), previous_dtype_(at::autocast::get_autocast_cpu_dtype()) {
-  TORCH_CHECK(dtype == at::kBFloat16,
-              "nanguard::cpu_autocast: LibTorch 1.13 autocasts to BFloat16 on the CPU only, got ",
-              c10::toString(dtype), "; use precision_emulator for float16");
-  at::autocast::set_autocast_cpu_dtype(dtype);
-  at::autocast::set_cpu_enabled(true);
+    : was_enabled_(at::autocast::is_autocast_enabled(at::kCPU)),
+      previous_dtype_(at::autocast::get_autocast_dtype(at::kCPU)) {
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf,
+              "nanguard::cpu_autocast: CPU autocast runs in BFloat16 or Half, got ", c10::toString(dtype),
+              "; pass at::kBFloat16 (the default) or at::kHalf");
+  at::autocast::set_autocast_dtype(at::kCPU, dtype);
+  at::autocast::set_autocast_enabled(at::kCPU, true);
 }
 
 cpu_autocast::~cpu_autocast() {
-  at::autocast::set_cpu_enabled(was_enabled_);
-  at::autocast::set_autocast_cpu_dtype(previous_dtype_);
+  at::autocast::set_autocast_enabled(at::kCPU, was_enabled_);
+  at::autocast::set_autocast_dtype(at::kCPU, previous_dtype_);
   if (!was_enabled_) at::autocast::clear_cache();
 }
 

@@ -5,6 +5,7 @@
 #include "detail/census_kernels.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
 

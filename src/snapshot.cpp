@@ -1,5 +1,6 @@
 #include "nanguard/snapshot.h"
 
+#include <ATen/core/grad_mode.h>
 #include <torch/nn/module.h>
 #include <torch/optim.h>
 #include <torch/serialize/archive.h>
@@ -7,8 +8,15 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <type_traits>
+#include <utility>
 
 namespace nanguard {
+
+// What the optimizer's state map is keyed by: the parameter's TensorImpl
+// (void* in torch 2.x).
+using optimizer_state_key =
+    std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
 
 struct snapshot_ring::data {
   int64_t step = 0;
@@ -17,7 +25,7 @@ struct snapshot_ring::data {
   std::vector<at::Tensor> buffers;
   // Optimizer state, deep-copied per parameter key; or, for optimizers whose
   // state type is not known here, the whole optimizer serialized.
-  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> state;
+  std::vector<std::pair<optimizer_state_key, std::unique_ptr<torch::optim::OptimizerParamState>>> state;
   std::string serialized;
 };
 

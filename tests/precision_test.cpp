@@ -132,7 +132,7 @@ TEST(precision_advisor, names_the_module_that_overflows_fp16_and_emulation_confi
     EXPECT_FALSE(nanguard::has_nonfinite(y));
     EXPECT_TRUE(watch.producers().empty());
   }
-  EXPECT_FALSE(at::autocast::is_cpu_enabled()) << "cpu_autocast restores the previous state";
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU)) << "cpu_autocast restores the previous state";
 }
 
 TEST(precision_advisor, advises_bf16_and_plain_fp16_for_a_model_in_range) {

@@ -241,7 +241,7 @@ void round_to_precision_(at::Tensor& t, at::ScalarType dtype);
 ///   { nanguard::cpu_autocast bf16; y = model.forward({x}).toTensor(); }
 class cpu_autocast {
  public:
-  /// Enables CPU autocast with `dtype` (at::kBFloat16 is what 1.13 supports).
+  /// Enables CPU autocast with `dtype` (at::kBFloat16 or at::kHalf).
   explicit cpu_autocast(at::ScalarType dtype = at::kBFloat16);
   ~cpu_autocast();
   cpu_autocast(const cpu_autocast&) = delete;
