@@ -24,13 +24,24 @@ constexpr int64_t kChunk = int64_t(1) << 16;
 // float16/bfloat16 are widened to float in stack buffers of this size.
 constexpr int64_t kWidenBlock = 4096;
 
+// A tensor whose values can be read: defined, strided, not on the meta device.
+void check_has_data(const at::Tensor& x, const char* fn) {
+  TORCH_CHECK(x.defined(), "nanguard::", fn, ": the tensor is undefined; pass a tensor that holds data");
+  TORCH_CHECK(x.layout() == at::kStrided, "nanguard::", fn, ": expected a dense (strided) tensor but got layout ",
+              x.layout(), " with shape ", x.sizes(), "; pass x.to_dense(), or the sparse tensor's values()");
+  TORCH_CHECK(!x.is_meta(), "nanguard::", fn, ": the tensor with shape ", x.sizes(),
+              " is on the meta device and holds no values; pass a tensor on the CPU or a GPU");
+}
+
 void check_floating(const at::Tensor& x, const char* fn) {
-  TORCH_CHECK(x.defined(), "nanguard::", fn,
-              ": the tensor is undefined; pass a tensor that holds data");
+  check_has_data(x, fn);
   const auto t = x.scalar_type();
+  TORCH_CHECK(!x.is_complex(), "nanguard::", fn, ": expected a real floating-point tensor but got ", t,
+              " with shape ", x.sizes(), "; take the census of the real and imaginary parts, "
+              "at::view_as_real(x) (Python: torch.view_as_real(x))");
   TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16,
               "nanguard::", fn, ": expected a float32, float64, float16 or bfloat16 tensor but got ",
-              t, " with shape ", x.sizes(), "; integer, bool and complex tensors cannot hold NaN "
+              t, " with shape ", x.sizes(), "; integer and bool tensors cannot hold NaN "
               "or Inf (convert with x.to(at::kFloat) to measure them anyway)");
 }
 
@@ -130,8 +141,8 @@ bool any_chunk(int64_t n, bool parallel, const F& chunk_has_nonfinite) {
 }
 
 bool scan_for_nonfinite(const at::Tensor& x, bool parallel, const char* caller) {
-  TORCH_CHECK(x.defined(), "nanguard::", caller, ": the tensor is undefined; pass a tensor "
-              "that holds data");
+  check_has_data(x, caller);
+  if (x.is_complex()) return scan_for_nonfinite(at::view_as_real(x), parallel, caller);
   if (!x.is_floating_point()) return false;
   if (!x.is_cpu()) return !at::isfinite(x).all().item<bool>();
   const at::Tensor c = x.contiguous();

@@ -60,7 +60,8 @@ struct tensor_stats {
 /// REQUIRES: `x` is float32, float64, float16 or bfloat16; it may be any
 /// view (strided, expanded, zero-stride) and empty. Tensors not on the CPU
 /// are measured with ATen ops on their device.
-/// Throws c10::Error for integer, bool or complex tensors and undefined ones.
+/// Throws c10::Error for integer, bool or complex tensors, and for undefined,
+/// sparse or meta tensors (no values to read), with what to pass instead.
 ///
 ///   auto s = nanguard::census(logits);
 ///   if (s.fp16_overflow) { /* keep this layer in fp32 */ }
@@ -70,7 +71,8 @@ tensor_stats census(const at::Tensor& x);
 ///
 /// Cheaper than `census`: use it as the fast check, then take a census of
 /// the tensors it flags. Integer and bool tensors are always finite (false);
-/// an undefined tensor throws.
+/// a complex tensor is checked through its real and imaginary parts; an
+/// undefined, sparse or meta tensor throws.
 bool has_nonfinite(const at::Tensor& x);
 
 /// One line, e.g. `n=1024 nan=1 +inf=0 -inf=0 zero=3 min=-2.1 max=3.3 ...`.

@@ -20,7 +20,7 @@ from ._trace import AllowRule, Finding, NonFiniteError, Trace, trace
 from ._guard import Guard, StepResult
 
 __all__ = [
-    "census", "has_nonfinite", "mark_written", "allreduce_hook", "TensorStats", "trace", "Trace", "Finding",
+    "census", "has_nonfinite", "mark_written", "TensorStats", "trace", "Trace", "Finding",
     "NonFiniteError", "AllowRule", "Guard", "StepResult", "IsolationForest",
     "Firewall", "FirewallReport",
 ]
@@ -51,7 +51,9 @@ def census(tensor):
     Fields: numel, nan, pos_inf, neg_inf, finite, zeros, subnormal, min, max,
     mean, std, l2_norm, absmax, fp16_overflow, fp16_underflow, bf16_overflow,
     first_nonfinite_index, first_nonfinite_value; ``.to_dict()`` gives them
-    all. Raises ``ValueError`` for integer, bool or complex tensors.
+    all. Raises ``ValueError`` for integer, bool or complex tensors (for
+    complex ones, take the census of ``torch.view_as_real(t)``), and for
+    sparse or meta tensors, which hold no values to read.
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"nanguard.census: expected a torch.Tensor, got {type(tensor).__name__}")
@@ -61,7 +63,9 @@ def census(tensor):
 def has_nonfinite(tensor):
     """True when ``tensor`` holds a NaN or an Inf (stops at the first one).
 
-    Integer and bool tensors are always finite.
+    Integer and bool tensors are always finite; complex tensors are checked
+    through their real and imaginary parts. Raises ``ValueError`` for sparse
+    or meta tensors.
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"nanguard.has_nonfinite: expected a torch.Tensor, got {type(tensor).__name__}")
@@ -72,38 +76,12 @@ def mark_written(tensor):
     """Tells a live ``trace`` that ``tensor`` changed outside a recorded op.
 
     Call it after writing a tensor behind PyTorch's back within a traced
-    step: ``torch.distributed`` collectives (``all_reduce`` writes without
-    a version bump in torch 1.13), writes through ``tensor.numpy()`` or a
-    raw pointer. Otherwise the tracer may trust the finite range it saw
+    step: writes through ``tensor.numpy()``, a raw pointer or a custom
+    kernel the dispatcher does not see. (``torch.distributed`` collectives
+    need no call: the tracer sees each ``c10d::`` op and marks its tensors
+    itself, as their backend writes them later without a version bump.) Otherwise the tracer may trust the finite range it saw
     before the write. Bumps the tensor's version, as an in-place op does.
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"nanguard.mark_written: expected a torch.Tensor, got {type(tensor).__name__}")
     _nanguard.mark_written(tensor)
-
-
-def allreduce_hook(process_group, bucket):
-    """A DistributedDataParallel comm hook: torch's own ``allreduce_hook``
-    (the default averaging), after which the bucket is marked written
-    (``mark_written``).
-
-    Without it a live ``trace`` may trust the range it saw of the bucket
-    before the all-reduce, and miss a NaN that another rank sent; with torch's
-    own Python hooks it does. Use it in place of the default::
-
-        model = DistributedDataParallel(net)
-        model.register_comm_hook(None, nanguard.allreduce_hook)
-
-    As with torch's own Python comm hooks on Gloo (LibTorch 1.13), drop the
-    model before ``destroy_process_group()``: if the reducer held the last
-    reference to the group, its destructor would join Gloo's workers with
-    the GIL held while one waits for the GIL to free this hook's callback.
-    """
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    def written(fut):
-        out = fut.value()
-        mark_written(out)
-        return out
-
-    return default_hooks.allreduce_hook(process_group, bucket).then(written)

@@ -62,3 +62,63 @@ def test_isolation_forest_scores_the_outlier_lowest():
     assert int(forest.predict(x)[17]) == -1
     with pytest.raises(ValueError):
         nanguard.IsolationForest(n_estimators=0)
+
+
+# Every kind of tensor a user may hand over: each call answers or raises a
+# Python exception with the C++ message (a crash would take pytest down).
+# Regression: with torch 2.x, census of an integer tensor crashed Python.
+ODD_TENSORS = {
+    "int": lambda: torch.arange(3),
+    "bool": lambda: torch.tensor([True, False]),
+    "complex": lambda: torch.tensor([1 + 1j, complex(float("nan"), 0.0)]),
+    "empty": lambda: torch.empty(0),
+    "zero_dim": lambda: torch.tensor(float("nan")),
+    "meta": lambda: torch.empty(3, device="meta"),
+    "sparse": lambda: torch.eye(3).to_sparse(),
+}
+CENSUS_ANSWERS = {
+    "int": (ValueError, "integer and bool tensors cannot hold NaN"),
+    "bool": (ValueError, "integer and bool tensors cannot hold NaN"),
+    "complex": (ValueError, r"torch.view_as_real\(x\)"),
+    "empty": 0,
+    "zero_dim": 1,
+    "meta": (ValueError, "on the meta device and holds no values"),
+    "sparse": (ValueError, r"expected a dense \(strided\) tensor but got layout Sparse"),
+}
+HAS_NONFINITE_ANSWERS = {
+    "int": False, "bool": False, "complex": True, "empty": False, "zero_dim": True,
+    "meta": (ValueError, "on the meta device"), "sparse": (ValueError, "expected a dense"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(ODD_TENSORS))
+def test_census_of_every_kind_of_tensor(kind):
+    answer = CENSUS_ANSWERS[kind]
+    if isinstance(answer, tuple):
+        with pytest.raises(answer[0], match=answer[1]):
+            nanguard.census(ODD_TENSORS[kind]())
+    else:
+        s = nanguard.census(ODD_TENSORS[kind]())
+        assert (s.numel, s.nan) == (answer, answer)
+
+
+@pytest.mark.parametrize("kind", sorted(ODD_TENSORS))
+def test_has_nonfinite_of_every_kind_of_tensor(kind):
+    answer = HAS_NONFINITE_ANSWERS[kind]
+    if isinstance(answer, tuple):
+        with pytest.raises(answer[0], match=answer[1]):
+            nanguard.has_nonfinite(ODD_TENSORS[kind]())
+    else:
+        assert nanguard.has_nonfinite(ODD_TENSORS[kind]()) is answer
+
+
+@pytest.mark.parametrize("kind", sorted(ODD_TENSORS))
+def test_trace_over_every_kind_of_tensor(kind, capfd):
+    x = ODD_TENSORS[kind]()
+    with nanguard.trace() as t:
+        y = x & x if kind == "bool" else x * 2
+    # A real NaN is found; the rest hold nothing to check and are skipped
+    # quietly (no exception inside ATen's observer, which it would print).
+    assert len(t.findings) == (1 if kind == "zero_dim" else 0), [str(f) for f in t.findings]
+    assert "Exception in RecordFunction callback" not in capfd.readouterr().err
+    assert y.shape == x.shape

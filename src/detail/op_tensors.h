@@ -10,9 +10,10 @@
 
 namespace nanguard::detail {
 
-/// A tensor that can hold values worth checking: defined, floating, non-empty.
+/// A tensor that can hold values worth checking: defined, floating, non-empty,
+/// with values to read (strided, not on the meta device).
 inline bool measurable(const at::Tensor& t) {
-  return t.defined() && t.is_floating_point() && t.numel() > 0;
+  return t.defined() && t.is_floating_point() && t.numel() > 0 && t.layout() == at::kStrided && !t.is_meta();
 }
 
 /// Appends the measurable tensors of an op argument (a tensor or a tensor

@@ -40,6 +40,7 @@ op_traits make_traits(const at::RecordFunction& fn) {
                                                  "aten::exponential_", "aten::set_"});
   t.allocates_only = allocates_only(name);
   t.loops_over_slices = one_of(name, {"aten::bmm", "aten::baddbmm"});
+  t.collective = std::strncmp(name, "c10d::", 6) == 0;
   t.rule = range_rule_for(name);
   const auto op_name = fn.operator_name();
   const auto op = op_name ? c10::Dispatcher::singleton().findOp(*op_name) : c10::nullopt;

@@ -37,6 +37,9 @@ struct op_traits {
   // It writes arguments it does not return (aten::_foreach_mul_ updates a
   // list in place and returns nothing): those are checked when it ends.
   bool writes_unreturned = false;
+  // A c10d collective (c10d::allreduce_): its backend writes the tensors it
+  // was given after the op returns (asynchronously), without a version bump.
+  bool collective = false;
   // Every output is a view of an input (aten::select, aten::as_strided):
   // it holds no new values.
   bool views_only = false;
