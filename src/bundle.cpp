@@ -5,7 +5,10 @@
 #include <ATen/ATen.h>
 #include <ATen/core/Dict.h>
 #include <ATen/core/List.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/version.h>
 #include <nlohmann/json.hpp>
 
@@ -33,8 +36,31 @@ void write_file(const fs::path& path, const char* data, size_t size) {
               "'; check that the directory is writable and the disk not full");
 }
 
+// torch::pickle_save without type tags on lists and dicts: torch.load's
+// default weights_only=True (torch >= 2.6) refuses the tag's global
+// (torch.jit._pickle.restore_type_tag), and lists and dicts of tensors
+// load the same without it. The container is torch.save's zip format.
+std::vector<char> pickle_untagged(const c10::IValue& v) {
+  std::vector<char> pickled;
+  torch::jit::Pickler pickler([&](const char* p, size_t n) { pickled.insert(pickled.end(), p, p + n); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr,
+                              /*memoized_class_types=*/nullptr, /*get_tensor_id=*/nullptr,
+                              /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(v);
+  pickler.stop();
+  std::vector<char> out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* p, size_t n) {
+    out.insert(out.end(), static_cast<const char*>(p), static_cast<const char*>(p) + n);
+    return n;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(), writer);
+  writer.writeEndOfFile();
+  return out;
+}
+
 void save(const fs::path& path, const c10::IValue& v) {
-  const std::vector<char> bytes = torch::jit::pickle_save(v);
+  const std::vector<char> bytes = pickle_untagged(v);
   write_file(path, bytes.data(), bytes.size());
 }
 
@@ -50,9 +76,12 @@ c10::IValue load(const fs::path& path) {
   }
 }
 
+// A plain list (None for an undefined tensor): a typed tensor list pickles
+// as torch.jit._pickle.build_tensorlist, which torch.load refuses under its
+// default weights_only=True (torch >= 2.6), as it does type tags.
 c10::IValue tensor_list(const std::vector<at::Tensor>& ts) {
-  c10::List<at::Tensor> l;
-  for (const auto& t : ts) l.push_back(t.defined() ? t.detach().cpu() : at::Tensor());
+  c10::impl::GenericList l(c10::AnyType::get());
+  for (const auto& t : ts) l.push_back(t.defined() ? c10::IValue(t.detach().cpu()) : c10::IValue());
   return l;
 }
 
