@@ -4,6 +4,10 @@
 BUILD ?= build
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 NANGUARD := $(BUILD)/tools/cli/nanguard
+# The Python environment with torch that nanguard builds against; `make
+# setup` creates it (scripts/setup-python) and records its python here.
+PYTHON_STAMP := $(BUILD)/.python
+PYTHON = $(shell cat $(PYTHON_STAMP))
 export OMP_NUM_THREADS ?= 2
 # OpenMP workers that spin after each parallel region take the cores that
 # OpenBLAS's own threads need for the next matmul: on 2 cores a training
@@ -16,9 +20,12 @@ all: build
 
 setup:
 	@scripts/setup-deps
+	@mkdir -p $(BUILD) && scripts/setup-python > $(PYTHON_STAMP).new
+	@cmp -s $(PYTHON_STAMP).new $(PYTHON_STAMP) && rm $(PYTHON_STAMP).new || mv $(PYTHON_STAMP).new $(PYTHON_STAMP)
 
-$(BUILD)/build.ninja:
-	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS)
+# Configured again when the Python environment changes.
+$(BUILD)/build.ninja: $(PYTHON_STAMP)
+	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS) -DPython3_EXECUTABLE=$(PYTHON)
 
 configure: setup $(BUILD)/build.ninja
 
@@ -38,7 +45,7 @@ test: build
 # them: vectors it fills would look overflowed).
 SANITIZE := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize=vptr
 test-sanitize: setup
-	cmake -S . -B build-sanitize -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	cmake -S . -B build-sanitize -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$(PYTHON) \
 	  -DNANGUARD_BUILD_BENCH=OFF -DNANGUARD_BUILD_PYTHON=OFF "-DCMAKE_CXX_FLAGS=$(SANITIZE)" \
 	  "-DCMAKE_EXE_LINKER_FLAGS=$(SANITIZE)" "-DCMAKE_SHARED_LINKER_FLAGS=$(SANITIZE)"
 	cmake --build build-sanitize
@@ -64,9 +71,8 @@ bench-guard: build
 bench-distributed: build
 	$(BUILD)/bench/distributed_bench
 
-# Debian's python3-torch runs in /usr/bin/python3 only (not a pyenv python3 on PATH).
 bench-python: build
-	PYTHONPATH=$(BUILD)/python /usr/bin/python3 python/bench/bench_overhead.py
+	PYTHONPATH=$(BUILD)/python $(PYTHON) python/bench/bench_overhead.py
 
 clean:
 	rm -rf $(BUILD)

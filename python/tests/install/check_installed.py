@@ -1,5 +1,5 @@
-"""Run by the python_install test: the package installed under the directory
-given as argv[1] imports from there and reaches the C++ core."""
+"""Run by the python_pip_install test: the package pip installed under the
+site-packages folder given as argv[1] imports from there and reaches the C++ core."""
 import os
 import sys
 

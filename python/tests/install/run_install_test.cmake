@@ -1,7 +1,15 @@
-# Installs the Python component of the build tree into a scratch prefix and
-# runs check_installed.py with only that prefix's package on PYTHONPATH.
+# `pip install .` as a Python user runs it, into a scratch virtual
+# environment that sees the torch of PYTHON's environment (a .pth file),
+# then check_installed.py from another folder, with nothing on PYTHONPATH.
 include(${CMAKE_CURRENT_LIST_DIR}/../../../cmake/run_or_fail.cmake)
-file(REMOVE_RECURSE ${PREFIX})
-run_or_fail("python install test" ${CMAKE_COMMAND} --install ${BINARY_DIR} --prefix ${PREFIX} --component python)
-run_or_fail("python install test"
-    ${CMAKE_COMMAND} -E env PYTHONPATH=${PREFIX}/${SITE} ${PYTHON} ${CHECK} ${PREFIX}/${SITE})
+file(REMOVE_RECURSE ${VENV})
+run_or_fail("pip install test" ${PYTHON} -m venv ${VENV})
+execute_process(COMMAND ${PYTHON} -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+  OUTPUT_VARIABLE torch_site OUTPUT_STRIP_TRAILING_WHITESPACE)
+execute_process(COMMAND ${VENV}/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+  OUTPUT_VARIABLE site OUTPUT_STRIP_TRAILING_WHITESPACE)
+file(WRITE ${site}/torch_env.pth "${torch_site}\n")
+run_or_fail("pip install test" ${CMAKE_COMMAND} -E env --unset=PYTHONPATH
+  ${VENV}/bin/python -m pip install --quiet --progress-bar off ${SOURCE_DIR})
+run_or_fail("pip install test" ${CMAKE_COMMAND} -E chdir ${VENV}
+  ${CMAKE_COMMAND} -E env --unset=PYTHONPATH ${VENV}/bin/python ${CHECK} ${site})
