@@ -14,7 +14,8 @@
 // Prints `plain_step_s`, `guarded_step_s`, `guarded_scaled_step_s`,
 // `guard_ratio`, `guard_scaled_ratio` (median of per-round ratios, with
 // their 95% intervals `..._ci95: low..high`), the same in process CPU time
-// (`guard_cpu_ratio`, ...), `guard_own_ms`, `guard_own_fraction`,
+// (`guard_cpu_ratio`, ...), system time and minor page faults per step
+// (`plain_step_sys_s`, `guarded_step_page_faults`, ...), `guard_own_ms`, `guard_own_fraction`,
 // `sentinel_pass_ms`, `libtorch_clip_ms`, `event_line_ms`.
 // Usage: guard_bench [rounds]
 #include "reference_workload.h"
@@ -24,12 +25,28 @@
 #include <nanguard/guard.h>
 
 #include <fmt/format.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <string>
+
+namespace {
+
+// This process's CPU time (all threads) and minor page faults so far.
+struct process_usage {
+  double user_s, sys_s;
+  long minor_faults;
+  static process_usage now() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    const auto s = [](const timeval& tv) { return double(tv.tv_sec) + double(tv.tv_usec) * 1e-6; };
+    return {s(u.ru_utime), s(u.ru_stime), u.ru_minflt};
+  }
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 24;
@@ -62,14 +79,19 @@ int main(int argc, char** argv) {
   };
   for (const auto& v : variants) v();  // warm-up
   // Wall time, and process CPU time (all threads), which other processes on
-  // a busy machine disturb much less.
-  std::vector<std::vector<double>> t(variants.size()), cpu(variants.size());
+  // a busy machine disturb much less; the CPU time split into user and
+  // system time, with the page faults taken, to tell where extra CPU goes.
+  std::vector<std::vector<double>> t(variants.size()), cpu(variants.size()), sys(variants.size()),
+      faults(variants.size());
   for (int r = 0; r < rounds; ++r)
     for (size_t k = 0; k < variants.size(); ++k) {
       const size_t i = (k + size_t(r)) % variants.size();
-      const std::clock_t c0 = std::clock();
+      const process_usage u0 = process_usage::now();
       t[i].push_back(nanguard::bench::seconds(variants[i]));
-      cpu[i].push_back(double(std::clock() - c0) / CLOCKS_PER_SEC);
+      const process_usage u1 = process_usage::now();
+      cpu[i].push_back(u1.user_s + u1.sys_s - u0.user_s - u0.sys_s);
+      sys[i].push_back(u1.sys_s - u0.sys_s);
+      faults[i].push_back(double(u1.minor_faults - u0.minor_faults));
     }
   using nanguard::bench::median;
   using nanguard::bench::paired_ratio;
@@ -105,6 +127,10 @@ int main(int argc, char** argv) {
   fmt::print("plain_step_cpu_s: {:.4f}\n", median(cpu[0]));
   fmt::print("guarded_step_cpu_s: {:.4f}\n", median(cpu[1]));
   fmt::print("guard_cpu_ratio: {:.3f}\n", paired_ratio(cpu[1], cpu[0]).median);
+  fmt::print("plain_step_sys_s: {:.4f}\n", median(sys[0]));
+  fmt::print("guarded_step_sys_s: {:.4f}\n", median(sys[1]));
+  fmt::print("plain_step_page_faults: {:.0f}\n", median(faults[0]));
+  fmt::print("guarded_step_page_faults: {:.0f}\n", median(faults[1]));
   fmt::print("guard_scaled_cpu_ratio: {:.3f}\n", paired_ratio(cpu[2], cpu[0]).median);
   fmt::print("guard_own_ms: {:.3f}\n", median(guard_ms));
   fmt::print("guard_own_fraction: {:.4f}\n", median(guard_ms) / (median(t[0]) * 1e3));
