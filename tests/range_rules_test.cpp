@@ -96,7 +96,16 @@ std::vector<rule_case> cases() {
       {"aten::gelu_backward", "",
        [](double s, T d) { return V{normal({64}, s, d), normal({64}, 2, d), std::string("tanh")}; }},
       {"aten::_softmax", "", [](double s, T d) { return V{normal({8, 16}, s, d), 1, false}; }},
+      {"aten::_safe_softmax", "", [](double s, T d) { return V{normal({8, 16}, s, d), 1, c10::nullopt}; }},
       {"aten::_log_softmax", "", [](double s, T d) { return V{normal({8, 16}, s, d), 1, false}; }},
+      {"aten::lerp", "Scalar", [](double s, T d) { return V{normal({64}, s, d), normal({64}, 3 * s, d), 0.1}; }},
+      {"aten::lerp", "Scalar", [](double s, T d) { return V{normal({64}, s, d), normal({64}, s, d), -1.5}; }},
+      {"aten::lerp", "Tensor",
+       [](double s, T d) { return V{normal({64}, s, d), positive({64}, s, d), positive({64}, 1, d)}; }},
+      {"aten::select_backward", "",
+       [](double s, T d) { return V{positive({4, 5}, s, d), std::vector<int64_t>{3, 4, 5}, 0, 1}; }},
+      {"aten::slice_backward", "",
+       [](double s, T d) { return V{normal({4, 2}, s, d), std::vector<int64_t>{4, 6}, 1, 2, 4, 1}; }},
       {"aten::_softmax_backward_data", "",
        [](double s, T d) {
          const at::Tensor y = at::softmax(normal({8, 16}, 1, d), 1);

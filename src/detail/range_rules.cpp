@@ -155,6 +155,15 @@ maybe_range gelu_backward(const op_arguments& a, size_t) {
 }
 
 // _softmax(self, dim, half_to_float): probabilities, for finite input.
+// lerp(self, end, weight): self + weight * (end - self), a number or a
+// tensor weight (AdamW's first moment in torch 2.x). ATen computes it from
+// either end; both forms lie in the same interval.
+maybe_range lerp(const op_arguments& a, size_t) {
+  const maybe_range x = a.range(0), y = a.range(1), w = a.range(2);
+  if (!x || !y || !w) return c10::nullopt;
+  return rounded(*x + (*y + -*x) * *w, 3);
+}
+
 maybe_range softmax(const op_arguments& a, size_t) {
   return a.range(0) ? rounded(value_range{0, 1}, kTranscendental) : c10::nullopt;
 }
@@ -313,6 +322,9 @@ const std::unordered_map<std::string_view, range_rule>& rules() {
     copies({"aten::relu", "aten::relu_"}, relu);
     copies({"aten::clamp_min", "aten::clamp_min_"}, clamp_min);
     copies({"aten::threshold_backward"}, gradient_or_zero);
+    // The gradient placed into zeros of the input's shape (the backward of
+    // q, k, v = proj[0], proj[1], proj[2] in torch 2.x's attention).
+    copies({"aten::select_backward", "aten::slice_backward"}, gradient_or_zero);
     copies({"aten::neg", "aten::neg_"}, neg);
     computes({"aten::add", "aten::add_"}, add<0, 1, 1>);
     computes({"aten::sub", "aten::sub_"}, add<0, 1, -1>);
@@ -327,7 +339,9 @@ const std::unordered_map<std::string_view, range_rule>& rules() {
     computes({"aten::sigmoid", "aten::sigmoid_"}, sigmoid_rule);
     computes({"aten::gelu", "aten::gelu_"}, gelu);
     computes({"aten::gelu_backward"}, gelu_backward);
-    computes({"aten::_softmax"}, softmax);
+    // _safe_softmax (torch 2.x attention) is 0 on a row of -inf, which has no range.
+    computes({"aten::_softmax", "aten::_safe_softmax"}, softmax);
+    computes({"aten::lerp", "aten::lerp_"}, lerp);
     computes({"aten::_log_softmax"}, log_softmax);
     computes({"aten::_softmax_backward_data"}, softmax_backward);
     computes({"aten::_log_softmax_backward_data"}, log_softmax_backward);
