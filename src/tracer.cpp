@@ -713,6 +713,19 @@ void check_unreturned_writes(tracer::state& st, const at::RecordFunction& fn, op
   }
 }
 
+// A collective's tensors change when its backend delivers, after the op has
+// returned (on the backend's thread) and with no version bump. Marked when
+// it starts, while its arguments are still there (the kernel takes them):
+// the new version makes whatever reads them next be checked, not trusted
+// from what the tracer saw before.
+void mark_arguments_written(const at::RecordFunction& fn) {
+  for (const c10::IValue& arg : fn.inputs()) {
+    if (arg.isTensor()) mark_written(arg.toTensor());
+    else if (arg.isTensorList())
+      for (const at::Tensor& t : arg.toTensorVector()) mark_written(t);
+  }
+}
+
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   tracer::state* st = current_state();
   if (!st || st->done.load(std::memory_order_relaxed)) return nullptr;
@@ -733,6 +746,10 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   }
   callback_scope no_recursion;
   const op_traits& traits = detail::traits_of(fn);
+  if (traits.collective) {
+    mark_arguments_written(fn);
+    return nullptr;
+  }
   // A view makes no values, and one no autograd node will name (nested in
   // another op, or run by the backward pass) needs no record either: the
   // cheapest exit, for the most frequent ops.
@@ -768,17 +785,6 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   return ctx;
 }
 
-// A collective's tensors change when its backend delivers, after the op has
-// returned and with no version bump: a new version makes whatever reads them
-// next be checked, not trusted from what the tracer saw before.
-void mark_arguments_written(const at::RecordFunction& fn) {
-  for (const c10::IValue& arg : fn.inputs()) {
-    if (arg.isTensor()) mark_written(arg.toTensor());
-    else if (arg.isTensorList())
-      for (const at::Tensor& t : arg.toTensorVector()) mark_written(t);
-  }
-}
-
 void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
     if (dynamic_cast<node_context*>(raw)) node_stack().pop_back();
@@ -793,7 +799,6 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   const cost_meter meter(*st, st->nanoseconds);
   const op_traits& traits = *ctx->traits;
   if (traits.allocates_only || traits.composite) return;
-  if (traits.collective) return mark_arguments_written(fn);
   callback_scope no_recursion;
   range_memo& memo = this_thread_memo();
   const auto& outputs = fn.outputs();

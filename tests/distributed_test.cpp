@@ -155,3 +155,22 @@ TEST(distributed, a_tracer_sees_a_nan_that_arrives_through_the_all_reduce) {
 }
 
 }  // namespace
+
+// A c10d collective writes its tensors on the backend's thread, after the op
+// returns and without a version bump. The tracer marks them written, so the
+// next op that reads the tensor checks it instead of trusting the finite
+// range it saw before. (Another rank's NaN is staged here by writing through
+// the data pointer before a one-rank all-reduce, which leaves values as they are.)
+TEST(distributed, a_trace_checks_what_a_collective_wrote) {
+  auto pg = nanguard::init_process_group(fresh_store("collective_trace"), 0, 1);
+  nanguard::tracer t;
+  at::Tensor bucket = at::ones({8}) * 2;  // recorded: the tracer knows it is finite
+  bucket.data_ptr<float>()[3] = std::nanf("");
+  std::vector<at::Tensor> tensors{bucket};
+  pg->allreduce(tensors)->wait();
+  const at::Tensor grad = bucket * 0.5;
+  ASSERT_TRUE(t.found()) << "the NaN the all-reduce delivered went unseen";
+  EXPECT_EQ("aten::mul", t.findings().front().op);
+  EXPECT_EQ(nanguard::role::input, t.findings().front().role);
+  EXPECT_TRUE(grad.isnan().any().item<bool>());
+}

@@ -38,7 +38,8 @@ struct op_traits {
   // list in place and returns nothing): those are checked when it ends.
   bool writes_unreturned = false;
   // A c10d collective (c10d::allreduce_): its backend writes the tensors it
-  // was given after the op returns (asynchronously), without a version bump.
+  // was given after the op returns (asynchronously), without a version bump;
+  // the tracer marks them written instead of checking the op.
   bool collective = false;
   // Every output is a view of an input (aten::select, aten::as_strided):
   // it holds no new values.

@@ -154,7 +154,6 @@ maybe_range gelu_backward(const op_arguments& a, size_t) {
   return value_range::symmetric(1.2 * g->magnitude());
 }
 
-// _softmax(self, dim, half_to_float): probabilities, for finite input.
 // lerp(self, end, weight): self + weight * (end - self), a number or a
 // tensor weight (AdamW's first moment in torch 2.x). ATen computes it from
 // either end; both forms lie in the same interval.
@@ -164,6 +163,7 @@ maybe_range lerp(const op_arguments& a, size_t) {
   return rounded(*x + (*y + -*x) * *w, 3);
 }
 
+// _softmax(self, dim, half_to_float): probabilities, for finite input.
 maybe_range softmax(const op_arguments& a, size_t) {
   return a.range(0) ? rounded(value_range{0, 1}, kTranscendental) : c10::nullopt;
 }
