@@ -42,12 +42,13 @@ command add_census_command(CLI::App& app) {
             bool any_bad = false;
             for (const auto& path : *files) {
               const at::Tensor t = load_tensor(path);
-              if (!t.is_floating_point()) {
-                fmt::print("{}: {} {} tensor: integer data is always finite\n", path, c10::str(t.sizes()),
-                           c10::toString(t.scalar_type()));
+              if (!t.is_floating_point() && !t.is_complex()) {
+                fmt::print("{}: {} {} tensor: {} data is always finite\n", path, c10::str(t.sizes()),
+                           c10::toString(t.scalar_type()), t.scalar_type() == at::kBool ? "bool" : "integer");
                 continue;
               }
-              const tensor_stats s = census(t);
+              // A complex tensor is measured as its real and imaginary parts.
+              const tensor_stats s = census(t.is_complex() ? at::view_as_real(t) : t);
               any_bad |= !s.all_finite();
               fmt::print("{}: {} {}\n  {}\n", path, c10::str(t.sizes()), c10::toString(t.scalar_type()),
                          to_string(s));

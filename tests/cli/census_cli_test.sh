@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# CLI test of `nanguard census` on tensors saved with torch.save: float,
+# complex, integer and bool data, exit codes and what it prints.
+# Usage: census_cli_test.sh path/to/nanguard PYTHON WORK_DIR
+set -u
+source "$(dirname -- "${BASH_SOURCE[0]}")/check.sh"
+NANGUARD=$(realpath -- "$1")
+PYTHON=$2
+WORK=$3
+[ -x "$NANGUARD" ] || { echo "FAIL: no nanguard binary at '$1'"; exit 1; }
+rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK" || exit 1
+
+"$PYTHON" - <<'PY' || fail "could not write the test tensors with $PYTHON"
+import torch
+torch.save(torch.tensor([1.0, 2.0, 3.0]), "finite.pt")
+torch.save(torch.tensor([1.0, float("nan"), float("inf")]), "nan.pt")
+torch.save(torch.tensor([1 + 1j, complex(0.0, float("nan"))]), "complex_nan.pt")
+torch.save(torch.tensor([1 + 1j, 2 - 1j]), "complex.pt")
+torch.save(torch.arange(4), "int.pt")
+torch.save(torch.tensor([True, False]), "bool.pt")
+PY
+
+run 0 "$NANGUARD" census finite.pt int.pt bool.pt complex.pt
+expect 'int.pt: [4] Long tensor: integer data is always finite'
+expect 'bool.pt: [2] Bool tensor: bool data is always finite'
+expect 'complex.pt: [2] ComplexFloat'
+expect 'n=4 nan=0'
+run 3 "$NANGUARD" census complex_nan.pt
+expect 'n=4 nan=1'
+run 3 "$NANGUARD" census finite.pt nan.pt
+expect 'nan=1 +inf=1'
+
+exit $(( failures > 0 ))
