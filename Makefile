@@ -4,8 +4,9 @@
 BUILD ?= build
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 NANGUARD := $(BUILD)/tools/cli/nanguard
-# The Python environment with torch that nanguard builds against; `make
-# setup` creates it (scripts/setup-python) and records its python here.
+# The Python environment with torch that nanguard builds against (this
+# checkout's .venv over a shared one); `make setup` creates it
+# (scripts/setup-python) and records its python here.
 PYTHON_STAMP := $(BUILD)/.python
 PYTHON = $(shell cat $(PYTHON_STAMP))
 export OMP_NUM_THREADS ?= 2
@@ -20,7 +21,7 @@ all: build
 
 setup:
 	@scripts/setup-deps
-	@mkdir -p $(BUILD) && scripts/setup-python > $(PYTHON_STAMP).new
+	@mkdir -p $(BUILD) && scripts/setup-python $(BUILD) > $(PYTHON_STAMP).new
 	@cmp -s $(PYTHON_STAMP).new $(PYTHON_STAMP) && rm $(PYTHON_STAMP).new || mv $(PYTHON_STAMP).new $(PYTHON_STAMP)
 
 # Configured again when the Python environment changes.
