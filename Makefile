@@ -10,9 +10,11 @@ NANGUARD := $(BUILD)/tools/cli/nanguard
 PYTHON_STAMP := $(BUILD)/.python
 PYTHON = $(shell cat $(PYTHON_STAMP))
 export OMP_NUM_THREADS ?= 2
-# OpenMP workers that spin after each parallel region take the cores that
-# OpenBLAS's own threads need for the next matmul: on 2 cores a training
-# step runs 1.8x slower with the default policy (0.57 s -> 0.31 s, README).
+# Chosen on LibTorch 1.13 + OpenBLAS, where spinning OpenMP workers took the
+# cores OpenBLAS's own threads needed (a step 1.8x slower with the default
+# policy). On torch 2.11 (MKL) the default policy is the faster one for the
+# reference step (0.175 s against 0.218 s) but the census of 2^20 floats
+# falls to 0.66 of x.sum(): README, "On torch 2.11". Kept until decided.
 export OMP_WAIT_POLICY ?= passive
 
 .PHONY: all setup configure build demo test test-sanitize bench bench-census bench-tracer bench-data bench-guard bench-python bench-distributed clean
