@@ -154,5 +154,10 @@ grep -q -- "--output is required" err.txt || fail "missing -o: $(cat err.txt)"
 expect 2 "$NANGUARD" report baseline/events.jsonl -o no/such/dir/x.html
 grep -q "no/such/dir/x.html" err.txt || fail "unwritable output: $(cat err.txt)"
 [[ ! -e x.html ]] || fail "a failed report left x.html behind"
+# The page must not replace a log it reads (also through another path).
+cp baseline/events.jsonl keep.jsonl
+expect 2 "$NANGUARD" report baseline/events.jsonl keep.jsonl -o ./keep.jsonl
+grep -q "the output ./keep.jsonl is the event log keep.jsonl" err.txt || fail "output onto a log: $(cat err.txt)"
+cmp -s keep.jsonl baseline/events.jsonl || fail "report -o onto its own log changed the log"
 
 echo "report_cli: ok"

@@ -70,7 +70,18 @@ std::vector<step_event> read_log(const std::string& path) {
   return events;
 }
 
+// The page must not replace one of the logs it is made from.
+void check_output_is_no_log(const report_args& a) {
+  std::error_code ec;
+  for (const auto& path : a.logs)
+    if (std::filesystem::equivalent(path, a.output, ec))
+      throw usage_error(fmt::format("the output {} is the event log {}; writing the page would replace the log. "
+                                    "Name another file, e.g. -o report.html",
+                                    a.output, path));
+}
+
 int run_report(const report_args& a) {
+  check_output_is_no_log(a);
   std::vector<report_run> runs;
   for (const auto& path : a.logs) {
     report_run r{run_name(path), read_log(path)};
