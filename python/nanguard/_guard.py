@@ -99,8 +99,9 @@ class Guard:
                  spike_window=50, spike_threshold=8.0):
         if policy not in POLICIES:
             raise ValueError(f"nanguard.Guard: policy must be one of {POLICIES}, got {policy!r}")
-        if max_norm < 0 or clip_value < 0:
-            raise ValueError(f"nanguard.Guard: max_norm and clip_value must be >= 0, got {max_norm}, {clip_value}")
+        if not (math.isfinite(max_norm) and max_norm >= 0 and math.isfinite(clip_value) and clip_value >= 0):
+            raise ValueError("nanguard.Guard: max_norm and clip_value must be finite and >= 0 (0: off), got "
+                             f"{max_norm}, {clip_value}")
         if snapshot_every < 1 or snapshot_keep < 1:
             raise ValueError("nanguard.Guard: snapshot_every and snapshot_keep must be >= 1, got "
                              f"{snapshot_every}, {snapshot_keep}")
@@ -119,6 +120,11 @@ class Guard:
         self.bundle_dir = bundle_dir
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self._params = [p for _, p in named]
+        stepped = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        if not any(id(p) in stepped for p in self._params):
+            raise ValueError("nanguard.Guard: the optimizer holds none of the model's trainable parameters, so "
+                             "no step would change the model; build it from this model's parameters, e.g. "
+                             "torch.optim.AdamW(model.parameters())")
         self.sentinel = _nanguard.Sentinel(named, window=spike_window, threshold=spike_threshold,
                                            min_samples=min(10, spike_window))
         opts = {} if loss_scale in (True, False, None) else dict(loss_scale)

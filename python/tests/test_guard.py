@@ -145,3 +145,10 @@ def test_bad_options_are_clear_errors():
         nanguard.Guard(model, opt, policy="ignore")
     with pytest.raises(ValueError, match="rollback_lr_factor"):
         nanguard.Guard(model, opt, rollback_lr_factor=2)
+    for bad in ({"max_norm": float("nan")}, {"clip_value": float("nan")}, {"max_norm": float("inf")},
+                {"clip_value": -1}):
+        with pytest.raises(ValueError, match="must be finite and >= 0"):
+            nanguard.Guard(model, opt, **bad)
+    other = torch.optim.SGD(Net().parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="the optimizer holds none of the model's trainable parameters"):
+        nanguard.Guard(model, other)
