@@ -77,10 +77,11 @@ def mark_written(tensor):
 
     Call it after writing a tensor behind PyTorch's back within a traced
     step: writes through ``tensor.numpy()``, a raw pointer or a custom
-    kernel the dispatcher does not see. (``torch.distributed`` collectives
-    need no call: the tracer sees each ``c10d::`` op and marks its tensors
-    itself, as their backend writes them later without a version bump.) Otherwise the tracer may trust the finite range it saw
-    before the write. Bumps the tensor's version, as an in-place op does.
+    kernel the dispatcher does not see. Otherwise the tracer may trust the
+    finite range it saw before the write. Bumps the tensor's version, as an
+    in-place op does. (``torch.distributed`` collectives need no call: the
+    tracer sees each ``c10d::`` op and marks its tensors itself, as their
+    backend writes them later without a version bump.)
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"nanguard.mark_written: expected a torch.Tensor, got {type(tensor).__name__}")
