@@ -9,6 +9,7 @@
 #include "nanguard/census.h"
 #include "nanguard/scope.h"
 
+#include "detail/observer_slot.h"
 #include "detail/op_tensors.h"
 
 #include <ATen/ATen.h>
@@ -158,8 +159,6 @@ std::string label(const std::string& module) { return module.empty() ? "(top lev
 
 struct precision_advisor::state {
   advisor_options options;
-  at::CallbackHandle handle = 0;
-  bool active = false;
   std::mutex mutex;
   int64_t steps = 0;
   std::map<std::tuple<std::string, int, std::string>, value_range> ops;  // (module, direction, op)
@@ -170,17 +169,13 @@ struct precision_advisor::state {
   std::array<int64_t, kBins> gradient_histogram{};
   std::map<std::string, std::array<int64_t, kBins>> backward_histograms;  // by module
   std::string first_nonfinite;  // "op in module"
+  detail::observer_slot<state> slot{"nanguard::precision_advisor"};  // last: uninstalled first
 };
 
 namespace {
 
-thread_local precision_advisor::state* thread_advisor = nullptr;
-std::atomic<precision_advisor::state*> global_advisor{nullptr};
-
 precision_advisor::state* current_advisor() {
-  if (in_callback) return nullptr;
-  precision_advisor::state* s = thread_advisor;
-  return s ? s : global_advisor.load(std::memory_order_acquire);
+  return in_callback ? nullptr : detail::observer_slot<precision_advisor::state>::current();
 }
 
 std::string module_of(precision_advisor::state& st, const std::vector<at::Tensor>& inputs) {
@@ -288,24 +283,11 @@ precision_advisor::precision_advisor(advisor_options options) : state_(std::make
               "nanguard::precision_advisor: max_loss_scale must be finite and at least 1, got ",
               options.max_loss_scale(), "; the default is 2^24");
   state_->options = options;
-  if (options.all_threads()) {
-    state* expected = nullptr;
-    TORCH_CHECK(global_advisor.compare_exchange_strong(expected, state_.get()),
-                "nanguard::precision_advisor: another all-threads advisor is already active; destroy it first");
-  } else {
-    TORCH_CHECK(thread_advisor == nullptr,
-                "nanguard::precision_advisor: an advisor is already active on this thread; destroy it "
-                "first (one advisor per thread)");
-    thread_advisor = state_.get();
-  }
+  state_->slot.claim(state_.get(), options.all_threads());
   resume();
 }
 
-precision_advisor::~precision_advisor() {
-  pause();
-  if (state_->options.all_threads()) global_advisor.store(nullptr);
-  else if (thread_advisor == state_.get()) thread_advisor = nullptr;
-}
+precision_advisor::~precision_advisor() = default;
 
 void precision_advisor::name_parameter(const std::string& name, const at::Tensor& parameter) {
   TORCH_CHECK(parameter.defined(), "nanguard::precision_advisor::name_parameter: the parameter '", name,
@@ -465,21 +447,13 @@ precision_report precision_advisor::report() const {
   return r;
 }
 
-void precision_advisor::pause() {
-  if (!state_->active) return;
-  at::removeCallback(state_->handle);
-  state_->active = false;
-}
+void precision_advisor::pause() { state_->slot.uninstall(); }
 
 void precision_advisor::resume() {
-  if (state_->active) return;
-  auto callback = at::RecordFunctionCallback(advisor_start, advisor_end)
-                      .needsInputs(true)
-                      .needsOutputs(true)
-                      .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION});
-  state_->handle = state_->options.all_threads() ? at::addGlobalCallback(std::move(callback))
-                                                 : at::addThreadLocalCallback(std::move(callback));
-  state_->active = true;
+  state_->slot.install(at::RecordFunctionCallback(advisor_start, advisor_end)
+                           .needsInputs(true)
+                           .needsOutputs(true)
+                           .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
 }
 
 // ============================================================== report rendering
@@ -563,21 +537,16 @@ std::string to_text(const precision_report& r) {
 
 struct precision_emulator::state {
   emulator_options options;
-  at::CallbackHandle handle = 0;
   std::mutex mutex;
   std::vector<std::string> producers;
   finding first;
+  detail::observer_slot<state> slot{"nanguard::precision_emulator"};  // last: uninstalled first
 };
 
 namespace {
 
-thread_local precision_emulator::state* thread_emulator = nullptr;
-std::atomic<precision_emulator::state*> global_emulator{nullptr};
-
 precision_emulator::state* current_emulator() {
-  if (in_callback) return nullptr;
-  precision_emulator::state* s = thread_emulator;
-  return s ? s : global_emulator.load(std::memory_order_acquire);
+  return in_callback ? nullptr : detail::observer_slot<precision_emulator::state>::current();
 }
 
 std::unique_ptr<at::ObserverContext> emulator_start(const at::RecordFunction& fn) {
@@ -643,28 +612,14 @@ precision_emulator::precision_emulator(emulator_options options) : state_(std::m
               "nanguard::precision_emulator: dtype must be Half, BFloat16 or Float (watch only), got ",
               c10::toString(d));
   state_->options = std::move(options);
-  if (state_->options.all_threads()) {
-    state* expected = nullptr;
-    TORCH_CHECK(global_emulator.compare_exchange_strong(expected, state_.get()),
-                "nanguard::precision_emulator: another all-threads emulator is already active; destroy it first");
-  } else {
-    TORCH_CHECK(thread_emulator == nullptr,
-                "nanguard::precision_emulator: an emulator is already active on this thread; destroy it first");
-    thread_emulator = state_.get();
-  }
-  auto callback = at::RecordFunctionCallback(emulator_start, emulator_end)
-                      .needsInputs(true)
-                      .needsOutputs(true)
-                      .scopes({at::RecordScope::FUNCTION});
-  state_->handle = state_->options.all_threads() ? at::addGlobalCallback(std::move(callback))
-                                                 : at::addThreadLocalCallback(std::move(callback));
+  state_->slot.claim(state_.get(), state_->options.all_threads());
+  state_->slot.install(at::RecordFunctionCallback(emulator_start, emulator_end)
+                           .needsInputs(true)
+                           .needsOutputs(true)
+                           .scopes({at::RecordScope::FUNCTION}));
 }
 
-precision_emulator::~precision_emulator() {
-  at::removeCallback(state_->handle);
-  if (state_->options.all_threads()) global_emulator.store(nullptr);
-  else if (thread_emulator == state_.get()) thread_emulator = nullptr;
-}
+precision_emulator::~precision_emulator() = default;
 
 const std::vector<std::string>& precision_emulator::producers() const { return state_->producers; }
 

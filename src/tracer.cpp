@@ -19,6 +19,7 @@
 #include "nanguard/scope.h"
 
 #include "detail/op_tensors.h"
+#include "detail/observer_slot.h"
 #include "detail/op_traits.h"
 #include "detail/range_rules.h"
 #include "detail/scope_handle.h"
@@ -339,8 +340,6 @@ class marked_data {
 
 struct tracer::state {
   tracer_options options;
-  at::CallbackHandle handle = 0;
-  bool active = false;
   std::mutex mutex;  // the fields below; taken per op, uncontended unless all_threads
   int64_t step = 0;
   std::vector<finding> findings;
@@ -353,12 +352,10 @@ struct tracer::state {
   std::unordered_map<int64_t, forward_record> forward_ops;  // by sequence number
   marked_data allowed;   // outputs holding intentional non-finite values
   marked_data reported;  // outputs already in a finding
+  detail::observer_slot<state> slot{"nanguard::tracer"};  // last: uninstalled before the rest goes
 };
 
 namespace {
-
-thread_local tracer::state* thread_tracer = nullptr;
-std::atomic<tracer::state*> global_tracer{nullptr};
 
 std::vector<node_frame>& node_stack() {
   thread_local std::vector<node_frame> stack;
@@ -398,9 +395,7 @@ struct callback_scope {
 };
 
 tracer::state* current_state() {
-  if (in_callback) return nullptr;
-  tracer::state* s = thread_tracer;
-  return s ? s : global_tracer.load(std::memory_order_acquire);
+  return in_callback ? nullptr : detail::observer_slot<tracer::state>::current();
 }
 
 constexpr char kEngineFrame[] = "autograd::engine::evaluate_function: ";
@@ -777,9 +772,9 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   // leave the callback off without this context to turn it on again. The
   // callback of an all-threads tracer is every thread's, so it stays on.
   const bool seal = traits.loops_over_slices || (traits.runs_recorded_ops && !st->options.inside_kernels());
-  if (seal && !st->options.all_threads()) {
-    at::disableCallback(st->handle);
-    ctx->sealed = st->handle;
+  if (seal && !st->options.all_threads() && st->slot.installed()) {
+    ctx->sealed = st->slot.handle();
+    at::disableCallback(ctx->sealed);
   }
   op_stack().push_back(ctx.get());
   return ctx;
@@ -823,24 +818,11 @@ tracer::tracer(tracer_options options) : state_(std::make_unique<state>()) {
               options.max_findings());
   state_->options = std::move(options);
   range_memo::forget_all();
-  if (state_->options.all_threads()) {
-    tracer::state* expected = nullptr;
-    TORCH_CHECK(global_tracer.compare_exchange_strong(expected, state_.get()),
-                "nanguard::tracer: another all-threads tracer is already active; destroy it first");
-  } else {
-    TORCH_CHECK(thread_tracer == nullptr,
-                "nanguard::tracer: a tracer is already active on this thread; destroy it first "
-                "(one tracer per thread)");
-    thread_tracer = state_.get();
-  }
+  state_->slot.claim(state_.get(), state_->options.all_threads());
   resume();
 }
 
-tracer::~tracer() {
-  pause();
-  if (state_->options.all_threads()) global_tracer.store(nullptr);
-  else if (thread_tracer == state_.get()) thread_tracer = nullptr;
-}
+tracer::~tracer() = default;
 
 void tracer::name_parameters(const torch::nn::Module& module, const std::string& prefix) {
   std::lock_guard<std::mutex> lock(state_->mutex);
@@ -880,24 +862,16 @@ void tracer::throw_if_found() const {
   if (state_->options.throw_on_finding() && found()) throw nonfinite_error(state_->findings.front());
 }
 
-void tracer::pause() {
-  if (!state_->active) return;
-  at::removeCallback(state_->handle);
-  state_->active = false;
-}
+void tracer::pause() { state_->slot.uninstall(); }
 
 void tracer::resume() {
-  if (state_->active) return;
-  auto callback = at::RecordFunctionCallback(on_op_start, on_op_end)
-                      .needsInputs(true)
-                      .needsOutputs(true)
-                      .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION});
-  state_->handle = state_->options.all_threads() ? at::addGlobalCallback(std::move(callback))
-                                                 : at::addThreadLocalCallback(std::move(callback));
-  state_->active = true;
+  state_->slot.install(at::RecordFunctionCallback(on_op_start, on_op_end)
+                           .needsInputs(true)
+                           .needsOutputs(true)
+                           .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
 }
 
-bool tracer::active() const { return state_->active; }
+bool tracer::active() const { return state_->slot.installed(); }
 
 const tracer_options& tracer::options() const { return state_->options; }
 

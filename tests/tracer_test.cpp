@@ -596,6 +596,34 @@ TEST(tracer, refuses_a_second_tracer_on_the_same_thread) {
   }
 }
 
+// A tracer closed on another thread (a Python `with` left elsewhere) used to
+// leave its own thread unusable: "a tracer is already active" for good.
+TEST(tracer, closed_on_another_thread_frees_its_own) {
+  auto first = std::make_unique<nanguard::tracer>();
+  std::thread([&] { first.reset(); }).join();
+  at::log(at::zeros({2}));  // the callback left behind finds no tracer
+  {
+    nanguard::tracer second;
+    at::log(at::zeros({2}));
+    EXPECT_EQ("aten::log", only_finding(second).op);
+  }
+  EXPECT_FALSE(at::hasThreadLocalCallbacks()) << "the first tracer's callback was never removed";
+}
+
+TEST(tracer, pause_on_another_thread_is_refused) {
+  nanguard::tracer t;
+  std::string error;
+  std::thread([&] {
+    try {
+      t.pause();
+    } catch (const c10::Error& e) {
+      error = e.what_without_backtrace();
+    }
+  }).join();
+  EXPECT_NE(std::string::npos, error.find("on the thread that made it")) << error;
+  EXPECT_TRUE(t.active());
+}
+
 TEST(tracer, rejects_bad_options_with_a_clear_message) {
   try {
     nanguard::tracer t(nanguard::tracer_options().max_findings(0));

@@ -56,7 +56,8 @@ std::shared_ptr<torch::nn::Module> mirror_of(
   return root;
 }
 
-/// The tracer as Python holds it: closed explicitly on the thread that made it.
+/// The tracer as Python holds it: closed explicitly (on any thread; see
+/// detail/observer_slot.h).
 class py_tracer {
  public:
   explicit py_tracer(nanguard::tracer_options o) : t_(std::make_unique<nanguard::tracer>(std::move(o))) {}
@@ -236,7 +237,7 @@ PYBIND11_MODULE(_nanguard, m) {
         d["scans_by_op"] = by_op;
         return d;
       }, "What the tracer cost so far (zeros unless made with measure_cost).")
-      .def("close", &py_tracer::close, "Stops observing and frees the tracer (call on its thread).")
+      .def("close", &py_tracer::close, "Stops observing and frees the tracer.")
       .def_property_readonly("closed", &py_tracer::closed);
 
   // ------------------------------------------------------------ sentinel

@@ -1,5 +1,6 @@
 """nanguard.trace on the classic NaN/Inf scenarios."""
 import math
+import threading
 
 import pytest
 import torch
@@ -190,6 +191,17 @@ def test_nothing_is_observed_after_the_block():
         pass
     torch.log(torch.tensor([0.0]))
     assert t.findings == []
+
+
+def test_a_trace_left_on_another_thread_frees_the_one_it_watched():
+    t = nanguard.trace()
+    t.__enter__()
+    worker = threading.Thread(target=t.__exit__, args=(None, None, None))
+    worker.start()
+    worker.join()
+    with nanguard.trace() as again:  # used to fail: "a tracer is already active"
+        torch.log(torch.tensor([0.0]))
+    assert [f.op for f in again.findings] == ["aten::log"]
 
 
 def test_measure_cost_counts_what_the_tracer_read():

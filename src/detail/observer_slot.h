@@ -1,0 +1,119 @@
+// observer_slot.h — where an observer (the tracer, the precision advisor, the
+// precision emulator) is installed, and how its callbacks find it.
+//
+// An observer watches one thread (ATen's thread-local RecordFunction
+// callbacks) or every thread (global callbacks): at most one of each kind per
+// thread plus one for all threads. A thread-local callback can be removed
+// only on its own thread, but users close observers wherever their code ends
+// up (a Python `with` block left on another thread, a tracer handed to a
+// worker). So a thread's slot is shared with the observer in it: closed on
+// another thread, the observer empties the slot and leaves its callback there
+// (it finds no observer and returns at once); the slot's thread removes that
+// callback the next time it installs one of the same kind.
+#pragma once
+
+#include <ATen/record_function.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <thread>
+
+namespace nanguard::detail {
+
+template <class State>
+class observer_slot {
+ public:
+  /// `name` prefixes errors: "nanguard::tracer".
+  explicit observer_slot(const char* name) : name_(name) {}
+  observer_slot(const observer_slot&) = delete;
+  observer_slot& operator=(const observer_slot&) = delete;
+  ~observer_slot() { release(); }
+
+  /// Takes this thread's slot (or the all-threads one) for `observer`.
+  void claim(State* observer, bool all_threads) {
+    all_threads_ = all_threads;
+    if (all_threads) {
+      State* expected = nullptr;
+      TORCH_CHECK(everywhere_.compare_exchange_strong(expected, observer), name_,
+                  ": another all-threads one is already active; destroy it first");
+    } else {
+      if (!this_thread_) this_thread_ = std::make_shared<thread_binding>();
+      remove_orphan(*this_thread_);
+      TORCH_CHECK(this_thread_->observer.load() == nullptr, name_,
+                  ": another one is already active on this thread; destroy it first (one per thread)");
+      this_thread_->observer.store(observer, std::memory_order_release);
+      binding_ = this_thread_;
+      thread_ = std::this_thread::get_id();
+    }
+    observer_ = observer;
+  }
+
+  /// Registers `callback` with ATen; nothing when it already is.
+  void install(at::RecordFunctionCallback callback) {
+    if (handle_) return;
+    check_on_own_thread("resume");
+    handle_ = all_threads_ ? at::addGlobalCallback(std::move(callback))
+                           : at::addThreadLocalCallback(std::move(callback));
+  }
+
+  /// Removes the callback; nothing when it is not registered.
+  void uninstall() {
+    if (!handle_) return;
+    check_on_own_thread("pause");
+    at::removeCallback(*handle_);
+    handle_.reset();
+  }
+
+  bool installed() const { return handle_.has_value(); }
+  at::CallbackHandle handle() const { return handle_.value(); }  ///< while installed
+
+  /// The observer watching the calling thread: its own, else the all-threads one.
+  static State* current() {
+    State* s = this_thread_ ? this_thread_->observer.load(std::memory_order_acquire) : nullptr;
+    return s ? s : everywhere_.load(std::memory_order_acquire);
+  }
+
+ private:
+  struct thread_binding {
+    std::atomic<State*> observer{nullptr};
+    std::atomic<at::CallbackHandle> orphan{0};  // left by an observer closed elsewhere; 0 for none
+  };
+
+  static void remove_orphan(thread_binding& b) {
+    if (const at::CallbackHandle h = b.orphan.exchange(0)) at::removeCallback(h);
+  }
+
+  bool on_own_thread() const { return all_threads_ || std::this_thread::get_id() == thread_; }
+
+  void check_on_own_thread(const char* what) const {
+    TORCH_CHECK(on_own_thread(), name_, ": ", what,
+                " it on the thread that made it (it watches that thread's ops only)");
+  }
+
+  void release() {
+    if (!observer_) return;
+    if (all_threads_) {
+      uninstall();
+      everywhere_.store(nullptr, std::memory_order_release);
+    } else {
+      binding_->observer.store(nullptr, std::memory_order_release);
+      if (handle_ && !on_own_thread()) binding_->orphan.store(*std::exchange(handle_, std::nullopt));
+      uninstall();
+    }
+    observer_ = nullptr;
+  }
+
+  static inline thread_local std::shared_ptr<thread_binding> this_thread_;
+  static inline std::atomic<State*> everywhere_{nullptr};
+
+  const char* name_;
+  State* observer_ = nullptr;
+  bool all_threads_ = false;
+  std::shared_ptr<thread_binding> binding_;  // this observer's thread's (kept when that thread ends)
+  std::thread::id thread_;
+  std::optional<at::CallbackHandle> handle_;
+};
+
+}  // namespace nanguard::detail
