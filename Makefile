@@ -17,7 +17,7 @@ export OMP_NUM_THREADS ?= 2
 # falls to 0.66 of x.sum(): README, "On torch 2.11". Kept until decided.
 export OMP_WAIT_POLICY ?= passive
 
-.PHONY: all setup configure build demo test test-sanitize bench bench-census bench-tracer bench-data bench-guard bench-python bench-distributed clean
+.PHONY: all setup configure build demo test test-sanitize fuzz bench bench-census bench-tracer bench-data bench-guard bench-python bench-distributed clean
 
 all: build
 
@@ -55,6 +55,19 @@ test-sanitize: setup
 	ASAN_OPTIONS=detect_container_overflow=0 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize/lsan.supp \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --test-dir build-sanitize -E packaging --output-on-failure --timeout 900
+
+# The readers of user files (CSV, event log, bundle) under libFuzzer with
+# AddressSanitizer (leaks included) and UndefinedBehaviorSanitizer, each for
+# FUZZ_SECONDS, in its own clang build tree. What a run finds goes to
+# build-fuzz/findings/; kept in fuzz/regressions/, the test suite replays it.
+FUZZ_SECONDS ?= 300
+FUZZ_FLAGS := -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -fno-sanitize=vptr
+fuzz: setup
+	cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$(PYTHON) \
+	  -DCMAKE_CXX_COMPILER=clang++ -DNANGUARD_BUILD_FUZZ=ON -DNANGUARD_BUILD_TESTS=OFF -DNANGUARD_BUILD_CLI=OFF \
+	  -DNANGUARD_BUILD_BENCH=OFF -DNANGUARD_BUILD_PYTHON=OFF "-DCMAKE_CXX_FLAGS=$(FUZZ_FLAGS)"
+	cmake --build build-fuzz
+	scripts/fuzz build-fuzz $(FUZZ_SECONDS)
 
 bench: bench-census bench-tracer bench-data bench-guard bench-python bench-distributed
 
