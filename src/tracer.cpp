@@ -75,7 +75,7 @@ struct module_ref {
 };
 
 struct forward_record {
-  const char* op;
+  std::string op;  // owned: a Python autograd.Function's name dies with its call
   module_ref module;
 };
 

@@ -153,10 +153,12 @@ class Trace:
         while _nanguard.scope_depth() > self._depth:  # a forward that raised
             _nanguard.scope_pop()
         if self._tracer is not None:
-            self._findings = [Finding(j) for j in self._tracer.findings_json()]
-            self._cost = self._tracer.cost()
-            self._tracer.close()
-            self._tracer = None
+            tracer, self._tracer = self._tracer, None
+            try:
+                self._findings = [Finding(j) for j in tracer.findings_json()]
+                self._cost = tracer.cost()
+            finally:  # whatever reading them raised, this thread is free again
+                tracer.close()
 
     def _hook(self, model):
         """Forward pre/post hooks on every submodule open/close its scope."""

@@ -1,4 +1,5 @@
 """nanguard.trace on the classic NaN/Inf scenarios."""
+import gc
 import math
 import threading
 
@@ -199,6 +200,43 @@ def test_a_trace_left_on_another_thread_frees_the_one_it_watched():
     worker = threading.Thread(target=t.__exit__, args=(None, None, None))
     worker.start()
     worker.join()
+    with nanguard.trace() as again:  # used to fail: "a tracer is already active"
+        torch.log(torch.tensor([0.0]))
+    assert [f.op for f in again.findings] == ["aten::log"]
+
+
+def test_the_forward_op_of_a_custom_function_outlives_its_class():
+    def make():  # a class of its own per call, freed once applied
+        class Twice(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x * 2
+
+            @staticmethod
+            def backward(ctx, g):
+                return g * 0 / torch.zeros_like(g)  # 0/0: NaN born in this backward
+
+        return Twice
+
+    x = torch.ones(3, requires_grad=True)
+    with nanguard.trace() as t:
+        y = make().apply(x).sum()
+        gc.collect()
+        y.backward()
+    f = t.findings[0]
+    assert (f.op, f.direction, f.node, f.forward_op) == ("aten::div", "backward", "TwiceBackward", "Twice")
+
+
+def test_a_trace_whose_findings_cannot_be_read_still_frees_its_thread(monkeypatch):
+    def unreadable(_):
+        raise ValueError("cannot read this finding")
+
+    monkeypatch.setattr(nanguard._trace, "Finding", unreadable)
+    first = nanguard.trace()  # kept: its tracer is not freed with it
+    with pytest.raises(ValueError):
+        with first:
+            torch.log(torch.tensor([0.0]))
+    monkeypatch.undo()
     with nanguard.trace() as again:  # used to fail: "a tracer is already active"
         torch.log(torch.tensor([0.0]))
     assert [f.op for f in again.findings] == ["aten::log"]
