@@ -247,8 +247,9 @@ void advisor_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
     const int dir = node_stack.empty() ? 0 : 1;
     for (const auto& v : fn.outputs()) {
       if (!v.isTensor()) continue;
-      const at::Tensor& out = v.toTensor();
-      if (!detail::measurable(out) || is_alias(*ctx, out, inplace)) continue;
+      if (!detail::measurable(v.toTensor())) continue;
+      const at::Tensor out = detail::real_values(v.toTensor());
+      if (is_alias(*ctx, out, inplace)) continue;
       const tensor_stats s = census(out);
       std::lock_guard<std::mutex> lock(st->mutex);
       add(st->ops[{ctx->module, dir, fn.name()}], s);
@@ -313,7 +314,7 @@ void precision_advisor::end_step() {
   std::lock_guard<std::mutex> lock(state_->mutex);
   for (const auto& [name, p] : state_->parameters) {
     const at::Tensor& g = p.grad();
-    if (detail::measurable(g)) add_gradient(*state_, name, g);
+    if (detail::measurable(g)) add_gradient(*state_, name, detail::real_values(g));
   }
   state_->forward_module.clear();
   state_->steps += 1;
@@ -574,8 +575,9 @@ void emulator_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
     for (const auto& v : fn.outputs()) {
       const int output = index++;
       if (!v.isTensor()) continue;
-      at::Tensor out = v.toTensor();
-      if (!detail::measurable(out) || is_alias(*ctx, out, inplace)) continue;
+      if (!detail::measurable(v.toTensor())) continue;
+      at::Tensor out = detail::real_values(v.toTensor());
+      if (is_alias(*ctx, out, inplace)) continue;
       if (!keep && dtype != at::kFloat && out.scalar_type() != dtype &&
           c10::elementSize(out.scalar_type()) > c10::elementSize(dtype))
         round_to_precision_(out, dtype);

@@ -677,7 +677,7 @@ void record_written_inputs(tracer::state& st, const op_traits& traits, c10::Arra
 // as they are before it runs.
 void bound_outputs(tracer::state& st, const op_traits& traits, c10::ArrayRef<const c10::IValue> args,
                    op_context& ctx) {
-  if (!traits.rule) return;
+  if (!traits.rule || detail::any_complex(args)) return;
   range_memo& memo = this_thread_memo();
   // A parameter is read once a step, where it is first used: it is
   // smaller than what the ops that use it make, and used again in the
@@ -798,11 +798,11 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   range_memo& memo = this_thread_memo();
   const auto& outputs = fn.outputs();
   for (size_t i = 0; i < outputs.size(); ++i) {
-    if (!outputs[i].isTensor()) continue;
-    const at::Tensor& out = outputs[i].toTensor();
-    if (!measurable(out) || !holds_new_values(traits.output(i), out, *ctx)) continue;
+    if (!outputs[i].isTensor() || !measurable(outputs[i].toTensor())) continue;
+    const at::Tensor out = detail::real_values(outputs[i].toTensor());
+    if (!holds_new_values(traits.output(i), out, *ctx)) continue;
     maybe_range range;
-    if (i < ctx->output_ranges.size() && ctx->output_ranges[i])
+    if (i < ctx->output_ranges.size() && ctx->output_ranges[i] && !outputs[i].toTensor().is_complex())
       range = detail::stored_range(*ctx->output_ranges[i], out.scalar_type(), *traits.rule);
     if (!range) range = scan_range(*st, out, ctx->op, scanned::output);
     remember_write(memo, out, *range);

@@ -610,6 +610,15 @@ TEST(tracer, closed_on_another_thread_frees_its_own) {
   EXPECT_FALSE(at::hasThreadLocalCallbacks()) << "the first tracer's callback was never removed";
 }
 
+TEST(tracer, checks_complex_tensors_as_their_real_parts) {
+  nanguard::tracer t;
+  const at::Tensor zero = at::zeros({2}, at::kComplexFloat);
+  at::div(zero, zero);  // (0+0i)/(0+0i) = nan+nan i
+  const nanguard::finding& f = only_finding(t);
+  EXPECT_EQ("aten::div", f.op);
+  EXPECT_EQ(std::vector<int64_t>({2, 2}), f.outputs.at(0).shape);  // the real view: [..., (real, imag)]
+}
+
 TEST(tracer, pause_on_another_thread_is_refused) {
   nanguard::tracer t;
   std::string error;

@@ -242,6 +242,23 @@ def test_a_trace_whose_findings_cannot_be_read_still_frees_its_thread(monkeypatc
     assert [f.op for f in again.findings] == ["aten::log"]
 
 
+def test_complex_division_by_zero_is_named():
+    with nanguard.trace() as t:
+        torch.tensor([1 + 1j, 0j]) / torch.tensor([1 + 0j, 0j])
+    f = t.findings[0]
+    # A complex tensor is checked as its real view: element 2 is the real part of [1].
+    assert (f.op, f.role, f.index, f.outputs[0]["shape"]) == ("aten::div", "producer", 2, [2, 2])
+
+
+def test_a_nan_born_in_complex_backward_is_named():
+    z = torch.full((3,), 1e-25 + 1e-25j, dtype=torch.complex64, requires_grad=True)  # |z|^2 underflows
+    with nanguard.trace() as t:
+        torch.angle(z).sum().backward()
+    assert z.grad.isnan().all()
+    f = t.findings[0]
+    assert (f.op, f.direction, f.node, f.role) == ("aten::div", "backward", "AngleBackward0", "producer")
+
+
 def test_measure_cost_counts_what_the_tracer_read():
     model = NormNet()
     with nanguard.trace(model, measure_cost=True) as t:

@@ -1,7 +1,8 @@
 // op_tensors.h — what the RecordFunction observers (tracer, precision
-// advisor) look at in an op: its floating-point tensors and its kind.
+// advisor) look at in an op: its floating-point and complex tensors, and its kind.
 #pragma once
 
+#include <ATen/ops/view_as_real.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
@@ -10,22 +11,39 @@
 
 namespace nanguard::detail {
 
-/// A tensor that can hold values worth checking: defined, floating, non-empty,
-/// with values to read (strided, not on the meta device).
+/// A tensor that can hold values worth checking: defined, floating or
+/// complex, non-empty, with values to read (strided, not on the meta device).
 inline bool measurable(const at::Tensor& t) {
-  return t.defined() && t.is_floating_point() && t.numel() > 0 && t.layout() == at::kStrided && !t.is_meta();
+  return t.defined() && (t.is_floating_point() || t.is_complex()) && t.numel() > 0 &&
+         t.layout() == at::kStrided && !t.is_meta();
+}
+
+/// What the observers read of a measurable tensor: a complex one as its real
+/// and imaginary parts (torch.view_as_real: a last dimension of 2, sharing
+/// its storage), any other as it is.
+inline at::Tensor real_values(const at::Tensor& t) {
+  if (!t.is_complex()) return t;
+  return at::view_as_real(t.is_conj() ? t.resolve_conj() : t);
 }
 
 /// Appends the measurable tensors of an op argument (a tensor or a tensor
-/// list) to `out`, a vector of at::Tensor.
+/// list) to `out`, a vector of at::Tensor, as their real_values.
 template <typename Tensors>
 void collect_tensors(const c10::IValue& v, Tensors& out) {
   if (v.isTensor()) {
-    if (measurable(v.toTensor())) out.push_back(v.toTensor());
+    if (measurable(v.toTensor())) out.push_back(real_values(v.toTensor()));
   } else if (v.isTensorList()) {
     for (const at::Tensor& t : v.toTensorVector())
-      if (measurable(t)) out.push_back(t);
+      if (measurable(t)) out.push_back(real_values(t));
   }
+}
+
+/// True when an argument of the op is a complex tensor: the range rules
+/// (range_rules.h) reason about real arithmetic only.
+inline bool any_complex(c10::ArrayRef<const c10::IValue> args) {
+  for (const c10::IValue& v : args)
+    if (v.isTensor() && v.toTensor().is_complex()) return true;
+  return false;
 }
 
 /// True for in-place ops (`aten::add_`), not for dunder names.
