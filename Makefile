@@ -63,6 +63,7 @@ test-sanitize: setup
 FUZZ_SECONDS ?= 300
 FUZZ_FLAGS := -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -fno-sanitize=vptr
 fuzz: setup
+	@scripts/setup-deps fuzz
 	cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE=$(PYTHON) \
 	  -DCMAKE_CXX_COMPILER=clang++ -DNANGUARD_BUILD_FUZZ=ON -DNANGUARD_BUILD_TESTS=OFF -DNANGUARD_BUILD_CLI=OFF \
 	  -DNANGUARD_BUILD_BENCH=OFF -DNANGUARD_BUILD_PYTHON=OFF "-DCMAKE_CXX_FLAGS=$(FUZZ_FLAGS)"
