@@ -46,15 +46,7 @@ constexpr int kMinExp = -160;
 constexpr int kBins = 300;
 constexpr int kFp16MinSubnormalExp = -24;  // below 2^-24 a value is 0 in float16
 
-// True while this thread runs an advisor or emulator callback (or end_step):
-// the ATen ops run there must not be observed in turn.
-thread_local bool in_callback = false;
-
-struct callback_scope {
-  bool was = in_callback;
-  callback_scope() { in_callback = true; }
-  ~callback_scope() { in_callback = was; }
-};
+using detail::callback_scope;  // also around end_step and round_to_precision_
 
 std::string parent_of(const std::string& name) {
   const size_t dot = name.rfind('.');
@@ -175,7 +167,7 @@ struct precision_advisor::state {
 namespace {
 
 precision_advisor::state* current_advisor() {
-  return in_callback ? nullptr : detail::observer_slot<precision_advisor::state>::current();
+  return detail::observer_slot<precision_advisor::state>::current();
 }
 
 std::string module_of(precision_advisor::state& st, const std::vector<at::Tensor>& inputs) {
@@ -547,7 +539,7 @@ struct precision_emulator::state {
 namespace {
 
 precision_emulator::state* current_emulator() {
-  return in_callback ? nullptr : detail::observer_slot<precision_emulator::state>::current();
+  return detail::observer_slot<precision_emulator::state>::current();
 }
 
 std::unique_ptr<at::ObserverContext> emulator_start(const at::RecordFunction& fn) {

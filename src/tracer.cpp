@@ -383,20 +383,9 @@ const op_context* unrecorded_maker(const at::Tensor& t) {
   return nullptr;
 }
 
-// True while this thread runs a tracer callback. ATen ops the callback
-// runs (a contiguous copy, a census) must not be traced in turn: they would
-// recurse. A plain flag, because at::RecordFunctionGuard rebuilds ATen's
-// callback cache each time (microseconds per op).
-thread_local bool in_callback = false;
+using detail::callback_scope;
 
-struct callback_scope {
-  callback_scope() { in_callback = true; }
-  ~callback_scope() { in_callback = false; }
-};
-
-tracer::state* current_state() {
-  return in_callback ? nullptr : detail::observer_slot<tracer::state>::current();
-}
+tracer::state* current_state() { return detail::observer_slot<tracer::state>::current(); }
 
 constexpr char kEngineFrame[] = "autograd::engine::evaluate_function: ";
 

@@ -22,6 +22,25 @@
 
 namespace nanguard::detail {
 
+/// True while this thread runs a callback of any nanguard observer: the ATen
+/// ops a callback runs (a contiguous copy, a census) are not the model's, and
+/// no observer, this one or another, may see them (they would recurse). A
+/// plain flag, because at::RecordFunctionGuard rebuilds ATen's callback cache
+/// each time (microseconds per op).
+inline thread_local bool in_observer_callback = false;
+
+/// Marks the calling thread as inside an observer callback for its scope.
+class callback_scope {
+ public:
+  callback_scope() : was_(in_observer_callback) { in_observer_callback = true; }
+  ~callback_scope() { in_observer_callback = was_; }
+  callback_scope(const callback_scope&) = delete;
+  callback_scope& operator=(const callback_scope&) = delete;
+
+ private:
+  bool was_;
+};
+
 template <class State>
 class observer_slot {
  public:
@@ -69,8 +88,10 @@ class observer_slot {
   bool installed() const { return handle_.has_value(); }
   at::CallbackHandle handle() const { return handle_.value(); }  ///< while installed
 
-  /// The observer watching the calling thread: its own, else the all-threads one.
+  /// The observer watching the calling thread: its own, else the
+  /// all-threads one; none inside an observer's callback.
   static State* current() {
+    if (in_observer_callback) return nullptr;
     State* s = this_thread_ ? this_thread_->observer.load(std::memory_order_acquire) : nullptr;
     return s ? s : everywhere_.load(std::memory_order_acquire);
   }
