@@ -26,6 +26,8 @@
 
 #include <ATen/record_function.h>
 #include <c10/util/Backtrace.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/jit/runtime/interpreter.h>
 #include <torch/nn/module.h>
@@ -608,7 +610,7 @@ class cost_meter {
 };
 
 // What a scan reads for an op.
-enum class scanned { output, old_values, parameter };
+enum class scanned { output, old_values, parameter, node_input };
 
 // The range of `t`'s values, read on this thread for `op` (its output, an
 // input it writes, or a parameter it uses first); counted in the tracer's
@@ -619,7 +621,10 @@ value_range scan_range(tracer::state& st, const at::Tensor& t, const char* op, s
     st.scans.fetch_add(1, std::memory_order_relaxed);
     st.scanned_bytes.fetch_add(bytes, std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(st.mutex);
-    const char* suffix = what == scanned::old_values ? " (old values)" : what == scanned::parameter ? " (parameter)" : "";
+    const char* suffix = what == scanned::old_values  ? " (old values)"
+                         : what == scanned::parameter ? " (parameter)"
+                         : what == scanned::node_input ? " (gradient into the node)"
+                                                       : "";
     const std::string key = std::string(op) + suffix;
     tracer_op_scans& entry = st.scans_by_op[key];
     entry.op = key;
@@ -710,12 +715,99 @@ void mark_arguments_written(const at::RecordFunction& fn) {
   }
 }
 
+// The autograd nodes this thread has run in the current backward pass, in
+// order: the one that returned a gradient no op made is found among them.
+struct ran_node {
+  std::weak_ptr<torch::autograd::Node> node;
+  std::string name;
+  int64_t sequence_nr;
+};
+
+std::vector<ran_node>& nodes_run_in_this_backward() {
+  thread_local std::vector<ran_node> nodes;
+  thread_local uint64_t graph_task = 0;
+  const uint64_t current = torch::autograd::get_current_graph_task_id();
+  if (current != graph_task) nodes.clear();
+  graph_task = current;
+  return nodes;
+}
+
+// The node that ran before `receiver` and sends it gradients, or nullptr.
+const ran_node* sender_of(const std::vector<ran_node>& ran, const torch::autograd::Node* receiver) {
+  for (auto it = ran.rbegin(); it != ran.rend(); ++it) {
+    const auto node = it->node.lock();
+    if (!node) continue;
+    for (const auto& edge : node->next_edges())
+      if (edge.function.get() == receiver) return &*it;
+  }
+  return nullptr;
+}
+
+// A gradient no op made, non-finite: the finding of the node that returned
+// it (detect_anomaly's check, NaN and Inf), or of the gradient handed to
+// backward() when no node did.
+void on_nonfinite_node_input(tracer::state& st, const at::RecordFunction& fn, const ran_node* sender,
+                             const at::Tensor& gradient, size_t input) {
+  std::lock_guard<std::mutex> lock(st.mutex);
+  if (st.done.load()) return;
+  const tensor_record bad = record_of(gradient, "gradient " + std::to_string(input) + " into " + fn.name());
+  finding f;
+  f.step = st.step;
+  f.direction = direction::backward;
+  if (sender) {
+    f.op = f.node = sender->name;
+    f.role = role::producer;
+    f.sequence_nr = sender->sequence_nr;
+    if (auto it = st.forward_ops.find(sender->sequence_nr); it != st.forward_ops.end()) {
+      f.forward_op = it->second.op;
+      f.module = it->second.module.path();
+    }
+    f.outputs.push_back(bad);
+  } else {
+    f.op = f.node = fn.name();
+    f.role = role::input;
+    f.culprit = bad.name;
+    f.sequence_nr = fn.seqNr();
+    f.inputs.push_back(bad);
+  }
+  f.index = bad.stats.first_nonfinite_index;
+  f.value = bad.stats.first_nonfinite_value;
+  f.thread = fn.threadId();
+  if (st.options.capture_backtrace()) f.backtrace = c10::get_backtrace(/*frames_to_skip=*/3);
+  st.reported.insert(gradient);
+  st.findings.push_back(std::move(f));
+  if (int64_t(st.findings.size()) >= st.options.max_findings()) st.done.store(true);
+}
+
+// The gradients a node is handed were checked where an op made them; one no
+// op made (what a Python autograd.Function's backward returns, built from
+// Python numbers; the gradient given to backward()) is read here.
+void check_node_inputs(tracer::state& st, const at::RecordFunction& fn) {
+  std::vector<ran_node>& ran = nodes_run_in_this_backward();
+  const std::shared_ptr<torch::autograd::Node> node = torch::autograd::get_current_node();
+  range_memo& memo = this_thread_memo();
+  const auto inputs = fn.inputs();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].isTensor() || !measurable(inputs[i].toTensor())) continue;
+    const at::Tensor gradient = detail::real_values(inputs[i].toTensor());
+    if (st.reported.contains(gradient) || st.allowed.contains(gradient) || known_range(memo, gradient)) continue;
+    const value_range range = scan_range(st, gradient, fn.name(), scanned::node_input);
+    remember_write(memo, gradient, range);
+    if (!range.finite()) on_nonfinite_node_input(st, fn, sender_of(ran, node.get()), gradient, i);
+  }
+  ran.push_back({node, fn.name(), fn.seqNr()});
+}
+
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   tracer::state* st = current_state();
   if (!st || st->done.load(std::memory_order_relaxed)) return nullptr;
   const cost_meter meter(*st, st->nanoseconds);
   if (st->options.measure_cost()) st->ops.fetch_add(1, std::memory_order_relaxed);
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
+    {
+      callback_scope no_recursion;
+      check_node_inputs(*st, fn);
+    }
     node_stack().push_back({fn.name(), fn.seqNr()});
     return std::make_unique<node_context>();  // tells the end callback to pop
   }

@@ -242,6 +242,34 @@ def test_a_trace_whose_findings_cannot_be_read_still_frees_its_thread(monkeypatc
     assert [f.op for f in again.findings] == ["aten::log"]
 
 
+def test_a_node_that_returns_nan_no_op_made_is_named():
+    class ConstantNanBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return torch.tensor([[float("nan")] * 3] * 2)  # from Python numbers: no op makes it
+
+    lin = nn.Linear(3, 3)
+    with nanguard.trace(lin) as t:
+        ConstantNanBackward.apply(lin(torch.ones(2, 3))).sum().backward()
+    f = t.findings[0]  # was aten::mm in AddmmBackward0, role input
+    assert (f.op, f.node, f.direction, f.role, f.forward_op) == (
+        "ConstantNanBackwardBackward", "ConstantNanBackwardBackward", "backward", "producer", "ConstantNanBackward")
+
+
+def test_a_nan_gradient_handed_to_backward_is_an_input():
+    x = torch.ones(3, requires_grad=True)
+    y = x * 2
+    seed = torch.tensor([1.0, float("nan"), 1.0])
+    with nanguard.trace() as t:
+        y.backward(seed)
+    f = t.findings[0]
+    assert (f.direction, f.role, f.index) == ("backward", "input", 1)
+
+
 def test_complex_division_by_zero_is_named():
     with nanguard.trace() as t:
         torch.tensor([1 + 1j, 0j]) / torch.tensor([1 + 0j, 0j])
@@ -284,3 +312,75 @@ def test_inside_kernels_names_the_inner_op():
         x.mean()
     assert inner.findings[0].op == "aten::sum"
     assert inner.findings[0].caller == "aten::mean"
+
+
+# PyTorch's anomaly-mode tests (test/test_autograd.py: test_anomaly_detect_nan,
+# test_nested_anomaly_detect_nan), asserting the backward node detect_anomaly
+# names ("Function 'MyFuncBackward' returned nan values in its 0th output").
+ANOMALY_SIZE = 10
+
+
+class AnomalyFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, inp1, inp2, fail_0th):
+        ctx.fail_0th = fail_0th
+        return inp1.sum(0, keepdim=True)
+
+    @staticmethod
+    def backward(ctx, gO):
+        gI = gO.clone().expand(ANOMALY_SIZE)
+        gI[0] = 0
+        gI[0] /= 0  # generate a nan
+        return (gI, None, None) if ctx.fail_0th else (None, gI, None)
+
+
+@pytest.mark.parametrize("fail_0th", [True, False])
+def test_anomaly_detect_nan_names_the_node(fail_0th):
+    inp = torch.rand(ANOMALY_SIZE, requires_grad=True)
+    with nanguard.trace() as t:
+        AnomalyFunc.apply(inp, inp, fail_0th).backward()
+    f = t.findings[0]
+    assert (f.node, f.direction, f.role) == ("AnomalyFuncBackward", "backward", "producer")
+
+
+class NestedOuter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, inp1, fail_0th):
+        ctx.fail_0th = fail_0th
+        ctx.save_for_backward(inp1)
+        return inp1.sum(0, keepdim=True)
+
+    @staticmethod
+    def backward(ctx, gO):
+        (inp,) = ctx.saved_tensors
+        g = gO.clone().expand(ANOMALY_SIZE)
+        return NestedInner.apply(g * inp, g + inp, ctx.fail_0th), None
+
+
+class NestedInner(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, inp1, inp2, fail_0th):
+        ctx.fail_0th = fail_0th
+        return inp1 * 2.0 + inp2
+
+    @staticmethod
+    def backward(ctx, gO):
+        g1, g2 = gO.clone(), gO.clone()
+        g1[0] = 0
+        g2[0] = 0
+        if ctx.fail_0th:  # generate a nan
+            g1[0] /= 0
+        else:
+            g2[0] /= 0
+        return g1, g2, None
+
+
+@pytest.mark.parametrize("fail_0th", [True, False])
+def test_nested_anomaly_detect_nan_names_the_inner_node(fail_0th):
+    inp = torch.rand(ANOMALY_SIZE, requires_grad=True)
+    out = NestedOuter.apply(inp, fail_0th)
+    (ginp,) = torch.autograd.grad(out, (inp,), create_graph=True)
+    with nanguard.trace() as t:
+        ginp.sum().backward()
+    f = t.findings[0]
+    assert (f.node, f.direction, f.role) == ("NestedInnerBackward", "backward", "producer")
