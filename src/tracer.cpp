@@ -79,6 +79,7 @@ struct module_ref {
 struct forward_record {
   std::string op;  // owned: a Python autograd.Function's name dies with its call
   module_ref module;
+  int nonfinite_record = -1;  // the finding record of its non-finite output, if any
 };
 
 // An autograd node being run on this thread.
@@ -318,24 +319,46 @@ class tensor_names {
 // buffer's address comes back for new tensors, which must not inherit the
 // mark. The weak reference keeps the storage's own address from going to a
 // new storage and tells whether the marked one is still alive.
+// What the tracer knows of a non-finite tensor it saw made: the record of
+// the chain its values belong to, and whether it holds NaN.
+struct taint {
+  int record = 0;
+  bool nan = false;
+};
+
 class marked_data {
   using weak_storage = c10::weak_intrusive_ptr<c10::StorageImpl>;
+  struct mark {
+    weak_storage storage;
+    taint what;
+  };
 
  public:
-  void insert(const at::Tensor& t) {
+  void insert(const at::TensorBase& t, taint what = {}) {
     if (t.has_storage())
-      marks_.insert_or_assign(t.data_ptr(), weak_storage::reclaim_copy(t.storage().unsafeGetStorageImpl()));
+      marks_.insert_or_assign(t.data_ptr(), mark{weak_storage::reclaim_copy(t.storage().unsafeGetStorageImpl()), what});
   }
-  bool contains(const at::Tensor& t) const {
-    if (!t.has_storage()) return false;
+  /// What `t` was marked with, or nullptr.
+  const taint* find(const at::TensorBase& t) const {
+    if (!t.has_storage()) return nullptr;
     const auto it = marks_.find(t.data_ptr());
-    return it != marks_.end() && !it->second.expired() &&
-           it->second._unsafe_get_target() == t.storage().unsafeGetStorageImpl();
+    const bool live = it != marks_.end() && !it->second.storage.expired() &&
+                      it->second.storage._unsafe_get_target() == t.storage().unsafeGetStorageImpl();
+    return live ? &it->second.what : nullptr;
   }
+  bool contains(const at::TensorBase& t) const { return find(t) != nullptr; }
   void clear() { marks_.clear(); }
 
  private:
-  std::unordered_map<const void*, weak_storage> marks_;
+  std::unordered_map<const void*, mark> marks_;
+};
+
+// A finding as recorded, before the step shows whether its values mattered.
+struct finding_record {
+  nanguard::finding finding;
+  int origin;                     // the record of the producer or input its values descend from (itself for those)
+  bool judged = false;            // (origins) a leaf received a gradient since it was recorded
+  bool reached = false;           // (origins) its non-finite values reached the loss or a leaf's gradient
 };
 
 }  // namespace
@@ -344,8 +367,10 @@ struct tracer::state {
   tracer_options options;
   std::mutex mutex;  // the fields below; taken per op, uncontended unless all_threads
   int64_t step = 0;
+  // Every finding recorded, in order; `findings` is what the step showed
+  // mattered (see publish()), what findings() returns.
+  std::vector<finding_record> records;
   std::vector<finding> findings;
-  std::atomic<bool> done{false};
   // What the callbacks cost (options.measure_cost only).
   std::atomic<int64_t> ops{0}, scans{0}, scanned_bytes{0}, nanoseconds{0}, scan_nanoseconds{0};
   std::unordered_map<std::string, tracer_op_scans> scans_by_op;  // under mutex
@@ -353,7 +378,7 @@ struct tracer::state {
   tensor_names named;
   std::unordered_map<int64_t, forward_record> forward_ops;  // by sequence number
   marked_data allowed;   // outputs holding intentional non-finite values
-  marked_data reported;  // outputs already in a finding
+  marked_data reported;  // non-finite outputs seen, marked with the record of their origin
   detail::observer_slot<state> slot{"nanguard::tracer"};  // last: uninstalled before the rest goes
 };
 
@@ -471,11 +496,89 @@ bool inside_infinity_test() {
 // returning it: the finding lists it after the outputs.
 constexpr int kWrittenArgument = -1;
 
+// How records become what findings() returns: judged by their consequence.
+// Every non-finite output is marked with the record of the producer (or
+// input) its values descend from; propagators join that chain. A chain
+// matters when its values reach the loss (the output whose backward node
+// starts a backward pass) or a gradient (what a leaf's AccumulateGrad
+// receives). Each leaf judges every chain recorded so far: one that
+// mattered is a finding; one absorbed on the way (a masked score that
+// softmax turned into a zero, an infinity a backward formula masks out) is
+// not. A chain no leaf has judged yet (the step is still running, or has no
+// backward pass) is shown.
+void publish(tracer::state& st) {
+  st.findings.clear();
+  for (const finding_record& r : st.records) {
+    if (int64_t(st.findings.size()) >= st.options.max_findings()) break;
+    const finding_record& origin = st.records[r.origin];
+    if (!origin.judged || origin.reached) st.findings.push_back(r.finding);
+  }
+}
+
+// Marks the non-finite `out` of `fn` as belonging to the chain of `record`.
+// A forward op remembers it: its backward node may be where a backward
+// pass starts, and then `out` is the loss.
+void mark(tracer::state& st, const at::RecordFunction& fn, const at::Tensor& out, taint what) {
+  st.reported.insert(out, what);
+  if (fn.scope() != at::RecordScope::FUNCTION || fn.seqNr() < 0 || !node_stack().empty()) return;
+  if (auto it = st.forward_ops.find(fn.seqNr()); it != st.forward_ops.end()) it->second.nonfinite_record = what.record;
+}
+
+// Records `f`, about the non-finite `out` of `fn`; `origin` is the record
+// its values descend from, or -1 when it starts a chain of its own.
+void record(tracer::state& st, const at::RecordFunction& fn, finding f, int origin, const at::Tensor& out,
+            bool out_holds_nan) {
+  const int index = int(st.records.size());
+  st.records.push_back({std::move(f), origin < 0 ? index : origin});
+  mark(st, fn, out, {index, out_holds_nan});
+  publish(st);
+}
+
+// Infinities written as constants (a mask) or handed in as data are meant;
+// a NaN made from them (a softmax row with nothing left to attend to) is a
+// new finding. A NaN made from computed infinities (inf - inf, 0 * inf after
+// an overflow) belongs to the infinity's chain.
+bool meant(const finding& origin) {
+  static const char* const constant_writers[] = {
+      "aten::full",      "aten::full_like",    "aten::new_full",    "aten::fill_", "aten::masked_fill",
+      "aten::masked_fill_", "aten::index_put_", "aten::index_fill_", "aten::where", "aten::scatter_",
+      "aten::copy_"};
+  if (origin.role == role::input) return true;
+  for (const char* op : constant_writers)
+    if (origin.op == op) return true;
+  return false;
+}
+
+// Records past this many in one chain are not kept, only marked: a NaN
+// reaches most of a step's tensors, and each record costs a census.
+int64_t chain_limit(const tracer::state& st) { return st.options.max_findings(); }
+
+int64_t chain_length(const tracer::state& st, int origin) {
+  return std::count_if(st.records.begin(), st.records.end(),
+                       [&](const finding_record& r) { return r.origin == origin; });
+}
+
+// What the tracer knows of an input of the op whose chain is full, or nullptr.
+const taint* full_chain_input(const tracer::state& st, const op_context& ctx) {
+  for (const at::Tensor& in : ctx.inputs) {
+    const taint* t = st.reported.find(in);
+    if (t && chain_length(st, st.records[t->record].origin) >= chain_limit(st)) return t;
+  }
+  return nullptr;
+}
+
 void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_context& ctx,
                          const at::Tensor& out, int output_index) {
   std::lock_guard<std::mutex> lock(st.mutex);
-  if (st.done.load() || inside_infinity_test()) return;
+  if (inside_infinity_test()) return;
   if (st.reported.contains(out) || st.allowed.contains(out)) return;  // a nested op's result
+
+  // Values of a full chain flowing on: marked, not recorded (a NaN made
+  // from its infinities is recorded below, as a chain of its own).
+  if (const taint* via = full_chain_input(st, ctx); via && via->nan) {
+    mark(st, fn, out, *via);
+    return;
+  }
 
   const std::string op = fn.name();
   const tensor_stats out_stats = census(out);
@@ -492,7 +595,7 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
   }
 
   // Which inputs were non-finite, and were those intentional?
-  bool any_bad_input = false, bad_inputs_allowed = true, allowed_nan = false;
+  bool any_bad_input = false, bad_inputs_allowed = true, allowed_nan = false, bad_inputs_hold_nan = false;
   int first_bad_input = -1;
   std::vector<tensor_record> inputs;
   for (size_t i = 0; i < ctx.inputs.size(); ++i) {
@@ -503,6 +606,7 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
     const bool bad = self_inplace ? ctx.nonfinite_before[i] == 1 : !r.stats.all_finite();
     if (bad) {
       any_bad_input = true;
+      bad_inputs_hold_nan |= self_inplace || r.stats.nan > 0;  // what an in-place op overwrote is unknown
       if (first_bad_input < 0) first_bad_input = int(i);
       if (st.allowed.contains(in)) allowed_nan |= r.stats.nan > 0;
       else bad_inputs_allowed = false;
@@ -511,6 +615,11 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
   }
   if (any_bad_input && bad_inputs_allowed && (out_stats.nan == 0 || allowed_nan)) {
     st.allowed.insert(out);  // intentional infinities flowing on (mask + scores)
+    return;
+  }
+  if (const taint* via = full_chain_input(st, ctx);
+      via && (out_stats.nan == 0 || bad_inputs_hold_nan || !meant(st.records[st.records[via->record].origin].finding))) {
+    mark(st, fn, out, {via->record, out_stats.nan > 0});
     return;
   }
 
@@ -528,6 +637,7 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
   }
   f.module = module;
   if (!op_stack().empty() && op_stack().front()->op != op) f.caller = op_stack().front()->op;
+  int origin = -1;
   if (!any_bad_input || bad_inputs_allowed) {
     f.role = role::producer;
   } else {
@@ -535,9 +645,13 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
     const std::string& culprit_name = inputs[first_bad_input].name;
     const bool named = culprit_name.rfind("input ", 0) != 0;
     const op_context* maker = named ? nullptr : unrecorded_maker(culprit);
-    if (st.reported.contains(culprit)) {
-      f.role = role::propagator;
+    if (const taint* from = st.reported.find(culprit)) {
       f.culprit = culprit_name;
+      origin = st.records[from->record].origin;
+      const bool nan_from_meant_infinities =
+          out_stats.nan > 0 && !bad_inputs_hold_nan && meant(st.records[origin].finding);
+      f.role = nan_from_meant_infinities ? role::producer : role::propagator;
+      if (nan_from_meant_infinities) origin = -1;  // a chain of its own, naming the infinity it came from
     } else if (maker) {
       // Made inside an enclosing op by unrecorded work: that op is the producer.
       f.op = maker->op;
@@ -550,7 +664,9 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
         inputs.push_back(record_of(in, name_of(st, in, "input " + std::to_string(maker->argument_of[i]))));
         // Unless the enclosing op was handed a non-finite value itself.
         if (f.role == role::producer && !inputs.back().stats.all_finite()) {
-          f.role = st.reported.contains(in) ? role::propagator : role::input;
+          const taint* from = st.reported.find(in);
+          f.role = from ? role::propagator : role::input;
+          if (from) origin = st.records[from->record].origin;
           f.culprit = inputs.back().name;
         }
       }
@@ -558,6 +674,13 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
       f.role = role::input;
       f.culprit = culprit_name;
     }
+  }
+  if (backward && origin < 0) {
+    // The backward of an op whose forward already went non-finite is the
+    // same failure: log(0) is -inf forward and 0/0 in LogBackward0.
+    const auto it = st.forward_ops.find(stack.back().sequence_nr);
+    if (it != st.forward_ops.end() && it->second.nonfinite_record >= 0)
+      origin = st.records[it->second.nonfinite_record].origin;
   }
   f.inputs = std::move(inputs);
   for (size_t i = 0; i < fn.outputs().size(); ++i) {
@@ -574,9 +697,7 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
   f.value = out_stats.first_nonfinite_value;
   f.thread = fn.threadId();
   if (st.options.capture_backtrace()) f.backtrace = c10::get_backtrace(/*frames_to_skip=*/3);
-  st.reported.insert(out);
-  st.findings.push_back(std::move(f));
-  if (int64_t(st.findings.size()) >= st.options.max_findings()) st.done.store(true);
+  record(st, fn, std::move(f), origin, out, out_stats.nan > 0);
 }
 
 // Whether an op's output can hold values that no check has seen. Outputs
@@ -749,7 +870,6 @@ const ran_node* sender_of(const std::vector<ran_node>& ran, const torch::autogra
 void on_nonfinite_node_input(tracer::state& st, const at::RecordFunction& fn, const ran_node* sender,
                              const at::Tensor& gradient, size_t input) {
   std::lock_guard<std::mutex> lock(st.mutex);
-  if (st.done.load()) return;
   const tensor_record bad = record_of(gradient, "gradient " + std::to_string(input) + " into " + fn.name());
   finding f;
   f.step = st.step;
@@ -774,33 +894,67 @@ void on_nonfinite_node_input(tracer::state& st, const at::RecordFunction& fn, co
   f.value = bad.stats.first_nonfinite_value;
   f.thread = fn.threadId();
   if (st.options.capture_backtrace()) f.backtrace = c10::get_backtrace(/*frames_to_skip=*/3);
-  st.reported.insert(gradient);
-  st.findings.push_back(std::move(f));
-  if (int64_t(st.findings.size()) >= st.options.max_findings()) st.done.store(true);
+  record(st, fn, std::move(f), -1, gradient, bad.stats.nan > 0);
+}
+
+// A backward pass starts at the loss's node: a non-finite loss mattered.
+void reach_from_loss(tracer::state& st, int64_t sequence_nr) {
+  std::lock_guard<std::mutex> lock(st.mutex);
+  const auto it = st.forward_ops.find(sequence_nr);
+  if (it == st.forward_ops.end() || it->second.nonfinite_record < 0) return;
+  st.records[st.records[it->second.nonfinite_record].origin].reached = true;
+  publish(st);
+}
+
+bool is_accumulate_grad(const char* node) { return std::strstr(node, "AccumulateGrad") != nullptr; }
+
+// What the tracer knows of a gradient (or of the tensor it views).
+std::optional<taint> taint_of(tracer::state& st, const at::Tensor& t) {
+  std::lock_guard<std::mutex> lock(st.mutex);
+  const taint* known = st.reported.find(t);
+  if (!known && t.is_view() && t._base().defined()) known = st.reported.find(t._base());
+  return known ? std::optional<taint>(*known) : std::nullopt;
 }
 
 // The gradients a node is handed were checked where an op made them; one no
 // op made (what a Python autograd.Function's backward returns, built from
 // Python numbers; the gradient given to backward()) is read here.
+//
+// A leaf's AccumulateGrad receives what becomes its .grad: the chain of a
+// non-finite value there reached a gradient (see publish()).
 void check_node_inputs(tracer::state& st, const at::RecordFunction& fn) {
   std::vector<ran_node>& ran = nodes_run_in_this_backward();
   const std::shared_ptr<torch::autograd::Node> node = torch::autograd::get_current_node();
+  const bool into_leaf = is_accumulate_grad(fn.name());
+  if (ran.empty()) reach_from_loss(st, fn.seqNr());
   range_memo& memo = this_thread_memo();
   const auto inputs = fn.inputs();
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i].isTensor() || !measurable(inputs[i].toTensor())) continue;
     const at::Tensor gradient = detail::real_values(inputs[i].toTensor());
-    if (st.reported.contains(gradient) || st.allowed.contains(gradient) || known_range(memo, gradient)) continue;
-    const value_range range = scan_range(st, gradient, fn.name(), scanned::node_input);
-    remember_write(memo, gradient, range);
-    if (!range.finite()) on_nonfinite_node_input(st, fn, sender_of(ran, node.get()), gradient, i);
+    std::optional<taint> known = taint_of(st, gradient);
+    if (!known && !known_range(memo, gradient)) {
+      const value_range range = scan_range(st, gradient, fn.name(), scanned::node_input);
+      remember_write(memo, gradient, range);
+      if (!range.finite()) on_nonfinite_node_input(st, fn, sender_of(ran, node.get()), gradient, i);
+      known = taint_of(st, gradient);
+    }
+    if (known && into_leaf) {
+      std::lock_guard<std::mutex> lock(st.mutex);
+      st.records[st.records[known->record].origin].reached = true;
+    }
+  }
+  if (into_leaf) {
+    std::lock_guard<std::mutex> lock(st.mutex);
+    for (finding_record& r : st.records) r.judged = true;
+    publish(st);
   }
   ran.push_back({node, fn.name(), fn.seqNr()});
 }
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   tracer::state* st = current_state();
-  if (!st || st->done.load(std::memory_order_relaxed)) return nullptr;
+  if (!st) return nullptr;
   const cost_meter meter(*st, st->nanoseconds);
   if (st->options.measure_cost()) st->ops.fetch_add(1, std::memory_order_relaxed);
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
@@ -871,7 +1025,7 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   if (ctx->sealed) at::reenableCallback(ctx->sealed);
   op_stack().pop_back();  // ops end innermost first
   tracer::state* st = current_state();
-  if (!st || st->done.load(std::memory_order_relaxed)) return;
+  if (!st) return;
   const cost_meter meter(*st, st->nanoseconds);
   const op_traits& traits = *ctx->traits;
   if (traits.allocates_only || traits.composite) return;
@@ -933,10 +1087,11 @@ bool tracer::found() const { return !state_->findings.empty(); }
 void tracer::clear() {
   std::lock_guard<std::mutex> lock(state_->mutex);
   range_memo::forget_all();
+  state_->records.clear();
+  for (auto& entry : state_->forward_ops) entry.second.nonfinite_record = -1;
   state_->findings.clear();
   state_->reported.clear();
   state_->allowed.clear();
-  state_->done.store(false);
 }
 
 void tracer::throw_if_found() const {

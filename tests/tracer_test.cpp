@@ -216,6 +216,37 @@ TEST(tracer, names_the_softmax_of_a_fully_masked_row) {
   EXPECT_EQ(1 * 16 + 2 * 4, f.index);
 }
 
+// Judged by consequence (#24): with a backward pass, an infinity that reaches
+// neither the loss nor a gradient is not a finding.
+TEST(tracer, a_causal_mask_built_with_full_and_triu_is_not_a_finding) {
+  const at::Tensor q = torch::randn({2, 4, 8}, torch::requires_grad());
+  nanguard::tracer t;
+  const at::Tensor mask = at::full({4, 4}, -INFINITY).triu(1);
+  at::softmax(at::matmul(q, q.transpose(-1, -2)) + mask, -1).sum().backward();
+  EXPECT_FALSE(t.found()) << (t.found() ? nanguard::to_text(t.findings().front()) : "");
+  EXPECT_FALSE(nanguard::has_nonfinite(q.grad()));
+}
+
+TEST(tracer, a_fully_masked_row_built_by_assignment_names_the_softmax) {
+  const at::Tensor q = torch::randn({2, 4, 8}, torch::requires_grad());
+  nanguard::tracer t;
+  at::Tensor mask = at::zeros({4, 4});
+  mask[0].fill_(-INFINITY);  // a padding row: nothing to attend to
+  at::softmax(at::matmul(q, q.transpose(-1, -2)) + mask, -1).sum().backward();
+  const nanguard::finding& f = t.findings().at(0);
+  EXPECT_EQ("aten::_softmax", f.op);
+  EXPECT_EQ(role::producer, f.role);
+  EXPECT_TRUE(std::isnan(f.value));
+}
+
+TEST(tracer, an_infinity_the_std_backward_masks_out_is_not_a_finding) {
+  const at::Tensor x = torch::ones({4}, torch::requires_grad());
+  nanguard::tracer t;
+  (x * 0 + 1).std().backward();
+  EXPECT_FALSE(nanguard::has_nonfinite(x.grad()));
+  EXPECT_FALSE(t.found()) << (t.found() ? nanguard::to_text(t.findings().front()) : "");
+}
+
 TEST(tracer, reports_an_unlisted_infinity_from_masked_fill) {
   nanguard::tracer t(nanguard::tracer_options().allow({}));
   at::zeros({3}).masked_fill(at::ones({3}, at::kBool), -INFINITY);
@@ -763,7 +794,7 @@ TEST(tracer_torchscript, links_a_scripted_backward_to_its_forward_op) {
   per_op_autograd per_op;
   torch::jit::Module m = torch::jit::load(model_path("sqrt_net").string());
   nanguard::tracer t;
-  // relu zeroes some units: sqrt(0) is fine forward, infinite backward.
+  // h - min(h) is 0 somewhere: sqrt(0) is fine forward, infinite backward.
   const at::Tensor out = m.forward({at::randn({16, 4})}).toTensor().sum();
   EXPECT_FALSE(t.found());
   out.backward();

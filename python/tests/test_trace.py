@@ -384,3 +384,109 @@ def test_nested_anomaly_detect_nan_names_the_inner_node(fail_0th):
         ginp.sum().backward()
     f = t.findings[0]
     assert (f.node, f.direction, f.role) == ("NestedInnerBackward", "backward", "producer")
+
+
+# ---- Judged by consequence: an infinity that never reaches the loss or a
+# gradient is not a finding (#24). Each case trains one step under the tracer.
+L = 5
+
+
+def _scores(q):
+    return q @ q.transpose(-1, -2)
+
+
+def _causal_bool():
+    return torch.ones(L, L).triu(1).bool()
+
+
+def _mask_by_full_triu(q):
+    return (_scores(q) + torch.full((L, L), float("-inf")).triu(1)).softmax(-1)
+
+
+def _mask_by_index_assignment(q):
+    m = torch.zeros(L, L)
+    m[_causal_bool()] = float("-inf")
+    return (_scores(q) + m).softmax(-1)
+
+
+def _mask_by_where(q):
+    return torch.where(_causal_bool(), torch.tensor(float("-inf")), _scores(q)).softmax(-1)
+
+
+def _mha(**masks):
+    def run(q):
+        torch.manual_seed(0)
+        mha = nn.MultiheadAttention(4, 2, batch_first=True)
+        x = q.flatten(0, 1)
+        return mha(x, x, x, **masks)[0]
+    return run
+
+
+HEALTHY_MASKS = {
+    "mha float -inf mask": _mha(attn_mask=nn.Transformer.generate_square_subsequent_mask(L)),
+    "mha bool mask": _mha(attn_mask=_causal_bool()),
+    "mha key_padding_mask": _mha(key_padding_mask=torch.tensor([[False] * 3 + [True] * 2] * 4)),
+    "sdpa is_causal": lambda q: F.scaled_dot_product_attention(q, q, q, is_causal=True),
+    "sdpa float attn_mask": lambda q: F.scaled_dot_product_attention(
+        q, q, q, attn_mask=nn.Transformer.generate_square_subsequent_mask(L)),
+    "full + triu": _mask_by_full_triu,
+    "index assignment": _mask_by_index_assignment,
+    "where": _mask_by_where,
+}
+
+
+@pytest.mark.parametrize("case", sorted(HEALTHY_MASKS))
+def test_a_causal_mask_is_not_a_finding(case):
+    q = torch.randn(2, 2, L, 4, requires_grad=True)
+    with nanguard.trace(raise_on_finding=True) as t:
+        HEALTHY_MASKS[case](q).sum().backward()
+    assert t.findings == [], [str(f) for f in t.findings]
+    assert q.grad.isfinite().all()
+
+
+def test_a_fully_masked_row_built_by_assignment_names_the_softmax():
+    q = torch.randn(2, 2, L, 4, requires_grad=True)
+    m = torch.zeros(L, L)
+    m[0, :] = float("-inf")  # padding: a row with nothing to attend to
+    with nanguard.trace() as t:
+        (_scores(q) + m).softmax(-1).sum().backward()
+    f = t.findings[0]  # was the -inf itself, role input at aten::fill_/copy_
+    assert (f.op, f.direction, f.role) == ("aten::_softmax", "forward", "producer")
+    assert math.isnan(f.value)
+
+
+MASKED_BACKWARD_INFINITIES = {
+    "norm p=0.5 at zero": lambda x: (x * 0).norm(p=0.5),
+    "std of a constant": lambda x: (x * 0 + 1).std(),
+    "cdist of repeated points": lambda x: torch.cdist(x.view(1, 2, 2), x.view(1, 2, 2)).sum(),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MASKED_BACKWARD_INFINITIES))
+def test_an_infinity_a_backward_formula_masks_out_is_not_a_finding(case):
+    x = torch.ones(4, requires_grad=True)
+    with nanguard.trace(raise_on_finding=True) as t:
+        y = MASKED_BACKWARD_INFINITIES[case](x)
+        y.backward()
+    assert x.grad.isfinite().all(), x.grad
+    assert t.findings == [], [str(f) for f in t.findings]
+
+
+def test_a_nan_born_in_backward_names_its_infinity():
+    x = torch.zeros(3, requires_grad=True)
+    with nanguard.trace() as t:
+        (x.sqrt() * 0).sum().backward()  # 0 * (1 / (2 sqrt(0))) = 0 * inf
+    assert x.grad.isnan().all()
+    f = t.findings[0]
+    assert (f.direction, f.node, f.role) == ("backward", "SqrtBackward0", "producer")
+
+
+def test_where_with_a_nan_gradient_from_the_branch_not_taken():
+    v = torch.zeros(3, requires_grad=True)
+    with nanguard.trace(max_findings=2) as t:
+        torch.where(v > -1, v, torch.log(v)).sum().backward()  # log(0) forward is absorbed; its gradient is not
+    assert v.grad.isnan().all()
+    # One failure: the -inf of log(0), and the 0/0 its backward makes of where's zero gradient.
+    forward, backward = t.findings
+    assert (forward.direction, forward.op, forward.role) == ("forward", "aten::log", "producer")
+    assert (backward.direction, backward.node, backward.op) == ("backward", "LogBackward0", "aten::div")

@@ -80,17 +80,15 @@ assert f['module'] == 'root' and f['role'] == 'producer', f
 assert 'lin.weight' in f['parameters'], f"
 
 # The same Inf masked by relu's backward: the weights' gradients stay finite,
-# so the guard never notices; only a tracer on every step sees it.
+# so it did no harm. The guard never notices, and a tracer on every step
+# judges it by its consequence: no finding, and the run is finite.
 run 0 train --model "$M/masked_sqrt_net.pt" --data "$M/reg.csv" --target y --task regress --steps 5 --batch 16 \
   --out masked_guard
 summary masked_guard "assert s['status'] == 'finite' and f is None, s"
 run 0 train --model "$M/masked_sqrt_net.pt" --data "$M/reg.csv" --target y --task regress --steps 5 --batch 16 \
   --trace always --out masked_always
-expect "nanguard train: recovered"
-summary masked_always "
-assert s['status'] == 'recovered' and s['skipped_steps'] == 0, s
-assert f['step'] == 1 and f['direction'] == 'backward' and f['node'] == 'SqrtBackward0', f
-assert f['module'] == 'root' and f['role'] == 'producer', f"
+expect "nanguard train: finite"
+summary masked_always "assert s['status'] == 'finite' and s['skipped_steps'] == 0 and f is None, s"
 
 # ---- a NaN and an Inf in the data: lines 12 and 42 of reg_nan.csv
 run 0 train --model "$M/linear_reg.pt" --data "$M/reg_nan.csv" --target y --task regress --steps 40 --batch 16 \
