@@ -673,6 +673,8 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
     } else {
       f.role = role::input;
       f.culprit = culprit_name;
+      // The next op that reads the same data propagates this finding.
+      st.reported.insert(culprit, {int(st.records.size()), inputs[first_bad_input].stats.nan > 0});
     }
   }
   if (backward && origin < 0) {
