@@ -57,6 +57,20 @@ class StepResult:
                 "spikes": [{"series": s, "value": num(v), "z": z} for s, v, z in self.spikes]}
 
 
+def _trainable_loss(loss):
+    """``loss`` when the guard can run backward on it; else a TypeError (not a
+    tensor) or a ValueError (a tensor that no gradient flows from)."""
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError("nanguard.Guard.step: the closure must return the loss tensor, e.g. "
+                        f"lambda: F.mse_loss(model(x), y), but it returned {type(loss).__name__}")
+    if not loss.is_floating_point() or not loss.requires_grad:
+        got = str(loss.dtype) if not loss.is_floating_point() else "a tensor that does not require grad"
+        raise ValueError("nanguard.Guard.step: the loss must be a floating-point tensor that depends on the "
+                         f"model's trainable parameters, got {got} (computed under torch.no_grad, detached, "
+                         "or from frozen parameters?)")
+    return loss
+
+
 class Guard:
     """Guards the training steps of ``model`` stepped by ``optimizer``.
 
@@ -150,7 +164,7 @@ class Guard:
         self.steps += 1
         rng = torch.get_rng_state()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = closure(*args, **kwargs)
+        loss = _trainable_loss(closure(*args, **kwargs))
         finite_loss, loss_value = self.sentinel.check_loss(loss)
         norm, reason, bad_param = float("nan"), "", ""
         if finite_loss:
