@@ -263,10 +263,16 @@ class Guard:
         if not self.bundle_dir:
             return
         os.makedirs(self.bundle_dir, exist_ok=True)
-        torch.save({"step": step, "rng_state": rng, "args": args, "kwargs": kwargs,
-                    "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "finding": finding.to_dict() if finding is not None else None},
-                   os.path.join(self.bundle_dir, f"step-{step}.pt"))
+        path = os.path.join(self.bundle_dir, f"step-{step}.pt")
+        tmp = f"{path}.tmp-{os.getpid()}"  # renamed into place: never a half-written bundle
+        try:
+            torch.save({"step": step, "rng_state": rng, "args": args, "kwargs": kwargs,
+                        "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                        "finding": finding.to_dict() if finding is not None else None}, tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
 
     def close(self):
         """Closes the event log."""

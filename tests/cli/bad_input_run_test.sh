@@ -15,6 +15,7 @@ for f in linear_reg.pt norm_net.pt argmax_clf.pt no_params.pt reg.csv constant.c
   [ -f "$M/$f" ] || { echo "FAIL: no '$M/$f' (build the nanguard_train_models target first)"; exit 1; }
 done
 rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK" || exit 1
+trap 'jobs -p | xargs -r kill 2>/dev/null' EXIT  # no run of this test outlives it
 
 train() { "$NANGUARD" train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress "$@"; }
 # no_backtrace: the last output is one error line, without a C++ backtrace.
@@ -26,7 +27,8 @@ $out"
 }
 # start_long_run DIR: a run into DIR in the background ($long_pid), once it logs.
 start_long_run() {
-  train --steps 1000000 --out "$1" >/dev/null 2>&1 &
+  "$NANGUARD" train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --steps 1000000 \
+    --out "$1" >/dev/null 2>&1 &
   long_pid=$!
   for _ in $(seq 300); do
     [ -s "$1/events.jsonl" ] && return 0
@@ -69,6 +71,30 @@ run 2 "$NANGUARD" demo --scenario zero-std --out shared
 expect "'shared' is the output directory of another nanguard run"
 kill "$holder"
 wait "$holder" 2>/dev/null
+
+# A signal during a write ends the run once the write is done, leaving no
+# temporary. To catch the run inside one, its report's temporary name is
+# made a FIFO: opening it blocks until the test reads it.
+"$NANGUARD" train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --steps 2000 \
+  --out signalled >/dev/null 2>&1 &
+pid=$!
+for _ in $(seq 1200); do
+  [ "$(wc -l < signalled/events.jsonl 2>/dev/null)" = 2000 ] && break
+  sleep 0.1
+done
+mkfifo "signalled/report.html.tmp-$pid"
+for _ in $(seq 600); do  # until it waits in openat (syscall 257) on the FIFO
+  read -r nr _ < "/proc/$pid/syscall" 2>/dev/null && [ "$nr" = 257 ] && break
+  sleep 0.1
+done
+kill -TERM "$pid"
+sleep 0.5
+kill -0 "$pid" 2>/dev/null || fail "SIGTERM during a write ended the run at once"
+timeout 60 cat "signalled/report.html.tmp-$pid" > /dev/null
+wait "$pid"
+rc=$?
+[ "$rc" -eq 143 ] || fail "SIGTERM during a write: exit $rc, expected 143 (ended by the signal once written)"
+no_temporaries signalled
 
 # ---- nothing a previous run left looks like this run's output
 run 3 "$NANGUARD" train --model "$M/norm_net.pt" --data "$M/constant.csv" --target y --task regress --steps 3 \
@@ -129,9 +155,15 @@ run 2 "$NANGUARD" inspect bad_meta
 expect "bad_meta/meta.json' is not a bundle's meta.json"
 no_backtrace
 
+# A wrong-typed event line: named with its file and line
+echo '{"step": "one", "action": "step"}' > typed.jsonl
+run 2 "$NANGUARD" report typed.jsonl -o typed.html
+expect "typed.jsonl:1: not a step event: nanguard::step_event_from_json: a field has the wrong type"
+no_backtrace
+
 # ---- a full disk (a file size limit: writes fail with EFBIG) while writing the report
-# (the run's log of 3 steps fits in 32 KiB, its report does not)
-limited() { bash -c 'ulimit -f 32; trap "" XFSZ; exec "$@"' limited "$@"; }
+# (the run's log of 3 steps fits in 8 KiB, its report does not)
+limited() { bash -c 'ulimit -f 8; trap "" XFSZ; exec "$@"' limited "$@"; }
 run 2 limited "$NANGUARD" train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress \
   --steps 3 --out full
 expect "cannot write 'full/report.html': File too large"

@@ -280,7 +280,7 @@ int run_train(const train_args& a) {
   if (a.warmup > 0)
     options.schedule(schedule_options(a.lr).warmup_steps(a.warmup).total_steps(a.steps).min_lr(a.lr));
   guard g(*params, *optimizer, options);
-  event_log log(events_path, /*truncate=*/true);
+  event_log log = as_input_error([&] { return event_log(events_path, /*truncate=*/true); });
 
   std::optional<firewall> fw;
   if (a.firewall != "off") {
@@ -398,12 +398,8 @@ int run_train(const train_args& a) {
         std::string lines;
         for (int64_t l : bt.lines) lines += (lines.empty() ? "" : ",") + std::to_string(l);
         bd.tags = {{"task", a.task}, {"model", a.model}, {"data", a.data}, {"target", a.target}, {"csv_lines", lines}};
-        try {
-          signals_held hold;  // no half-written bundle directory
-          bundle_path = write_bundle(bundle_dir, bd);
-        } catch (const c10::Error& e) {
-          throw usage_error(e.what_without_backtrace());
-        }
+        signals_held hold;  // no half-written bundle directory
+        bundle_path = as_input_error([&] { return write_bundle(bundle_dir, bd); });
         e.action = "abort";
         e.bundle = bundle_path;
         aborted = true;
@@ -412,7 +408,7 @@ int run_train(const train_args& a) {
         last_taken_step = step;
         last_taken_loss = e.loss;
       }
-      log.write(e);
+      as_input_error([&] { log.write(e); });  // a full disk is exit 2, as for the other outputs
       bar.update(e);
       if (aborted) break;
     }
