@@ -25,13 +25,14 @@ $out"
   [ "$(grep -c "nanguard: error:" <<<"$out")" -eq 1 ] || fail "expected one error line:
 $out"
 }
-# start_long_run DIR: a run into DIR in the background ($long_pid), once it logs.
+# start_long_run DIR [STEPS]: a run into DIR in the background ($long_pid), once it
+# holds DIR (its pid in the lock file) and has logged a step.
 start_long_run() {
-  "$NANGUARD" train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --steps 1000000 \
+  "$NANGUARD" train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --steps "${2:-1000000}" \
     --out "$1" >/dev/null 2>&1 &
   long_pid=$!
   for _ in $(seq 300); do
-    [ -s "$1/events.jsonl" ] && return 0
+    [ "$(cat "$1/.nanguard.lock" 2>/dev/null)" = "$long_pid" ] && [ -s "$1/events.jsonl" ] && return 0
     sleep 0.1
   done
   fail "the background run into $1 logged nothing in 30 s"
@@ -75,15 +76,10 @@ wait "$holder" 2>/dev/null
 # A signal during a write ends the run once the write is done, leaving no
 # temporary. To catch the run inside one, its report's temporary name is
 # made a FIFO: opening it blocks until the test reads it.
-"$NANGUARD" train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --steps 2000 \
-  --out signalled >/dev/null 2>&1 &
-pid=$!
-for _ in $(seq 1200); do
-  [ "$(wc -l < signalled/events.jsonl 2>/dev/null)" = 2000 ] && break
-  sleep 0.1
-done
+start_long_run signalled 2000
+pid=$long_pid
 mkfifo "signalled/report.html.tmp-$pid"
-for _ in $(seq 600); do  # until it waits in openat (syscall 257) on the FIFO
+for _ in $(seq 1200); do  # until it waits in openat (syscall 257) on the FIFO
   read -r nr _ < "/proc/$pid/syscall" 2>/dev/null && [ "$nr" = 257 ] && break
   sleep 0.1
 done
