@@ -4,9 +4,11 @@
 // firewall (off, drop, repair); each step through nanguard::guard, whose
 // replay (or a tracer on every step, --trace always) names the op that made
 // a NaN/Inf. Writes DIR/events.jsonl, DIR/summary.json, DIR/report.html and
-// DIR/bundles/ (policy abort). Exit code 0 when the run finished (finite or
-// recovered), 3 when it stopped on a non-finite value (--policy abort) or
-// ended non-finite (the optimizer took none of its last steps/10, 1 to 10).
+// DIR/bundles/ (policy abort), into a DIR locked for the run and cleared of a
+// previous run's outputs first (run_dir.h). Exit code 0 when the run
+// finished (finite or recovered), 3 when it stopped on a non-finite value
+// (--policy abort) or ended non-finite (the optimizer took none of its last
+// steps/10, 1 to 10).
 #include "commands.h"
 #include "data_common.h"
 #include "progress.h"
