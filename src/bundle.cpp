@@ -64,16 +64,24 @@ void save(const fs::path& path, const c10::IValue& v) {
   write_file(path, bytes.data(), bytes.size());
 }
 
+// The first line of an error message (torch's own errors span several).
+std::string first_line(const std::string& what) { return what.substr(0, what.find('\n')); }
+
 c10::IValue load(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in, "nanguard::read_bundle: '", path.string(), "' is missing; is this a directory "
               "written by write_bundle?");
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string why;
   try {
     return torch::jit::pickle_load(bytes);
+  } catch (const c10::Error& e) {
+    why = e.what_without_backtrace();  // what() carries a C++ backtrace
   } catch (const std::exception& e) {
-    TORCH_CHECK(false, "nanguard::read_bundle: '", path.string(), "' is not a pickled tensor file: ", e.what());
+    why = e.what();
   }
+  TORCH_CHECK(false, "nanguard::read_bundle: '", path.string(), "' is truncated or corrupt (", first_line(why),
+              "); write the bundle again");
 }
 
 // A plain list (None for an undefined tensor): a typed tensor list pickles
@@ -105,6 +113,14 @@ std::string write_bundle(const std::string& parent, const bundle& b) {
   fs::remove_all(tmp, ec);
   fs::create_directory(tmp, ec);
   TORCH_CHECK(!ec, "nanguard::write_bundle: cannot create '", tmp.string(), "': ", ec.message());
+  // A write that fails (a full disk) leaves no half-written bundle behind.
+  struct remove_unless_renamed {
+    const fs::path& dir;
+    ~remove_unless_renamed() {
+      std::error_code ignored;
+      fs::remove_all(dir, ignored);
+    }
+  } cleanup{tmp};
 
   json meta;
   meta["format"] = "nanguard-bundle/1";
@@ -137,18 +153,10 @@ std::string write_bundle(const std::string& parent, const bundle& b) {
   return dest.string();
 }
 
-bundle read_bundle(const std::string& dir) {
-  const fs::path d(dir);
-  std::ifstream in(d / "meta.json");
-  TORCH_CHECK(in, "nanguard::read_bundle: '", (d / "meta.json").string(),
-              "' is missing; pass the directory write_bundle returned");
-  json meta;
-  try {
-    in >> meta;
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "nanguard::read_bundle: '", (d / "meta.json").string(), "' is not JSON: ", e.what());
-  }
-  bundle b;
+namespace {
+
+// meta.json's fields into `b`; a json::exception when one has the wrong type.
+void read_meta(const json& meta, bundle& b) {
   b.step = meta.value("step", int64_t(-1));
   b.lr = number_from(meta.value("lr", json(0.0)));
   b.scale = number_from(meta.value("scale", json(1.0)));
@@ -163,6 +171,21 @@ bundle read_bundle(const std::string& dir) {
     for (const auto& [key, value] : meta["tags"].items())
       b.tags.emplace_back(key, value.is_string() ? value.get<std::string>() : value.dump());
   if (meta.contains("finding") && !meta["finding"].is_null()) b.finding = finding_from_json(meta["finding"].dump());
+}
+
+}  // namespace
+
+bundle read_bundle(const std::string& dir) {
+  const fs::path d(dir);
+  const std::string meta_path = (d / "meta.json").string();
+  std::ifstream in(meta_path);
+  TORCH_CHECK(in, "nanguard::read_bundle: '", meta_path, "' is missing; pass the directory write_bundle returned");
+  bundle b;
+  try {
+    read_meta(json::parse(in), b);
+  } catch (const json::exception& e) {
+    TORCH_CHECK(false, "nanguard::read_bundle: '", meta_path, "' is not a bundle's meta.json: ", e.what());
+  }
   b.batch = from_list(load(d / "batch.pt"), d / "batch.pt");
   const c10::IValue rng = load(d / "rng_state.pt");
   TORCH_CHECK(rng.isTensor(), "nanguard::read_bundle: rng_state.pt should hold a tensor");
@@ -170,8 +193,11 @@ bundle read_bundle(const std::string& dir) {
   b.culprit_inputs = from_list(load(d / "culprit_inputs.pt"), d / "culprit_inputs.pt");
   const c10::IValue params = load(d / "parameters.pt");
   TORCH_CHECK(params.isGenericDict(), "nanguard::read_bundle: parameters.pt should hold a dict");
-  for (const auto& e : params.toGenericDict())
+  for (const auto& e : params.toGenericDict()) {
+    TORCH_CHECK(e.key().isString() && e.value().isTensor(), "nanguard::read_bundle: parameters.pt should map "
+                "names to tensors but holds a ", e.key().tagKind(), " -> ", e.value().tagKind(), " entry");
     b.parameters.emplace_back(e.key().toStringRef(), e.value().toTensor());
+  }
   return b;
 }
 

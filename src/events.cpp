@@ -18,6 +18,34 @@ using json = nlohmann::json;
 json number(double v) { return detail::json_number(v); }
 double number_from(const json& j) { return detail::number_from_json(j, "nanguard::step_event_from_json"); }
 
+// The fields of a step event; a json::exception when one has the wrong type.
+step_event event_from(const json& j) {
+  step_event e;
+  e.step = j.at("step").get<int64_t>();
+  e.loss = number_from(j.value("loss", json(0.0)));
+  e.grad_norm = number_from(j.value("grad_norm", json(0.0)));
+  e.clip_coef = number_from(j.value("clip_coef", json(1.0)));
+  e.scale = number_from(j.value("scale", json(1.0)));
+  e.lr = number_from(j.value("lr", json(0.0)));
+  e.skipped = j.value("skipped", false);
+  e.action = j.at("action").get<std::string>();
+  for (const auto& s : j.value("spikes", json::array()))
+    e.spikes.push_back({s.at("series").get<std::string>(), number_from(s.at("value")), number_from(s.at("z"))});
+  for (const auto& b : j.value("nonfinite_params", json::array()))
+    e.nonfinite_params.push_back({b.at("name").get<std::string>(), b.at("nonfinite").get<int64_t>()});
+  for (const auto& n : j.value("top_norms", json::array()))
+    e.top_norms.emplace_back(n.at("name").get<std::string>(), number_from(n.at("norm")));
+  e.rank = j.value("rank", int64_t(-1));
+  e.nonfinite_ranks = j.value("nonfinite_ranks", std::vector<int64_t>());
+  e.verdict = j.value("verdict", std::string());
+  for (const auto& f : j.value("findings", json::array())) e.findings.push_back(finding_from_json(f.dump()));
+  e.rollback_to = j.value("rollback_to", int64_t(-1));
+  e.bundle = j.value("bundle", std::string());
+  e.note = j.value("note", std::string());
+  e.guard_ms = number_from(j.value("guard_ms", json(0.0)));
+  return e;
+}
+
 }  // namespace
 
 std::string to_json(const step_event& e) {
@@ -62,30 +90,12 @@ step_event step_event_from_json(const std::string& line) {
   TORCH_CHECK(j.is_object() && j.contains("step") && j.contains("action"),
               "nanguard::step_event_from_json: expected an object with 'step' and 'action' but got: ",
               line.substr(0, 200));
-  step_event e;
-  e.step = j.at("step").get<int64_t>();
-  e.loss = number_from(j.value("loss", json(0.0)));
-  e.grad_norm = number_from(j.value("grad_norm", json(0.0)));
-  e.clip_coef = number_from(j.value("clip_coef", json(1.0)));
-  e.scale = number_from(j.value("scale", json(1.0)));
-  e.lr = number_from(j.value("lr", json(0.0)));
-  e.skipped = j.value("skipped", false);
-  e.action = j.at("action").get<std::string>();
-  for (const auto& s : j.value("spikes", json::array()))
-    e.spikes.push_back({s.at("series").get<std::string>(), number_from(s.at("value")), number_from(s.at("z"))});
-  for (const auto& b : j.value("nonfinite_params", json::array()))
-    e.nonfinite_params.push_back({b.at("name").get<std::string>(), b.at("nonfinite").get<int64_t>()});
-  for (const auto& n : j.value("top_norms", json::array()))
-    e.top_norms.emplace_back(n.at("name").get<std::string>(), number_from(n.at("norm")));
-  e.rank = j.value("rank", int64_t(-1));
-  e.nonfinite_ranks = j.value("nonfinite_ranks", std::vector<int64_t>());
-  e.verdict = j.value("verdict", std::string());
-  for (const auto& f : j.value("findings", json::array())) e.findings.push_back(finding_from_json(f.dump()));
-  e.rollback_to = j.value("rollback_to", int64_t(-1));
-  e.bundle = j.value("bundle", std::string());
-  e.note = j.value("note", std::string());
-  e.guard_ms = number_from(j.value("guard_ms", json(0.0)));
-  return e;
+  try {
+    return event_from(j);
+  } catch (const json::exception& ex) {
+    TORCH_CHECK(false, "nanguard::step_event_from_json: a field has the wrong type (", ex.what(), "): ",
+                line.substr(0, 200));
+  }
 }
 
 event_log::event_log(const std::string& path, bool truncate) : path_(path) {

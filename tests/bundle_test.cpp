@@ -1,9 +1,11 @@
 #include "nanguard/bundle.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -102,6 +104,44 @@ TEST(bundle, a_second_bundle_of_the_same_step_gets_a_suffix_and_no_temp_is_left)
     EXPECT_NE('.', e.path().filename().string()[0]) << e.path();
   }
   EXPECT_EQ(2, entries);
+  fs::remove_all(dir);
+}
+
+TEST(bundle, truncated_files_are_named_in_one_line) {
+  const fs::path dir = fresh_dir("truncated");
+  const std::string path = nanguard::write_bundle(dir.string(), sample());
+  for (const char* name : {"batch.pt", "parameters.pt", "meta.json"}) {
+    const fs::path copy = dir / ("cut_" + std::string(name));
+    fs::copy(path, copy);
+    fs::resize_file(copy / name, fs::file_size(copy / name) / 2);
+    try {
+      nanguard::read_bundle(copy.string());
+      ADD_FAILURE() << name;
+    } catch (const c10::Error& e) {
+      const std::string what = e.what_without_backtrace();
+      EXPECT_NE(std::string::npos, what.find((copy / name).string() + "' is")) << what;
+      EXPECT_EQ(std::string::npos, what.find('\n')) << what;  // no C++ backtrace of torch's reader
+    }
+  }
+  fs::remove_all(dir);
+}
+
+TEST(bundle, a_write_that_fails_leaves_nothing_behind) {
+  const fs::path dir = fresh_dir("full");
+  fs::create_directories(dir);
+  nanguard::bundle b = sample();
+  b.parameters = {{"big", torch::ones({1 << 18})}};  // 1 MiB
+  // A full disk: writes beyond 64 KiB fail (EFBIG) while the limit holds.
+  rlimit before{};
+  ASSERT_EQ(0, ::getrlimit(RLIMIT_FSIZE, &before));
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = before;
+  small.rlim_cur = 64 << 10;
+  ASSERT_EQ(0, ::setrlimit(RLIMIT_FSIZE, &small));
+  EXPECT_THROW(nanguard::write_bundle(dir.string(), b), c10::Error);
+  ::setrlimit(RLIMIT_FSIZE, &before);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_TRUE(fs::is_empty(dir)) << fs::directory_iterator(dir)->path();
   fs::remove_all(dir);
 }
 

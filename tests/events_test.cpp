@@ -91,6 +91,12 @@ TEST(events, errors_say_what_is_wrong) {
     EXPECT_NE(std::string::npos, std::string(e.what()).find("expected an object with 'step' and 'action'"));
   }
   try {
+    nanguard::step_event_from_json("{\"step\": \"one\", \"action\": \"step\"}");
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("a field has the wrong type")) << e.what();
+  }
+  try {
     nanguard::step_event_from_json("not json");
     FAIL();
   } catch (const c10::Error& e) {

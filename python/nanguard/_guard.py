@@ -57,6 +57,20 @@ class StepResult:
                 "spikes": [{"series": s, "value": num(v), "z": z} for s, v, z in self.spikes]}
 
 
+def _trainable_loss(loss):
+    """``loss`` when the guard can run backward on it; else a TypeError (not a
+    tensor) or a ValueError (a tensor that no gradient flows from)."""
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError("nanguard.Guard.step: the closure must return the loss tensor, e.g. "
+                        f"lambda: F.mse_loss(model(x), y), but it returned {type(loss).__name__}")
+    if not loss.is_floating_point() or not loss.requires_grad:
+        got = str(loss.dtype) if not loss.is_floating_point() else "a tensor that does not require grad"
+        raise ValueError("nanguard.Guard.step: the loss must be a floating-point tensor that depends on the "
+                         f"model's trainable parameters, got {got} (computed under torch.no_grad, detached, "
+                         "or from frozen parameters?)")
+    return loss
+
+
 class Guard:
     """Guards the training steps of ``model`` stepped by ``optimizer``.
 
@@ -150,7 +164,7 @@ class Guard:
         self.steps += 1
         rng = torch.get_rng_state()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = closure(*args, **kwargs)
+        loss = _trainable_loss(closure(*args, **kwargs))
         finite_loss, loss_value = self.sentinel.check_loss(loss)
         norm, reason, bad_param = float("nan"), "", ""
         if finite_loss:
@@ -249,10 +263,16 @@ class Guard:
         if not self.bundle_dir:
             return
         os.makedirs(self.bundle_dir, exist_ok=True)
-        torch.save({"step": step, "rng_state": rng, "args": args, "kwargs": kwargs,
-                    "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "finding": finding.to_dict() if finding is not None else None},
-                   os.path.join(self.bundle_dir, f"step-{step}.pt"))
+        path = os.path.join(self.bundle_dir, f"step-{step}.pt")
+        tmp = f"{path}.tmp-{os.getpid()}"  # renamed into place: never a half-written bundle
+        try:
+            torch.save({"step": step, "rng_state": rng, "args": args, "kwargs": kwargs,
+                        "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                        "finding": finding.to_dict() if finding is not None else None}, tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
 
     def close(self):
         """Closes the event log."""

@@ -126,10 +126,20 @@ py::dict column_report_dict(const nanguard::column_report& c) {
 
 PYBIND11_MODULE(_nanguard, m) {
   m.doc() = "nanguard's C++ core (census, tracer, scope, sentinel, loss scaler)";
-  // c10::Error → ValueError with the message only (no C++ backtrace).
+  // C++ errors as the Python exception of their kind, as torch maps them,
+  // with the message only (no C++ backtrace); nanguard's own checks
+  // (TORCH_CHECK) refuse values, so a plain c10::Error is a ValueError. Any
+  // other std::exception is a RuntimeError (pybind11's default). Files are
+  // opened on the Python side (OSError).
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const c10::TypeError& e) {
+      PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
+    } catch (const c10::IndexError& e) {
+      PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
+    } catch (const c10::NotImplementedError& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what_without_backtrace());
     } catch (const c10::Error& e) {
       PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
     }

@@ -115,6 +115,24 @@ class MaskedSqrtNet(nn.Module):
         return self.root(self.lin(x)).sum(1)
 
 
+class ArgmaxClassifier(nn.Module):
+    """Returns class indices (int64), not logits: nothing to train on."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.lin(x).argmax(1)
+
+
+class NoParameters(nn.Module):
+    """A float output that depends on no parameter: nothing to train."""
+
+    def forward(self, x):
+        return x.sum(1)
+
+
 def write_csv(path, rows):
     with open(path, "w") as f:
         f.write("a,b,c,d,y\n")
@@ -133,6 +151,8 @@ def main():
         ("norm_net_eps", NormNet(1e-5)),
         ("sqrt_net", SqrtNet()),
         ("masked_sqrt_net", MaskedSqrtNet()),
+        ("argmax_clf", ArgmaxClassifier()),
+        ("no_params", NoParameters()),
     ]
     for name, model in models:
         torch.jit.script(model).save(os.path.join(out, name + ".pt"))

@@ -174,6 +174,7 @@ command add_advise_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--batch", a->batch, "rows per step")->capture_default_str();
   sub->add_flag("--json", a->json, "print the report as JSON");
+  sub->footer(exit_codes("advice given", "the fp32 steps themselves went non-finite (fix that first)"));
   return {sub, [a] { return run_advise(*a); }};
 }
 

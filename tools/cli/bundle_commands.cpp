@@ -222,7 +222,7 @@ command add_inspect_command(CLI::App& app) {
   auto* sub = app.add_subcommand("inspect", "Show what a repro bundle holds: step, finding, tensors and their census");
   auto a = std::make_shared<inspect_args>();
   sub->add_option("bundle", a->bundle, "the bundle directory (e.g. nanguard-train/bundles/step-000012)")->required();
-  sub->footer("Exit code: 0, or 2 when BUNDLE is missing or not a bundle.");
+  sub->footer(exit_codes("shown"));
   return {sub, [a] { return run_inspect(*a); }};
 }
 
@@ -235,7 +235,7 @@ command add_replay_command(CLI::App& app) {
       ->required();
   sub->add_option("--task", a->task, "classify or regress (default: the task stored in the bundle)")
       ->check(CLI::IsMember({"classify", "regress"}));
-  sub->footer("Exit code: 3 reproduced a NaN/Inf, 0 not reproduced (finite), 2 bad input.");
+  sub->footer(exit_codes("not reproduced (the step ran finite)", "reproduced a NaN/Inf"));
   return {sub, [a] { return run_replay(*a); }};
 }
 

@@ -38,6 +38,7 @@ command add_census_command(CLI::App& app) {
   sub->add_option("files", *files, "tensor files (torch.save / torch::pickle_save)")
       ->required()
       ->check(CLI::ExistingFile);
+  sub->footer(exit_codes("every tensor is finite", "a tensor holds NaN/Inf"));
   return {sub, [files] {
             bool any_bad = false;
             for (const auto& path : *files) {

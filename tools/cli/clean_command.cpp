@@ -110,6 +110,7 @@ command add_clean_command(CLI::App& app) {
   sub->add_option("--low-quantile", a->low_quantile, "lower clipping quantile (clip)");
   sub->add_option("--high-quantile", a->high_quantile, "upper clipping quantile (clip)");
   sub->add_option("--seed", a->seed, "seed of the row sample behind the quantiles");
+  sub->footer(exit_codes("written"));
   return {sub, [a] { return run_clean(*a); }};
 }
 

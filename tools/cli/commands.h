@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <string>
 
 namespace nanguard::cli {
 
@@ -28,6 +29,17 @@ enum exit_code : int {
 struct usage_error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+/// The --help footer of a command: what each exit code means, the same words
+/// for 2 and 1 everywhere. `ok` says when it exits 0, `nonfinite` when 3
+/// (empty: never).
+///
+///   sub->footer(exit_codes("written"));
+inline std::string exit_codes(const std::string& ok, const std::string& nonfinite = "") {
+  return "Exit codes: 0 " + ok + "; " + (nonfinite.empty() ? "" : "3 " + nonfinite + "; ") +
+         "2 bad input or usage (a missing, malformed or unwritable file, a bad option: one line says what); "
+         "1 an internal error (a bug: please report it).";
+}
 
 command add_census_command(CLI::App& app);
 command add_launch_command(CLI::App& app);

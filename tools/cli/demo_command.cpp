@@ -3,11 +3,14 @@
 // with the bug, watched by the op tracer, which names the op, module,
 // direction, step and role where the first NaN/Inf was born; then with the
 // remedy under nanguard::guard, which must train to a finite, falling loss.
-// DIR gets every run's event log, the repro bundles and report.html.
+// DIR (locked while the demo runs) gets every run's event log, the repro
+// bundles and report.html.
 // Exit 0 when every scenario shows both, 1 otherwise: the demo is a test too.
 #include "commands.h"
 #include "demo_scenarios.h"
 #include "progress.h"
+#include "run_dir.h"
+#include "temp_file.h"
 
 #include <nanguard/bundle.h>
 #include <nanguard/events.h>
@@ -262,7 +265,6 @@ struct scenario_result {
 
 scenario_result run_scenario(const demo_scenario& s, const fs::path& out, size_t index, size_t count) {
   const fs::path dir = out / s.name;
-  fs::remove_all(dir);
   scenario_result result{&s, {}, {}};
   fmt::print("\n[{}/{}] {}: {}\n", index, count, s.name, s.title);
   fmt::print("  cause: {}\n", s.cause);
@@ -333,12 +335,11 @@ int run_demo(const demo_args& a) {
     for (const demo_scenario& s : all) names.push_back(s.name);
     throw usage_error(fmt::format("no scenario '{}'; choose one of: {}", a.scenario, fmt::join(names, ", ")));
   }
+  // Every scenario's folder is the demo's: a run of one leaves none of another run's.
+  std::vector<std::string> outputs = {"report.html"};
+  for (const demo_scenario& s : all) outputs.push_back(s.name);
+  const run_directory out_dir(a.out, outputs, {});
   const fs::path out(a.out);
-  std::error_code ec;
-  fs::create_directories(out, ec);
-  if (ec || !fs::is_directory(out))
-    throw usage_error(fmt::format("cannot create the output directory '{}' ({}); pass a writable --out DIR",
-                                  a.out, ec ? ec.message() : "not a directory"));
 
   fmt::print("nanguard demo: {} scenario{}, each trained without and with its remedy; output in {}/\n",
              chosen.size(), chosen.size() == 1 ? "" : "s", out.string());
@@ -351,8 +352,8 @@ int run_demo(const demo_args& a) {
     runs.push_back({r.unguarded.name, r.unguarded.events});
     for (const run_result& m : r.remedies) runs.push_back({m.name, m.events});
   }
-  const std::string report = (out / "report.html").string();
-  write_html_report(runs, report, "nanguard demo");
+  const std::string report = out_dir / "report.html";
+  write_file_atomically(report, render_html_report(runs, "nanguard demo"));
 
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const bool ok = std::all_of(results.begin(), results.end(), [](const scenario_result& r) { return r.ok(); });
@@ -368,11 +369,13 @@ command add_demo_command(CLI::App& app) {
   auto args = std::make_shared<demo_args>();
   auto* sub = app.add_subcommand(
       "demo", "Train through the classic NaN/Inf failures: where each is born, and the remedy that fixes it");
-  sub->add_option("--out", args->out, "Directory for the event logs, bundles and report.html (its scenario "
-                                      "folders are replaced)")
+  sub->add_option("--out", args->out, "Directory for the event logs, bundles and report.html (locked while the "
+                                      "demo runs; its scenario folders are replaced)")
       ->capture_default_str();
   sub->add_option("--scenario", args->scenario, "Run only this scenario (see --list)");
   sub->add_flag("--list", args->list, "List the scenarios and exit");
+  sub->footer(exit_codes("every scenario went non-finite without its remedy and trained with it") +
+              "\nA scenario that does not is the internal error 1: the demo tests nanguard too.");
   return {sub, [args] { return run_demo(*args); }};
 }
 

@@ -230,7 +230,7 @@ int run_launch(const launch_args& a) {
   if (timed_out) {
     std::fprintf(stderr, "nanguard: error: launch: the ranks did not finish within --timeout %g s; stopped them\n",
                  a.timeout);
-    return exit_failure;
+    return 124;  // as timeout(1): 1 is kept for internal errors
   }
   return exit_ok;
 }
@@ -246,6 +246,8 @@ command add_launch_command(CLI::App& app) {
   sub->add_option("--timeout", a->timeout, "stop every rank and fail after this many seconds (0: no limit)");
   sub->add_option("--port", a->port, "MASTER_PORT (default: a free port)");
   sub->add_option("command", a->argv, "the program and its arguments, after --")->required()->expected(-1);
+  sub->footer(exit_codes("every rank exited 0") +
+              "\nA rank that fails: its exit code (128+N when killed by signal N); --timeout reached: 124.");
   return {sub, [a] { return run_launch(*a); }};
 }
 

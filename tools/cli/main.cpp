@@ -1,6 +1,7 @@
 // The `nanguard` command: parses the subcommand, runs it, and turns every
 // error into one clear line and an exit code (see commands.h).
 #include "commands.h"
+#include "temp_file.h"
 
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
@@ -10,6 +11,7 @@
 
 int main(int argc, char** argv) {
   using namespace nanguard::cli;
+  install_signal_handlers();
   CLI::App app{"nanguard: find where NaN/Inf is born in LibTorch training, and keep it finite"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "nanguard 0.1.0");

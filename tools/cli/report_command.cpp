@@ -5,6 +5,7 @@
 // the run "baseline"). A missing or malformed log is exit 2, naming the file
 // and the line.
 #include "commands.h"
+#include "temp_file.h"
 
 #include <nanguard/events.h>
 #include <nanguard/report.h>
@@ -92,11 +93,7 @@ int run_report(const report_args& a) {
     if (same) r.name += fmt::format(" ({})", same + 1);
     runs.push_back(std::move(r));
   }
-  try {
-    write_html_report(runs, a.output, a.title);
-  } catch (const c10::Error& e) {
-    throw usage_error(one_line(e.what_without_backtrace()));
-  }
+  write_file_atomically(a.output, render_html_report(runs, a.title));
   int64_t events = 0;
   for (const auto& r : runs) events += int64_t(r.events.size());
   fmt::print("wrote {} ({} run{}, {} steps, {:.0f} KiB)\n", a.output, runs.size(), runs.size() == 1 ? "" : "s",
@@ -116,8 +113,8 @@ command add_report_command(CLI::App& app) {
       ->required();
   sub->add_option("-o,--output", a->output, "the HTML file to write, e.g. report.html")->required();
   sub->add_option("--title", a->title, "the page's title");
-  sub->footer("Exit code: 0 written, 2 a missing or malformed log (named with its line) or an unwritable output.\n"
-              "Example: nanguard report baseline/events.jsonl guarded/events.jsonl -o report.html");
+  sub->footer(exit_codes("written") +
+              "\nExample: nanguard report baseline/events.jsonl guarded/events.jsonl -o report.html");
   return {sub, [a] { return run_report(*a); }};
 }
 

@@ -258,7 +258,7 @@ command add_scan_command(CLI::App& app) {
   sub->add_flag("--json", a->json, "print the report as JSON");
   sub->add_option("--top", a->top, "rows to list from the isolation forest")->check(CLI::Range(0, 1000000));
   sub->add_option("--seed", a->seed, "seed of the row sample and the isolation forest");
-  sub->footer("Exit code: 0 healthy, 3 when the data holds missing or non-finite values, 2 bad input.");
+  sub->footer(exit_codes("healthy", "the data holds missing or non-finite values"));
   return {sub, [a] { return run_scan(*a); }};
 }
 

@@ -23,6 +23,8 @@ void mirror_into(const torch::jit::Module& m, torch::nn::Module& out) {
 }  // namespace
 
 torch::jit::Module load_script_model(const std::string& path) {
+  if (std::filesystem::is_directory(path))
+    throw usage_error(fmt::format("cannot open model '{}': it is a directory; pass the TorchScript file in it", path));
   if (!std::filesystem::is_regular_file(path))
     throw usage_error(fmt::format("cannot open model '{}': no such file", path));
   try {
@@ -56,7 +58,18 @@ at::Tensor as(const at::Tensor& t, at::ScalarType dtype) { return t.scalar_type(
 
 }  // namespace
 
+void require_trainable(const at::Tensor& out) {
+  const char* const how = "the loss must be a floating-point tensor that depends on the model's trainable parameters";
+  if (!out.is_floating_point())
+    throw usage_error(fmt::format("the model returns {} values, but {}: return float outputs (logits or values, not "
+                                  "class indices)", c10::toString(out.scalar_type()), how));
+  if (!out.requires_grad())
+    throw usage_error(fmt::format("the model's output depends on no trainable parameter (it has none, or they are "
+                                  "frozen or detached), but {}", how));
+}
+
 at::Tensor task_loss(const at::Tensor& out, const at::Tensor& y, const std::string& task) {
+  require_trainable(out);
   const int64_t b = y.size(0);
   if (task == "regress") {
     if (out.numel() != b)

@@ -15,7 +15,8 @@
 
 namespace nanguard::cli {
 
-/// Loads `path`; a usage_error when it is missing or not a TorchScript file.
+/// Loads `path`; a usage_error when it is missing, a directory or not a
+/// TorchScript file.
 ///
 ///   torch::jit::Module m = load_script_model("model.pt");
 torch::jit::Module load_script_model(const std::string& path);
@@ -32,9 +33,15 @@ std::shared_ptr<torch::nn::Module> mirror_parameters(const torch::jit::Module& m
 /// A usage_error when it returns anything else.
 at::Tensor forward_tensor(torch::jit::Module& m, const at::Tensor& x);
 
+/// A usage_error unless `out`, the model's output, can make a loss to train
+/// on: a floating-point tensor that depends on trainable parameters (not,
+/// e.g., argmax classes or the output of a model without parameters).
+void require_trainable(const at::Tensor& out);
+
 /// The loss of `task` ("classify": cross entropy of [rows, classes] logits
 /// and int64 labels; "regress": MSE of [rows] or [rows, 1] outputs).
-/// A usage_error when the output's shape does not fit the task.
+/// A usage_error when the output's shape does not fit the task or it is not
+/// trainable (require_trainable).
 at::Tensor task_loss(const at::Tensor& out, const at::Tensor& y, const std::string& task);
 
 /// The first line worth showing of an exception thrown by TorchScript code

@@ -4,13 +4,17 @@
 // firewall (off, drop, repair); each step through nanguard::guard, whose
 // replay (or a tracer on every step, --trace always) names the op that made
 // a NaN/Inf. Writes DIR/events.jsonl, DIR/summary.json, DIR/report.html and
-// DIR/bundles/ (policy abort). Exit code 0 when the run finished (finite or
-// recovered), 3 when it stopped on a non-finite value (--policy abort) or
-// ended non-finite (the optimizer took none of its last steps/10, 1 to 10).
+// DIR/bundles/ (policy abort), into a DIR locked for the run and cleared of a
+// previous run's outputs first (run_dir.h). Exit code 0 when the run
+// finished (finite or recovered), 3 when it stopped on a non-finite value
+// (--policy abort) or ended non-finite (the optimizer took none of its last
+// steps/10, 1 to 10).
 #include "commands.h"
 #include "data_common.h"
 #include "progress.h"
+#include "run_dir.h"
 #include "script_model.h"
+#include "temp_file.h"
 
 #include <nanguard/bundle.h>
 #include <nanguard/census.h>
@@ -32,12 +36,9 @@
 #include <torch/optim/sgd.h>
 #include <torch/types.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -140,19 +141,6 @@ json first_json(const step_event& e, const std::vector<int64_t>& rows) {
   return j;
 }
 
-void write_text_atomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + fmt::format(".tmp-{}", ::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary);
-    out << text;
-    out.flush();
-    if (!out.good()) throw std::runtime_error(fmt::format("cannot write '{}'; check that the directory is writable", tmp.string()));
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) throw std::runtime_error(fmt::format("cannot rename '{}' to '{}': {}", tmp.string(), path.string(), ec.message()));
-}
-
 at::Tensor cpu_rng_state() {
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
@@ -227,11 +215,11 @@ int run_train(const train_args& a) {
     throw usage_error(fmt::format("every row of '{}' holds a NaN/Inf: --firewall drop would leave no data; "
                                   "try --firewall repair", a.data));
 
-  // The model must fit the features: try it on one batch before training.
+  // The model must fit the features: try it on one batch before training
+  // (with autograd on: its output must depend on trainable parameters).
   per_op_autograd per_op;
   const int64_t b = std::min(a.batch, n);
   {
-    torch::NoGradGuard no_grad;
     model.eval();  // the probe must not move batch-norm statistics
     const at::Tensor probe = data.slice(0, 0, b).slice(1, 0, features).nan_to_num(0.0).to(at::kFloat);
     at::Tensor out;
@@ -264,15 +252,14 @@ int run_train(const train_args& a) {
       throw usage_error(fmt::format("--task regress needs one output per row; the model returned shape {} for {} rows",
                                     c10::str(out.sizes()), b));
     }
+    require_trainable(out);
   }
 
   model.train();
-  std::error_code ec;
-  fs::create_directories(a.out, ec);
-  if (ec) throw usage_error(fmt::format("cannot create the output directory '{}': {}", a.out, ec.message()));
-  const fs::path out_dir(a.out);
-  const std::string events_path = (out_dir / "events.jsonl").string();
-  const std::string bundle_dir = (out_dir / "bundles").string();
+  const run_directory out_dir(a.out, {"events.jsonl", "summary.json", "report.html", "bundles"},
+                              {{"--model", a.model}, {"--data", a.data}});
+  const std::string events_path = out_dir / "events.jsonl";
+  const std::string bundle_dir = out_dir / "bundles";
 
   // The guard trains the script module's own tensors through the mirror.
   auto params = mirror_parameters(model);
@@ -295,7 +282,7 @@ int run_train(const train_args& a) {
   if (a.warmup > 0)
     options.schedule(schedule_options(a.lr).warmup_steps(a.warmup).total_steps(a.steps).min_lr(a.lr));
   guard g(*params, *optimizer, options);
-  event_log log(events_path, /*truncate=*/true);
+  event_log log = as_input_error([&] { return event_log(events_path, /*truncate=*/true); });
 
   std::optional<firewall> fw;
   if (a.firewall != "off") {
@@ -413,7 +400,8 @@ int run_train(const train_args& a) {
         std::string lines;
         for (int64_t l : bt.lines) lines += (lines.empty() ? "" : ",") + std::to_string(l);
         bd.tags = {{"task", a.task}, {"model", a.model}, {"data", a.data}, {"target", a.target}, {"csv_lines", lines}};
-        bundle_path = write_bundle(bundle_dir, bd);
+        signals_held hold;  // no half-written bundle directory
+        bundle_path = as_input_error([&] { return write_bundle(bundle_dir, bd); });
         e.action = "abort";
         e.bundle = bundle_path;
         aborted = true;
@@ -422,7 +410,7 @@ int run_train(const train_args& a) {
         last_taken_step = step;
         last_taken_loss = e.loss;
       }
-      log.write(e);
+      as_input_error([&] { log.write(e); });  // a full disk is exit 2, as for the other outputs
       bar.update(e);
       if (aborted) break;
     }
@@ -454,19 +442,13 @@ int run_train(const train_args& a) {
   s["model"] = a.model;
   s["data_file"] = a.data;
   s["task"] = a.task;
-  const fs::path summary_path = out_dir / "summary.json";
-  const fs::path report_path = out_dir / "report.html";
-  bool report_written = false;
-  try {
-    write_html_report({{fs::path(a.model).stem().string(), read_events(events_path)}}, report_path.string(),
-                      fmt::format("nanguard train: {} on {}", a.model, a.data));
-    report_written = true;
-    s["report"] = report_path.string();
-  } catch (const std::exception& e) {
-    // The run and its summary matter more than the page.
-    fmt::print(stderr, "nanguard: warning: {} not written: {}\n", report_path.string(), e.what());
-  }
-  write_text_atomically(summary_path, s.dump(2) + "\n");
+  const std::string summary_path = out_dir / "summary.json";
+  const std::string report_path = out_dir / "report.html";
+  write_file_atomically(report_path,
+                        render_html_report({{fs::path(a.model).stem().string(), read_events(events_path)}},
+                                           fmt::format("nanguard train: {} on {}", a.model, a.data)));
+  s["report"] = report_path;
+  write_file_atomically(summary_path, s.dump(2) + "\n");
 
   fmt::print("nanguard train: {}\n", status == "nonfinite" ? "NON-FINITE" : status);
   fmt::print("  steps: {} of {}{}{}; final loss {}\n", steps_run, a.steps,
@@ -489,8 +471,7 @@ int run_train(const train_args& a) {
     fmt::print("  data firewall ({}): {} rows dropped, {} rows repaired\n", a.firewall, dropped_lines.size(),
                repaired_lines.size());
   if (!bundle_path.empty()) fmt::print("  repro bundle: {} (nanguard inspect / nanguard replay)\n", bundle_path);
-  fmt::print("  wrote {}, {}{}\n", summary_path.string(), events_path,
-             report_written ? ", " + report_path.string() : "");
+  fmt::print("  wrote {}, {}, {}\n", summary_path, events_path, report_path);
   return status == "nonfinite" ? exit_nonfinite : exit_ok;
 }
 
@@ -527,8 +508,10 @@ command add_train_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--seed", a->seed, "seed of the batch order and the model's randomness")->capture_default_str();
   sub->add_option("--out", a->out, "output directory: events.jsonl, summary.json, report.html, bundles/")->capture_default_str();
-  sub->footer("Exit code: 0 finished finite (or recovered), 3 stopped on a NaN/Inf (abort) or ended non-finite "
-              "(none of the last steps/10, 1 to 10, could be taken), 2 bad input.");
+  sub->footer(exit_codes("the run finished finite or recovered",
+                         "it stopped on a NaN/Inf (--policy abort) or ended non-finite (none of its last steps/10, "
+                         "1 to 10, could be taken)") +
+              "\n--out is locked while the run lasts: a second run into it exits 2 and names the first.");
   return {sub, [a] { return run_train(*a); }};
 }
 

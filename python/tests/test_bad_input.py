@@ -1,0 +1,56 @@
+"""Bad input to the Python module: each gets a Python exception of the right
+type (TypeError, ValueError, OSError) with one clear message, never a C++
+backtrace or pybind11's "incompatible function arguments"."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import nanguard
+
+
+def model_and_guard(**options):
+    model = nn.Linear(4, 1)
+    return model, nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), **options)
+
+
+def batch():
+    g = torch.Generator().manual_seed(3)
+    return torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)
+
+
+@pytest.mark.parametrize("returned", [1.5, None, (1.0,)], ids=["float", "None", "tuple"])
+def test_a_closure_that_returns_no_tensor_is_a_type_error(returned):
+    _, guard = model_and_guard()
+    with pytest.raises(TypeError, match="the closure must return the loss tensor") as e:
+        guard.step(lambda: returned)
+    assert type(returned).__name__ in str(e.value)
+    assert "incompatible function arguments" not in str(e.value)
+
+
+def test_a_loss_without_gradient_is_a_value_error():
+    model, guard = model_and_guard()
+    x, y = batch()
+
+    def no_grad_loss():
+        with torch.no_grad():
+            return F.mse_loss(model(x), y)
+
+    with pytest.raises(ValueError, match="depends on the model's trainable parameters.*does not require grad"):
+        guard.step(no_grad_loss)
+    with pytest.raises(ValueError, match="floating-point tensor.*torch.int64"):
+        guard.step(lambda: model(x).argmax())
+    # The guard is still usable with a right closure.
+    assert guard.step(lambda: F.mse_loss(model(x), y)).action == "step"
+
+
+def test_cxx_errors_carry_no_backtrace():
+    with pytest.raises(ValueError) as e:
+        nanguard.census(torch.ones(3, dtype=torch.int32))
+    text = str(e.value)
+    assert "Exception raised from" not in text and "frame #" not in text, text
+
+
+def test_an_unwritable_event_log_is_an_os_error(tmp_path):
+    with pytest.raises(OSError):
+        model_and_guard(event_log=str(tmp_path / "missing" / "train.jsonl"))
