@@ -337,7 +337,8 @@ int run_train(const train_args& a) {
   const step_fn fn = [&](const std::vector<at::Tensor>& bt) {
     return task_loss(forward_tensor(model, bt[0]), bt[1], a.task);
   };
-  std::optional<step_event> first_bad;
+  std::optional<step_event> first_bad;  // the first step the guard acted on or the tracer found something in
+  bool guard_acted = false;
   std::vector<int64_t> first_rows;
   int64_t steps_run = 0, last_taken_step = 0;
   double last_taken_loss = NAN;  // the loss of the last step the optimizer took
@@ -363,6 +364,7 @@ int run_train(const train_args& a) {
         e = g.step(tensors, fn);
       }
       ++steps_run;
+      guard_acted |= e.skipped;
       const bool bad = e.skipped || !e.findings.empty();
       if (bad && !first_bad) {
         first_bad = e;
@@ -422,7 +424,9 @@ int run_train(const train_args& a) {
   // few steps (a lone skipped batch of bad data at the end is not that).
   const int64_t window = std::clamp<int64_t>(a.steps / 10, 1, 10);
   const bool final_finite = !aborted && steps_run - last_taken_step < window && last_taken_step > 0;
-  const std::string status = !final_finite ? "nonfinite" : first_bad ? "recovered" : "finite";
+  // Recovered only when the guard acted: a finding on a step that stayed
+  // finite (--trace always) is shown, but nothing was recovered from.
+  const std::string status = !final_finite ? "nonfinite" : guard_acted ? "recovered" : "finite";
   json s;
   s["status"] = status;
   s["steps"] = steps_run;
