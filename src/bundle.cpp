@@ -1,5 +1,6 @@
 #include "nanguard/bundle.h"
 
+#include "detail/json_field.h"
 #include "detail/json_number.h"
 
 #include <ATen/ATen.h>
@@ -26,7 +27,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 json number(double v) { return detail::json_number(v); }
-double number_from(const json& j) { return detail::number_from_json(j, "nanguard::read_bundle"); }
 
 void write_file(const fs::path& path, const char* data, size_t size) {
   std::ofstream out(path, std::ios::binary);
@@ -148,20 +148,22 @@ bundle read_bundle(const std::string& dir) {
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "nanguard::read_bundle: '", (d / "meta.json").string(), "' is not JSON: ", e.what());
   }
+  // Every field is optional; one of the wrong type is an error naming the file.
+  const std::string where = "nanguard::read_bundle: '" + (d / "meta.json").string() + "'";
+  TORCH_CHECK(meta.is_object(), where, " should hold a JSON object but holds ", meta.dump().substr(0, 40));
+  using detail::json_field;
   bundle b;
-  b.step = meta.value("step", int64_t(-1));
-  b.lr = number_from(meta.value("lr", json(0.0)));
-  b.scale = number_from(meta.value("scale", json(1.0)));
-  b.loss = number_from(meta.value("loss", json(0.0)));
-  b.policy = meta.value("policy", std::string());
-  b.verdict = meta.value("verdict", std::string());
-  if (meta.contains("versions")) {
-    b.nanguard_version = meta["versions"].value("nanguard", std::string());
-    b.torch_version = meta["versions"].value("torch", std::string());
-  }
-  if (meta.contains("tags") && meta["tags"].is_object())
-    for (const auto& [key, value] : meta["tags"].items())
-      b.tags.emplace_back(key, value.is_string() ? value.get<std::string>() : value.dump());
+  b.step = json_field<int64_t>(meta, "step", -1, where);
+  b.lr = json_field<double>(meta, "lr", 0.0, where);
+  b.scale = json_field<double>(meta, "scale", 1.0, where);
+  b.loss = json_field<double>(meta, "loss", 0.0, where);
+  b.policy = json_field<std::string>(meta, "policy", "", where);
+  b.verdict = json_field<std::string>(meta, "verdict", "", where);
+  const json versions = json_field<json::object_t>(meta, "versions", {}, where);
+  b.nanguard_version = json_field<std::string>(versions, "nanguard", "", where);
+  b.torch_version = json_field<std::string>(versions, "torch", "", where);
+  for (const auto& [key, value] : json_field<json::object_t>(meta, "tags", {}, where))
+    b.tags.emplace_back(key, value.is_string() ? value.get<std::string>() : value.dump());
   if (meta.contains("finding") && !meta["finding"].is_null()) b.finding = finding_from_json(meta["finding"].dump());
   b.batch = from_list(load(d / "batch.pt"), d / "batch.pt");
   const c10::IValue rng = load(d / "rng_state.pt");

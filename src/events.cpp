@@ -1,5 +1,6 @@
 #include "nanguard/events.h"
 
+#include "detail/json_field.h"
 #include "detail/json_number.h"
 
 #include <c10/util/Exception.h>
@@ -16,7 +17,8 @@ namespace {
 using json = nlohmann::json;
 
 json number(double v) { return detail::json_number(v); }
-double number_from(const json& j) { return detail::number_from_json(j, "nanguard::step_event_from_json"); }
+using detail::json_field;
+const std::string kWhere = "nanguard::step_event_from_json";
 
 }  // namespace
 
@@ -59,32 +61,33 @@ step_event step_event_from_json(const std::string& line) {
   } catch (const std::exception& ex) {
     TORCH_CHECK(false, "nanguard::step_event_from_json: not JSON (", ex.what(), "): ", line.substr(0, 200));
   }
-  TORCH_CHECK(j.is_object() && j.contains("step") && j.contains("action"),
-              "nanguard::step_event_from_json: expected an object with 'step' and 'action' but got: ",
-              line.substr(0, 200));
+  TORCH_CHECK(j.is_object(), kWhere, ": expected a JSON object but got: ", line.substr(0, 200));
+  const auto value = [&](const char* key, double fallback) { return json_field<double>(j, key, fallback, kWhere); };
+  const auto list = [&](const char* key) { return json_field<json::array_t>(j, key, {}, kWhere); };
   step_event e;
-  e.step = j.at("step").get<int64_t>();
-  e.loss = number_from(j.value("loss", json(0.0)));
-  e.grad_norm = number_from(j.value("grad_norm", json(0.0)));
-  e.clip_coef = number_from(j.value("clip_coef", json(1.0)));
-  e.scale = number_from(j.value("scale", json(1.0)));
-  e.lr = number_from(j.value("lr", json(0.0)));
-  e.skipped = j.value("skipped", false);
-  e.action = j.at("action").get<std::string>();
-  for (const auto& s : j.value("spikes", json::array()))
-    e.spikes.push_back({s.at("series").get<std::string>(), number_from(s.at("value")), number_from(s.at("z"))});
-  for (const auto& b : j.value("nonfinite_params", json::array()))
-    e.nonfinite_params.push_back({b.at("name").get<std::string>(), b.at("nonfinite").get<int64_t>()});
-  for (const auto& n : j.value("top_norms", json::array()))
-    e.top_norms.emplace_back(n.at("name").get<std::string>(), number_from(n.at("norm")));
-  e.rank = j.value("rank", int64_t(-1));
-  e.nonfinite_ranks = j.value("nonfinite_ranks", std::vector<int64_t>());
-  e.verdict = j.value("verdict", std::string());
-  for (const auto& f : j.value("findings", json::array())) e.findings.push_back(finding_from_json(f.dump()));
-  e.rollback_to = j.value("rollback_to", int64_t(-1));
-  e.bundle = j.value("bundle", std::string());
-  e.note = j.value("note", std::string());
-  e.guard_ms = number_from(j.value("guard_ms", json(0.0)));
+  e.step = json_field<int64_t>(j, "step", kWhere);
+  e.loss = value("loss", 0.0);
+  e.grad_norm = value("grad_norm", 0.0);
+  e.clip_coef = value("clip_coef", 1.0);
+  e.scale = value("scale", 1.0);
+  e.lr = value("lr", 0.0);
+  e.skipped = json_field<bool>(j, "skipped", false, kWhere);
+  e.action = json_field<std::string>(j, "action", kWhere);
+  for (const json& s : list("spikes"))
+    e.spikes.push_back({json_field<std::string>(s, "series", kWhere), json_field<double>(s, "value", kWhere),
+                        json_field<double>(s, "z", kWhere)});
+  for (const json& b : list("nonfinite_params"))
+    e.nonfinite_params.push_back({json_field<std::string>(b, "name", kWhere), json_field<int64_t>(b, "nonfinite", kWhere)});
+  for (const json& n : list("top_norms"))
+    e.top_norms.emplace_back(json_field<std::string>(n, "name", kWhere), json_field<double>(n, "norm", kWhere));
+  e.rank = json_field<int64_t>(j, "rank", -1, kWhere);
+  e.nonfinite_ranks = json_field<std::vector<int64_t>>(j, "nonfinite_ranks", {}, kWhere);
+  e.verdict = json_field<std::string>(j, "verdict", "", kWhere);
+  for (const json& f : list("findings")) e.findings.push_back(finding_from_json(f.dump()));
+  e.rollback_to = json_field<int64_t>(j, "rollback_to", -1, kWhere);
+  e.bundle = json_field<std::string>(j, "bundle", "", kWhere);
+  e.note = json_field<std::string>(j, "note", "", kWhere);
+  e.guard_ms = value("guard_ms", 0.0);
   return e;
 }
 

@@ -88,7 +88,14 @@ TEST(events, errors_say_what_is_wrong) {
     nanguard::step_event_from_json("{\"loss\": 1}");
     FAIL();
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string::npos, std::string(e.what()).find("expected an object with 'step' and 'action'"));
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("'step' is missing"));
+  }
+  try {
+    nanguard::step_event_from_json("{\"step\": 1, \"action\": \"ok\", \"top_norms\": [{\"name\": \"w\", \"norm\": true}]}");
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("'norm' should be a number"));
+    EXPECT_EQ(std::string::npos, std::string(e.what()).find("json.exception"));
   }
   try {
     nanguard::step_event_from_json("not json");
