@@ -11,6 +11,7 @@
 #include "data_common.h"
 #include "progress.h"
 #include "script_model.h"
+#include "validators.h"
 
 #include <nanguard/bundle.h>
 #include <nanguard/census.h>
@@ -525,7 +526,9 @@ command add_train_command(CLI::App& app) {
   sub->add_option("--trace", a->trace, "op tracer: on-failure (replay a bad step), always (every step) or off")
       ->check(CLI::IsMember({"always", "on-failure", "off"}))
       ->capture_default_str();
-  sub->add_option("--seed", a->seed, "seed of the batch order and the model's randomness")->capture_default_str();
+  sub->add_option("--seed", a->seed, "seed of the batch order and the model's randomness")
+      ->capture_default_str()
+      ->check(non_negative_integer());
   sub->add_option("--out", a->out, "output directory: events.jsonl, summary.json, report.html, bundles/")->capture_default_str();
   sub->footer("Exit code: 0 finished finite (or recovered), 3 stopped on a NaN/Inf (abort) or ended non-finite "
               "(none of the last steps/10, 1 to 10, could be taken), 2 bad input.");
