@@ -89,3 +89,13 @@ def test_bad_options_are_refused_where_they_enter(options, message):
 def test_column_names_must_name_every_column():
     with pytest.raises(ValueError, match="2 column_names for data of 4 columns"):
         nanguard.Firewall(column_names=["a", "b"]).fit(batch())
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"seed": -1}, "seed must be an integer >= 0 but is -1"),
+    ({"contamination": float("nan")}, "contamination must be in"),
+    ({"n_estimators": 0}, "n_estimators must be at least"),
+])
+def test_isolation_forest_refuses_bad_options(options, message):
+    with pytest.raises(ValueError, match=message):
+        nanguard.IsolationForest(**options)

@@ -7,7 +7,6 @@
 // (non-zero exit or a signal) the others are stopped and the launcher exits
 // non-zero, naming the rank and how it ended; so it does after --timeout.
 #include "commands.h"
-#include "validators.h"
 
 #include <fmt/format.h>
 
@@ -120,6 +119,9 @@ pid_t spawn(const launch_args& a, int rank, int port, int out_fd, int err_fd) {
 }
 
 int run_launch(const launch_args& a) {
+  if (a.ranks < 1 || a.ranks > 1024)
+    throw usage_error(fmt::format("launch: -n must be in [1, 1024] but is {}", a.ranks));
+  if (!(a.timeout >= 0)) throw usage_error(fmt::format("launch: --timeout must be >= 0 seconds but is {}", a.timeout));
   if (a.argv.empty()) throw usage_error("launch: no program given; usage: nanguard launch -n 2 -- ./train ARGS");
   const int port = a.port > 0 ? a.port : free_port();
   ::signal(SIGPIPE, SIG_IGN);
@@ -240,9 +242,8 @@ command add_launch_command(CLI::App& app) {
       "launch", "Run a program as N ranks of one process group on this machine (RANK, WORLD_SIZE, MASTER_ADDR, "
                 "MASTER_PORT set like torchrun)");
   auto a = std::make_shared<launch_args>();
-  sub->add_option("-n,--nproc", a->ranks, "the number of ranks (processes)")->required()->check(CLI::Range(1, 1024));
-  sub->add_option("--timeout", a->timeout, "stop every rank and fail after this many seconds (0: no limit)")
-      ->check(finite_in(0, INFINITY));
+  sub->add_option("-n,--nproc", a->ranks, "the number of ranks (processes)")->required();
+  sub->add_option("--timeout", a->timeout, "stop every rank and fail after this many seconds (0: no limit)");
   sub->add_option("--port", a->port, "MASTER_PORT (default: a free port)")->check(CLI::Range(1, 65535));
   sub->add_option("command", a->argv, "the program and its arguments, after --")->required()->expected(-1);
   return {sub, [a] { return run_launch(*a); }};
