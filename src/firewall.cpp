@@ -136,7 +136,7 @@ void firewall::check_medians(const at::Tensor& median, const char* fn) const {
   for (int64_t j = 0; j < median.numel(); ++j)
     TORCH_CHECK(std::isfinite(m[j]) || std::find(labels.begin(), labels.end(), j) != labels.end(),
                 "nanguard::firewall::", fn, ": ", column_name(j), " has no finite value, so impute_median has "
-                "no median to impute; drop the column, or its rows (nonfinite_policy::drop)");
+                "no median to impute; drop the column, or its rows (policy drop)");
 }
 
 std::string firewall::column_name(int64_t j) const {

@@ -43,7 +43,8 @@ run 2 "$NANGUARD" clean dup.csv -o dup_out.csv --policy drop
 # ---- repair of a column with no finite value (it imputed 0, silently)
 printf 'a,b\n1,\n2,nan\n3,\n' > all_nan.csv
 run 2 "$NANGUARD" clean all_nan.csv -o all_nan_out.csv --policy repair
-expect "column 1 ('b') has no finite value"
+expect "cannot repair 'all_nan.csv': nanguard::firewall::fit: column 1 ('b') has no finite value"
+expect '(policy drop)'
 [ -e all_nan_out.csv ] && fail "clean wrote all_nan_out.csv from a column it cannot repair"
 run 0 "$NANGUARD" clean all_nan.csv -o all_nan_drop.csv --policy drop
 expect 'wrote all_nan_drop.csv: 3 -> 0 rows'

@@ -56,8 +56,7 @@ int run_clean(const clean_args& a) {
     try {
       fw.fit(std::move(stats));
     } catch (const c10::Error& e) {  // a column with no value to impute
-      throw usage_error(fmt::format("cannot {} '{}': {}; or use --policy drop", a.policy, a.path,
-                                    e.what_without_backtrace()));
+      throw usage_error(fmt::format("cannot {} '{}': {}", a.policy, a.path, e.what_without_backtrace()));
     }
   }
 

@@ -22,7 +22,7 @@ inline CLI::Validator non_negative_integer() {
         return s.find('-') == std::string::npos ? std::string()
                                                 : fmt::format("must be an integer >= 0, got {}", s);
       },
-      "UINT");
+      "NONNEGATIVE");
 }
 
 /// A finite number in [lo, hi]; `hi` may be infinity (no upper bound).
@@ -34,7 +34,7 @@ inline CLI::Validator finite_in(double lo, double hi) {
         const bool ok = CLI::detail::lexical_cast(s, v) && std::isfinite(v) && v >= lo && v <= hi;
         return ok ? std::string() : fmt::format("must be a finite number {}, got {}", range, s);
       },
-      "FLOAT " + range);
+      range);
 }
 
 }  // namespace nanguard::cli
