@@ -107,7 +107,7 @@ csv_reader::csv_reader(std::string path, csv_options options)
               "but is ", options_.chunk_bytes(), "; use the default (1 MiB) unless memory is tight");
   TORCH_CHECK(options_.delimiter() != '"' && options_.delimiter() != '\n',
               "nanguard::csv_reader: the delimiter cannot be a quote or a newline; use ',', ';' or '\\t'");
-  file_ = std::fopen(path_.c_str(), "rb");
+  file_.reset(std::fopen(path_.c_str(), "rb"));
   TORCH_CHECK(file_ != nullptr, "nanguard::read_csv: cannot open '", name_, "': ",
               std::strerror(errno), "; check the path");
   buf_.resize(size_t(options_.chunk_bytes()));
@@ -168,10 +168,6 @@ csv_reader::csv_reader(std::string path, csv_options options)
   }
 }
 
-csv_reader::~csv_reader() {
-  if (file_) std::fclose(file_);
-}
-
 bool csv_reader::fill() {
   if (eof_) return false;
   // Keep the unparsed tail; grow when one record fills the whole buffer.
@@ -181,9 +177,9 @@ bool csv_reader::fill() {
   end_ = tail;
   if (end_ + 1 >= int64_t(buf_.size())) buf_.resize(buf_.size() * 2);
   const size_t want = buf_.size() - size_t(end_) - 1;  // room for a final '\n'
-  const size_t got = std::fread(buf_.data() + end_, 1, want, file_);
+  const size_t got = std::fread(buf_.data() + end_, 1, want, file_.get());
   if (got == 0) {
-    TORCH_CHECK(!std::ferror(file_), "nanguard::read_csv: error reading '", name_, "': ",
+    TORCH_CHECK(!std::ferror(file_.get()), "nanguard::read_csv: error reading '", name_, "': ",
                 std::strerror(errno));
     eof_ = true;
     if (end_ > 0 && buf_[size_t(end_ - 1)] != '\n') {

@@ -52,7 +52,6 @@ class csv_reader {
   /// is missing, unreadable or empty, or the header is malformed or names a
   /// column twice.
   explicit csv_reader(std::string path, csv_options options = {});
-  ~csv_reader();
   csv_reader(const csv_reader&) = delete;
   csv_reader& operator=(const csv_reader&) = delete;
 
@@ -85,7 +84,8 @@ class csv_reader {
   std::string path_;
   std::string name_;  // path_ as errors name it
   csv_options options_;
-  std::FILE* file_ = nullptr;
+  // Closed however the reader ends, also when its constructor throws.
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file_{nullptr, std::fclose};
   std::vector<char> buf_;
   int64_t begin_ = 0;  // first unparsed byte in buf_
   int64_t end_ = 0;    // one past the last valid byte in buf_
