@@ -1,5 +1,6 @@
 #include "nanguard/bundle.h"
 
+#include "detail/json_field.h"
 #include "detail/json_number.h"
 
 #include <ATen/ATen.h>
@@ -26,7 +27,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 json number(double v) { return detail::json_number(v); }
-double number_from(const json& j) { return detail::number_from_json(j, "nanguard::read_bundle"); }
 
 void write_file(const fs::path& path, const char* data, size_t size) {
   std::ofstream out(path, std::ios::binary);
@@ -153,49 +153,52 @@ std::string write_bundle(const std::string& parent, const bundle& b) {
   return dest.string();
 }
 
-namespace {
-
-// meta.json's fields into `b`; a json::exception when one has the wrong type.
-void read_meta(const json& meta, bundle& b) {
-  b.step = meta.value("step", int64_t(-1));
-  b.lr = number_from(meta.value("lr", json(0.0)));
-  b.scale = number_from(meta.value("scale", json(1.0)));
-  b.loss = number_from(meta.value("loss", json(0.0)));
-  b.policy = meta.value("policy", std::string());
-  b.verdict = meta.value("verdict", std::string());
-  if (meta.contains("versions")) {
-    b.nanguard_version = meta["versions"].value("nanguard", std::string());
-    b.torch_version = meta["versions"].value("torch", std::string());
-  }
-  if (meta.contains("tags") && meta["tags"].is_object())
-    for (const auto& [key, value] : meta["tags"].items())
-      b.tags.emplace_back(key, value.is_string() ? value.get<std::string>() : value.dump());
-  if (meta.contains("finding") && !meta["finding"].is_null()) b.finding = finding_from_json(meta["finding"].dump());
-}
-
-}  // namespace
-
 bundle read_bundle(const std::string& dir) {
   const fs::path d(dir);
-  const std::string meta_path = (d / "meta.json").string();
-  std::ifstream in(meta_path);
-  TORCH_CHECK(in, "nanguard::read_bundle: '", meta_path, "' is missing; pass the directory write_bundle returned");
-  bundle b;
+  std::ifstream in(d / "meta.json");
+  TORCH_CHECK(in, "nanguard::read_bundle: '", (d / "meta.json").string(),
+              "' is missing; pass the directory write_bundle returned");
+  json meta;
   try {
-    read_meta(json::parse(in), b);
-  } catch (const json::exception& e) {
-    TORCH_CHECK(false, "nanguard::read_bundle: '", meta_path, "' is not a bundle's meta.json: ", e.what());
+    in >> meta;
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "nanguard::read_bundle: '", (d / "meta.json").string(), "' is not JSON: ", e.what());
+  }
+  // Every field is optional; one of the wrong type is an error naming the file.
+  const std::string where = "nanguard::read_bundle: '" + (d / "meta.json").string() + "'";
+  TORCH_CHECK(meta.is_object(), where, " should hold a JSON object but holds ", meta.dump().substr(0, 40));
+  using detail::json_field;
+  bundle b;
+  b.step = json_field<int64_t>(meta, "step", -1, where);
+  b.lr = json_field<double>(meta, "lr", 0.0, where);
+  b.scale = json_field<double>(meta, "scale", 1.0, where);
+  b.loss = json_field<double>(meta, "loss", 0.0, where);
+  b.policy = json_field<std::string>(meta, "policy", "", where);
+  b.verdict = json_field<std::string>(meta, "verdict", "", where);
+  const json versions = json_field<json::object_t>(meta, "versions", {}, where);
+  b.nanguard_version = json_field<std::string>(versions, "nanguard", "", where);
+  b.torch_version = json_field<std::string>(versions, "torch", "", where);
+  for (const auto& [key, value] : json_field<json::object_t>(meta, "tags", {}, where))
+    b.tags.emplace_back(key, value.is_string() ? value.get<std::string>() : value.dump());
+  if (meta.contains("finding") && !meta["finding"].is_null()) {
+    try {
+      b.finding = finding_from_json(meta["finding"].dump());
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, where, ": its finding: ", e.what_without_backtrace());
+    }
   }
   b.batch = from_list(load(d / "batch.pt"), d / "batch.pt");
   const c10::IValue rng = load(d / "rng_state.pt");
-  TORCH_CHECK(rng.isTensor(), "nanguard::read_bundle: rng_state.pt should hold a tensor");
+  TORCH_CHECK(rng.isTensor(), "nanguard::read_bundle: '", (d / "rng_state.pt").string(), "' should hold a tensor");
   b.rng_state = rng.toTensor();
   b.culprit_inputs = from_list(load(d / "culprit_inputs.pt"), d / "culprit_inputs.pt");
   const c10::IValue params = load(d / "parameters.pt");
-  TORCH_CHECK(params.isGenericDict(), "nanguard::read_bundle: parameters.pt should hold a dict");
+  const std::string params_path = (d / "parameters.pt").string();
+  TORCH_CHECK(params.isGenericDict(), "nanguard::read_bundle: '", params_path, "' should hold a dict");
   for (const auto& e : params.toGenericDict()) {
-    TORCH_CHECK(e.key().isString() && e.value().isTensor(), "nanguard::read_bundle: parameters.pt should map "
-                "names to tensors but holds a ", e.key().tagKind(), " -> ", e.value().tagKind(), " entry");
+    TORCH_CHECK(e.key().isString() && e.value().isTensor(), "nanguard::read_bundle: '", params_path,
+                "' should map names to tensors but holds a ", e.key().tagKind(), " -> ", e.value().tagKind(),
+                " entry");
     b.parameters.emplace_back(e.key().toStringRef(), e.value().toTensor());
   }
   return b;

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string_view>
+#include <unordered_map>
 #include <unistd.h>
 
 namespace nanguard {
@@ -100,19 +102,19 @@ std::string trim(std::string s) {
 // ---------------------------------------------------------------- reader
 
 csv_reader::csv_reader(std::string path, csv_options options)
-    : path_(std::move(path)), options_(options) {
+    : path_(std::move(path)), name_(options.name().empty() ? path_ : options.name()), options_(options) {
   TORCH_CHECK(options_.chunk_bytes() >= 16, "nanguard::csv_reader: chunk_bytes must be at least 16 "
               "but is ", options_.chunk_bytes(), "; use the default (1 MiB) unless memory is tight");
   TORCH_CHECK(options_.delimiter() != '"' && options_.delimiter() != '\n',
               "nanguard::csv_reader: the delimiter cannot be a quote or a newline; use ',', ';' or '\\t'");
-  file_ = std::fopen(path_.c_str(), "rb");
-  TORCH_CHECK(file_ != nullptr, "nanguard::read_csv: cannot open '", path_, "': ",
+  file_.reset(std::fopen(path_.c_str(), "rb"));
+  TORCH_CHECK(file_ != nullptr, "nanguard::read_csv: cannot open '", name_, "': ",
               std::strerror(errno), "; check the path");
   buf_.resize(size_t(options_.chunk_bytes()));
   // The header: the first non-blank record, fields kept as strings.
   while (true) {
     if (begin_ == end_ && !fill()) {
-      TORCH_CHECK(false, "nanguard::read_csv: '", path_, "' is empty; expected a header row with "
+      TORCH_CHECK(false, "nanguard::read_csv: '", name_, "' is empty; expected a header row with "
                   "the column names, then one row per sample");
     }
     const char* const base = buf_.data();
@@ -146,7 +148,7 @@ csv_reader::csv_reader(std::string path, csv_options options)
       }
     }
     if (!complete) {
-      TORCH_CHECK(fill(), "nanguard::read_csv: '", path_, "' ends inside a quoted field of the "
+      TORCH_CHECK(fill(), "nanguard::read_csv: '", name_, "' ends inside a quoted field of the "
                   "header; close the quote (\")");
       continue;
     }
@@ -157,10 +159,13 @@ csv_reader::csv_reader(std::string path, csv_options options)
     columns_ = std::move(names);
     break;
   }
-}
-
-csv_reader::~csv_reader() {
-  if (file_) std::fclose(file_);
+  // Columns are chosen by name (a label, a target): each must name one.
+  std::unordered_map<std::string_view, size_t> first;
+  for (size_t j = 0; j < columns_.size(); ++j) {
+    const auto [it, fresh] = first.emplace(columns_[j], j);
+    TORCH_CHECK(fresh, "nanguard::read_csv: '", name_, "' line ", line_, ": the column name '", columns_[j],
+                "' appears twice (columns ", it->second + 1, " and ", j + 1, "); give every column a unique name");
+  }
 }
 
 bool csv_reader::fill() {
@@ -172,9 +177,9 @@ bool csv_reader::fill() {
   end_ = tail;
   if (end_ + 1 >= int64_t(buf_.size())) buf_.resize(buf_.size() * 2);
   const size_t want = buf_.size() - size_t(end_) - 1;  // room for a final '\n'
-  const size_t got = std::fread(buf_.data() + end_, 1, want, file_);
+  const size_t got = std::fread(buf_.data() + end_, 1, want, file_.get());
   if (got == 0) {
-    TORCH_CHECK(!std::ferror(file_), "nanguard::read_csv: error reading '", path_, "': ",
+    TORCH_CHECK(!std::ferror(file_.get()), "nanguard::read_csv: error reading '", name_, "': ",
                 std::strerror(errno));
     eof_ = true;
     if (end_ > 0 && buf_[size_t(end_ - 1)] != '\n') {
@@ -191,7 +196,7 @@ bool csv_reader::fill() {
 void csv_reader::fail_cell(const char* begin, const char* end, int64_t column) const {
   std::string cell(begin, end);
   if (cell.size() > 40) cell = cell.substr(0, 37) + "...";
-  TORCH_CHECK(false, "nanguard::read_csv: '", path_, "' line ", line_ + 1, ", column ", column + 1,
+  TORCH_CHECK(false, "nanguard::read_csv: '", name_, "' line ", line_ + 1, ", column ", column + 1,
               " ('", columns_[size_t(column)], "'): '", cell, "' is not a number; numeric columns "
               "take numbers and, for a missing value, an empty cell, NA, NaN, null or inf");
 }
@@ -209,7 +214,7 @@ int64_t csv_reader::read_rows(std::vector<double>& out, int64_t max_rows) {
     const char* const e = base + end_;
     const char* line_end = static_cast<const char*>(std::memchr(p, '\n', size_t(e - p)));
     if (line_end == nullptr) {
-      TORCH_CHECK(fill() || begin_ == end_, "nanguard::read_csv: '", path_, "' line ", line_ + 1,
+      TORCH_CHECK(fill() || begin_ == end_, "nanguard::read_csv: '", name_, "' line ", line_ + 1,
                   " ends inside a quoted field; close the quote (\")");
       continue;
     }
@@ -254,7 +259,7 @@ int64_t csv_reader::read_rows(std::vector<double>& out, int64_t max_rows) {
       row[c] = v;
       if (c + 1 < ncols) {
         if (q == line_end) {
-          TORCH_CHECK(false, "nanguard::read_csv: '", path_, "' line ", line_ + 1 + newlines,
+          TORCH_CHECK(false, "nanguard::read_csv: '", name_, "' line ", line_ + 1 + newlines,
                       " has ", c + 1, " field", c == 0 ? "" : "s", " but the header has ", ncols,
                       " columns; every row needs one value per column (leave a cell empty for a "
                       "missing value)");
@@ -263,7 +268,7 @@ int64_t csv_reader::read_rows(std::vector<double>& out, int64_t max_rows) {
       } else if (q != line_end) {
         int64_t fields = ncols;
         for (const char* s = q; s < line_end; ++s) fields += *s == delim;
-        TORCH_CHECK(false, "nanguard::read_csv: '", path_, "' line ", line_ + 1 + newlines,
+        TORCH_CHECK(false, "nanguard::read_csv: '", name_, "' line ", line_ + 1 + newlines,
                     " has ", fields, " fields but the header has ", ncols,
                     " columns; every row needs one value per column (quote a cell that holds ",
                     "the delimiter)");
@@ -272,7 +277,7 @@ int64_t csv_reader::read_rows(std::vector<double>& out, int64_t max_rows) {
     if (incomplete) {
       out.resize(mark);
       if (!fill()) {
-        TORCH_CHECK(false, "nanguard::read_csv: '", path_, "' line ", line_ + 1,
+        TORCH_CHECK(false, "nanguard::read_csv: '", name_, "' line ", line_ + 1,
                     " ends inside a quoted field; close the quote (\")");
       }
       continue;

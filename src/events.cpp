@@ -1,5 +1,6 @@
 #include "nanguard/events.h"
 
+#include "detail/json_field.h"
 #include "detail/json_number.h"
 
 #include <c10/util/Exception.h>
@@ -16,35 +17,8 @@ namespace {
 using json = nlohmann::json;
 
 json number(double v) { return detail::json_number(v); }
-double number_from(const json& j) { return detail::number_from_json(j, "nanguard::step_event_from_json"); }
-
-// The fields of a step event; a json::exception when one has the wrong type.
-step_event event_from(const json& j) {
-  step_event e;
-  e.step = j.at("step").get<int64_t>();
-  e.loss = number_from(j.value("loss", json(0.0)));
-  e.grad_norm = number_from(j.value("grad_norm", json(0.0)));
-  e.clip_coef = number_from(j.value("clip_coef", json(1.0)));
-  e.scale = number_from(j.value("scale", json(1.0)));
-  e.lr = number_from(j.value("lr", json(0.0)));
-  e.skipped = j.value("skipped", false);
-  e.action = j.at("action").get<std::string>();
-  for (const auto& s : j.value("spikes", json::array()))
-    e.spikes.push_back({s.at("series").get<std::string>(), number_from(s.at("value")), number_from(s.at("z"))});
-  for (const auto& b : j.value("nonfinite_params", json::array()))
-    e.nonfinite_params.push_back({b.at("name").get<std::string>(), b.at("nonfinite").get<int64_t>()});
-  for (const auto& n : j.value("top_norms", json::array()))
-    e.top_norms.emplace_back(n.at("name").get<std::string>(), number_from(n.at("norm")));
-  e.rank = j.value("rank", int64_t(-1));
-  e.nonfinite_ranks = j.value("nonfinite_ranks", std::vector<int64_t>());
-  e.verdict = j.value("verdict", std::string());
-  for (const auto& f : j.value("findings", json::array())) e.findings.push_back(finding_from_json(f.dump()));
-  e.rollback_to = j.value("rollback_to", int64_t(-1));
-  e.bundle = j.value("bundle", std::string());
-  e.note = j.value("note", std::string());
-  e.guard_ms = number_from(j.value("guard_ms", json(0.0)));
-  return e;
-}
+using detail::json_field;
+const std::string kWhere = "nanguard::step_event_from_json";
 
 }  // namespace
 
@@ -87,15 +61,34 @@ step_event step_event_from_json(const std::string& line) {
   } catch (const std::exception& ex) {
     TORCH_CHECK(false, "nanguard::step_event_from_json: not JSON (", ex.what(), "): ", line.substr(0, 200));
   }
-  TORCH_CHECK(j.is_object() && j.contains("step") && j.contains("action"),
-              "nanguard::step_event_from_json: expected an object with 'step' and 'action' but got: ",
-              line.substr(0, 200));
-  try {
-    return event_from(j);
-  } catch (const json::exception& ex) {
-    TORCH_CHECK(false, "nanguard::step_event_from_json: a field has the wrong type (", ex.what(), "): ",
-                line.substr(0, 200));
-  }
+  TORCH_CHECK(j.is_object(), kWhere, ": expected a JSON object but got: ", line.substr(0, 200));
+  const auto value = [&](const char* key, double fallback) { return json_field<double>(j, key, fallback, kWhere); };
+  const auto list = [&](const char* key) { return json_field<json::array_t>(j, key, {}, kWhere); };
+  step_event e;
+  e.step = json_field<int64_t>(j, "step", kWhere);
+  e.loss = value("loss", 0.0);
+  e.grad_norm = value("grad_norm", 0.0);
+  e.clip_coef = value("clip_coef", 1.0);
+  e.scale = value("scale", 1.0);
+  e.lr = value("lr", 0.0);
+  e.skipped = json_field<bool>(j, "skipped", false, kWhere);
+  e.action = json_field<std::string>(j, "action", kWhere);
+  for (const json& s : list("spikes"))
+    e.spikes.push_back({json_field<std::string>(s, "series", kWhere), json_field<double>(s, "value", kWhere),
+                        json_field<double>(s, "z", kWhere)});
+  for (const json& b : list("nonfinite_params"))
+    e.nonfinite_params.push_back({json_field<std::string>(b, "name", kWhere), json_field<int64_t>(b, "nonfinite", kWhere)});
+  for (const json& n : list("top_norms"))
+    e.top_norms.emplace_back(json_field<std::string>(n, "name", kWhere), json_field<double>(n, "norm", kWhere));
+  e.rank = json_field<int64_t>(j, "rank", -1, kWhere);
+  e.nonfinite_ranks = json_field<std::vector<int64_t>>(j, "nonfinite_ranks", {}, kWhere);
+  e.verdict = json_field<std::string>(j, "verdict", "", kWhere);
+  for (const json& f : list("findings")) e.findings.push_back(finding_from_json(f.dump()));
+  e.rollback_to = json_field<int64_t>(j, "rollback_to", -1, kWhere);
+  e.bundle = json_field<std::string>(j, "bundle", "", kWhere);
+  e.note = json_field<std::string>(j, "note", "", kWhere);
+  e.guard_ms = value("guard_ms", 0.0);
+  return e;
 }
 
 event_log::event_log(const std::string& path, bool truncate) : path_(path) {
@@ -117,12 +110,19 @@ void event_log::write(const step_event& e) {
 
 std::vector<step_event> read_events(const std::string& path) {
   std::ifstream in(path);
-  TORCH_CHECK(in, "nanguard::read_events: cannot open '", path, "'; pass the path the guard's "
-              "event_log option named");
+  TORCH_CHECK(in, "nanguard::read_events: cannot open event log '", path, "': ", std::strerror(errno),
+              "; pass the path the guard's event_log option named");
   std::vector<step_event> out;
   std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) out.push_back(step_event_from_json(line));
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    try {
+      out.push_back(step_event_from_json(line));
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, path, ":", number, ": not a step event: ", e.what_without_backtrace(),
+                  "; every line must be one JSON object as the guard's event_log writes it");
+    }
+  }
   return out;
 }
 

@@ -1,5 +1,6 @@
 #include "nanguard/finding.h"
 
+#include "detail/json_field.h"
 #include "detail/json_number.h"
 
 #include <fmt/format.h>
@@ -14,7 +15,8 @@ namespace {
 using nlohmann::json;
 
 json number(double v) { return detail::json_number(v); }
-double number_from(const json& j) { return detail::number_from_json(j, "nanguard::finding_from_json"); }
+using detail::json_field;
+const std::string kWhere = "nanguard::finding_from_json";
 
 json stats_json(const tensor_stats& s) {
   return {{"numel", s.numel},
@@ -38,25 +40,27 @@ json stats_json(const tensor_stats& s) {
 }
 
 tensor_stats stats_from(const json& j) {
+  const auto count = [&](const char* key) { return json_field<int64_t>(j, key, kWhere); };
+  const auto value = [&](const char* key) { return json_field<double>(j, key, kWhere); };
   tensor_stats s;
-  s.numel = j.at("numel");
-  s.nan = j.at("nan");
-  s.pos_inf = j.at("pos_inf");
-  s.neg_inf = j.at("neg_inf");
-  s.finite = j.at("finite");
-  s.zeros = j.at("zeros");
-  s.subnormal = j.at("subnormal");
-  s.min = number_from(j.at("min"));
-  s.max = number_from(j.at("max"));
-  s.mean = number_from(j.at("mean"));
-  s.std = number_from(j.at("std"));
-  s.l2_norm = number_from(j.at("l2_norm"));
-  s.absmax = number_from(j.at("absmax"));
-  s.fp16_overflow = j.at("fp16_overflow");
-  s.fp16_underflow = j.at("fp16_underflow");
-  s.bf16_overflow = j.at("bf16_overflow");
-  s.first_nonfinite_index = j.at("first_nonfinite_index");
-  s.first_nonfinite_value = number_from(j.at("first_nonfinite_value"));
+  s.numel = count("numel");
+  s.nan = count("nan");
+  s.pos_inf = count("pos_inf");
+  s.neg_inf = count("neg_inf");
+  s.finite = count("finite");
+  s.zeros = count("zeros");
+  s.subnormal = count("subnormal");
+  s.min = value("min");
+  s.max = value("max");
+  s.mean = value("mean");
+  s.std = value("std");
+  s.l2_norm = value("l2_norm");
+  s.absmax = value("absmax");
+  s.fp16_overflow = count("fp16_overflow");
+  s.fp16_underflow = count("fp16_underflow");
+  s.bf16_overflow = count("bf16_overflow");
+  s.first_nonfinite_index = count("first_nonfinite_index");
+  s.first_nonfinite_value = value("first_nonfinite_value");
   return s;
 }
 
@@ -67,11 +71,12 @@ json records_json(const std::vector<tensor_record>& records) {
   return out;
 }
 
-std::vector<tensor_record> records_from(const json& j) {
+std::vector<tensor_record> records_from(const json& j, const char* key) {
   std::vector<tensor_record> out;
-  for (const auto& r : j)
-    out.push_back({r.at("name"), r.at("dtype"), r.at("shape").get<std::vector<int64_t>>(),
-                   stats_from(r.at("stats"))});
+  for (const json& r : json_field<json::array_t>(j, key, kWhere))
+    out.push_back({json_field<std::string>(r, "name", kWhere), json_field<std::string>(r, "dtype", kWhere),
+                   json_field<std::vector<int64_t>>(r, "shape", kWhere),
+                   stats_from(json_field<json::object_t>(r, "stats", kWhere))});
   return out;
 }
 
@@ -155,31 +160,29 @@ finding finding_from_json(const std::string& text) {
   } catch (const json::exception& e) {
     TORCH_CHECK(false, "nanguard::finding_from_json: not valid JSON (", e.what(), ")");
   }
-  try {
-    finding f;
-    f.step = j.at("step");
-    f.op = j.at("op");
-    f.caller = j.value("caller", "");
-    f.direction = j.at("direction") == "backward" ? direction::backward : direction::forward;
-    f.node = j.at("node");
-    f.forward_op = j.at("forward_op");
-    const std::string r = j.at("role");
-    f.role = r == "producer" ? role::producer : r == "propagator" ? role::propagator : role::input;
-    f.module = j.at("module");
-    f.culprit = j.at("culprit");
-    f.inputs = records_from(j.at("inputs"));
-    f.outputs = records_from(j.at("outputs"));
-    f.output = j.at("output");
-    f.index = j.at("index");
-    f.value = number_from(j.at("value"));
-    f.thread = j.at("thread");
-    f.sequence_nr = j.at("sequence_nr");
-    f.backtrace = j.at("backtrace");
-    f.rank = j.value("rank", int64_t(-1));
-    return f;
-  } catch (const json::exception& e) {
-    TORCH_CHECK(false, "nanguard::finding_from_json: the JSON is not a finding (", e.what(), ")");
-  }
+  const auto text_of = [&](const char* key) { return json_field<std::string>(j, key, kWhere); };
+  const auto integer = [&](const char* key) { return json_field<int64_t>(j, key, kWhere); };
+  finding f;
+  f.step = integer("step");
+  f.op = text_of("op");
+  f.caller = json_field<std::string>(j, "caller", "", kWhere);
+  f.direction = text_of("direction") == "backward" ? direction::backward : direction::forward;
+  f.node = text_of("node");
+  f.forward_op = text_of("forward_op");
+  const std::string r = text_of("role");
+  f.role = r == "producer" ? role::producer : r == "propagator" ? role::propagator : role::input;
+  f.module = text_of("module");
+  f.culprit = text_of("culprit");
+  f.inputs = records_from(j, "inputs");
+  f.outputs = records_from(j, "outputs");
+  f.output = integer("output");
+  f.index = integer("index");
+  f.value = json_field<double>(j, "value", kWhere);
+  f.thread = json_field<uint64_t>(j, "thread", kWhere);
+  f.sequence_nr = integer("sequence_nr");
+  f.backtrace = text_of("backtrace");
+  f.rank = json_field<int64_t>(j, "rank", -1, kWhere);
+  return f;
 }
 
 nonfinite_error::nonfinite_error(nanguard::finding f)

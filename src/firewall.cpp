@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <unordered_map>
 
 namespace nanguard {
 namespace {
@@ -57,15 +58,24 @@ firewall::firewall(firewall_options options) : options_(std::move(options)) {
   TORCH_CHECK(o.low_quantile() >= 0 && o.low_quantile() < o.high_quantile() && o.high_quantile() <= 1,
               "nanguard::firewall: need 0 <= low_quantile < high_quantile <= 1 but got low_quantile=",
               o.low_quantile(), " high_quantile=", o.high_quantile(), "; e.g. 0.001 and 0.999");
-  TORCH_CHECK(o.sigmas() > 0, "nanguard::firewall: sigmas must be > 0 but is ", o.sigmas(),
-              "; 3 is the usual 3σ rule");
-  TORCH_CHECK(o.robust_z() > 0, "nanguard::firewall: robust_z must be > 0 but is ", o.robust_z(),
-              "; 3.5 is the usual cut");
+  TORCH_CHECK(o.sigmas() > 0 && std::isfinite(o.sigmas()), "nanguard::firewall: sigmas must be a finite "
+              "number > 0 but is ", o.sigmas(), "; 3 is the usual 3σ rule");
+  TORCH_CHECK(o.robust_z() > 0 && std::isfinite(o.robust_z()), "nanguard::firewall: robust_z must be a "
+              "finite number > 0 but is ", o.robust_z(), "; 3.5 is the usual cut");
   TORCH_CHECK(std::isfinite(o.nan_value()), "nanguard::firewall: nan_value must be finite but is ",
               o.nan_value());
+  for (const auto& [name, v] : {std::pair{"posinf_value", o.posinf_value()}, {"neginf_value", o.neginf_value()}})
+    TORCH_CHECK(!v || std::isfinite(*v), "nanguard::firewall: ", name, " must be finite but is ", *v,
+                "; leave it unset for the fitted max/min");
   for (int64_t j : o.label_columns())
     TORCH_CHECK(j >= 0, "nanguard::firewall: label_columns holds ", j,
                 "; pass column indices from 0");
+  std::unordered_map<std::string, size_t> first;
+  for (size_t j = 0; j < o.column_names().size(); ++j) {
+    const auto [it, fresh] = first.emplace(o.column_names()[j], j);
+    TORCH_CHECK(fresh, "nanguard::firewall: column_names holds '", it->first, "' twice (columns ", it->second,
+                " and ", j, "); give every column a unique name");
+  }
 }
 
 firewall& firewall::fit(const at::Tensor& data) {
@@ -77,7 +87,12 @@ firewall& firewall::fit(const at::Tensor& data) {
 firewall& firewall::fit(column_stats stats) {
   TORCH_CHECK(stats.rows() > 0, "nanguard::firewall::fit: the statistics hold no rows; fit on "
               "the training data");
-  median_ = stats.median();
+  const auto& names = options_.column_names();
+  TORCH_CHECK(names.empty() || int64_t(names.size()) == stats.features(), "nanguard::firewall::fit: ",
+              names.size(), " column_names for data of ", stats.features(), " columns; name every column or none");
+  const at::Tensor median = stats.median();
+  if (options_.nonfinite() == nonfinite_policy::impute_median) check_medians(median, "fit");
+  median_ = median;
   min_ = stats.min();
   max_ = stats.max();
   switch (options_.rule()) {
@@ -113,6 +128,15 @@ const at::Tensor& firewall::lower_bounds() const {
 const at::Tensor& firewall::upper_bounds() const {
   TORCH_CHECK(fitted(), "nanguard::firewall::upper_bounds: the firewall is not fitted; call fit() first");
   return upper_;
+}
+
+void firewall::check_medians(const at::Tensor& median, const char* fn) const {
+  const double* m = median.data_ptr<double>();
+  const auto& labels = options_.label_columns();
+  for (int64_t j = 0; j < median.numel(); ++j)
+    TORCH_CHECK(std::isfinite(m[j]) || std::find(labels.begin(), labels.end(), j) != labels.end(),
+                "nanguard::firewall::", fn, ": ", column_name(j), " has no finite value, so impute_median has "
+                "no median to impute; drop the column, or its rows (policy drop)");
 }
 
 std::string firewall::column_name(int64_t j) const {
@@ -154,6 +178,7 @@ firewall_result firewall::apply(const at::Tensor& batch) const {
     column_stats own;
     own.update(x);
     const at::Tensor m = own.median();
+    check_medians(m, "apply");
     std::copy_n(m.data_ptr<double>(), f, med.begin());
   }
   const double dtype_max = detail::largest_finite(batch.scalar_type());
@@ -205,8 +230,7 @@ firewall_result firewall::apply(const at::Tensor& batch) const {
             changed = true;
             break;
           case nonfinite_policy::impute_median: {
-            const double m = med[size_t(j)];
-            e = std::isfinite(m) ? m : options_.nan_value();  // a column with no finite value
+            e = med[size_t(j)];  // finite: check_medians refused a column without one
             ++c.repaired;
             changed = true;
             break;

@@ -122,6 +122,24 @@ TEST(csv, empty_and_missing_files_are_clear_errors) {
             std::string::npos);
 }
 
+TEST(csv, duplicate_column_names_are_refused) {
+  // A label or target is chosen by name: a second 'a' made `train` use the
+  // first and feed the other as a feature.
+  const std::string p = fixture("dup.csv", "\na,b,a\n1,2,3\n");
+  const std::string msg = error_of([&] { nanguard::read_csv(p); });
+  EXPECT_NE(msg.find("dup.csv' line 2: the column name 'a' appears twice (columns 1 and 3)"), std::string::npos)
+      << msg;
+}
+
+TEST(csv, errors_name_the_file_as_the_options_say) {
+  // A temporary copy of a pipe is read; the user named the pipe.
+  const std::string p = fixture("copy.csv", "a\nx\n");
+  const std::string msg =
+      error_of([&] { nanguard::read_csv(p, nanguard::csv_options().name("/dev/stdin")); });
+  EXPECT_NE(msg.find("'/dev/stdin' line 2, column 1 ('a'): 'x' is not a number"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("copy.csv"), std::string::npos) << msg;
+}
+
 // A generated file read with tiny chunks and small batches gives the same
 // values as one read with the defaults: the streaming path is exact.
 TEST(csv, streams_in_small_chunks_and_batches) {

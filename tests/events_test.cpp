@@ -88,13 +88,20 @@ TEST(events, errors_say_what_is_wrong) {
     nanguard::step_event_from_json("{\"loss\": 1}");
     FAIL();
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string::npos, std::string(e.what()).find("expected an object with 'step' and 'action'"));
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("'step' is missing"));
+  }
+  try {
+    nanguard::step_event_from_json("{\"step\": 1, \"action\": \"ok\", \"top_norms\": [{\"name\": \"w\", \"norm\": true}]}");
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("'norm' should be a number"));
+    EXPECT_EQ(std::string::npos, std::string(e.what()).find("json.exception"));
   }
   try {
     nanguard::step_event_from_json("{\"step\": \"one\", \"action\": \"step\"}");
     FAIL();
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string::npos, std::string(e.what()).find("a field has the wrong type")) << e.what();
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("'step' should be an integer but is a string")) << e.what();
   }
   try {
     nanguard::step_event_from_json("not json");
@@ -106,7 +113,18 @@ TEST(events, errors_say_what_is_wrong) {
     nanguard::read_events("/nonexistent/events.jsonl");
     FAIL();
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string::npos, std::string(e.what()).find("cannot open '/nonexistent/events.jsonl'"));
+    EXPECT_NE(std::string::npos, std::string(e.what()).find("cannot open event log '/nonexistent/events.jsonl'"));
+  }
+}
+
+TEST(events, a_malformed_line_is_named_with_its_file_and_number) {
+  const std::string path = ::testing::TempDir() + "events_bad_line.jsonl";
+  std::ofstream(path) << "{\"step\": 1, \"action\": \"step\"}\n\n{\"step\": \"two\", \"action\": \"step\"}\n";
+  try {
+    nanguard::read_events(path);
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what()).find(path + ":3: not a step event")) << e.what();
   }
 }
 

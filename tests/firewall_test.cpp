@@ -364,6 +364,38 @@ TEST(firewall, rejects_bad_options_and_unfitted_outlier_policies) {
       << msg;
 }
 
+TEST(firewall, impute_median_refuses_a_column_with_no_finite_value) {
+  // There is no median to impute; it imputed nan_value (0), silently.
+  at::Tensor train = at::randn({8, 3}, at::kDouble);
+  train.select(1, 1).fill_(kNaN);
+  firewall fw(firewall_options().nonfinite(nonfinite_policy::impute_median).column_names({"a", "b", "c"}));
+  std::string msg = error_of([&] { fw.fit(train); });
+  EXPECT_NE(msg.find("fit: column 1 ('b') has no finite value, so impute_median has no median to impute"),
+            std::string::npos)
+      << msg;
+  EXPECT_FALSE(fw.fitted());
+  msg = error_of([&] { firewall(firewall_options().nonfinite(nonfinite_policy::impute_median)).apply(train); });
+  EXPECT_NE(msg.find("apply: column 1 has no finite value"), std::string::npos) << msg;
+  // Other policies need no median; a label column is never imputed.
+  EXPECT_TRUE(firewall(firewall_options().nonfinite(nonfinite_policy::drop)).fit(train).fitted());
+  EXPECT_TRUE(firewall(firewall_options().nonfinite(nonfinite_policy::impute_median).label_columns({1}))
+                  .fit(train)
+                  .fitted());
+}
+
+TEST(firewall, refuses_non_finite_widths_replacements_and_duplicate_names) {
+  std::string msg = error_of([] { firewall(firewall_options().sigmas(kInf)); });
+  EXPECT_NE(msg.find("sigmas must be a finite number > 0 but is inf"), std::string::npos) << msg;
+  msg = error_of([] { firewall(firewall_options().robust_z(kNaN)); });
+  EXPECT_NE(msg.find("robust_z must be a finite number > 0 but is nan"), std::string::npos) << msg;
+  msg = error_of([] { firewall(firewall_options().posinf_value(kNaN)); });
+  EXPECT_NE(msg.find("posinf_value must be finite but is nan"), std::string::npos) << msg;
+  msg = error_of([] { firewall(firewall_options().column_names({"x", "y", "x"})); });
+  EXPECT_NE(msg.find("column_names holds 'x' twice (columns 0 and 2)"), std::string::npos) << msg;
+  msg = error_of([] { firewall(firewall_options().column_names({"x"})).fit(at::ones({3, 2}, at::kDouble)); });
+  EXPECT_NE(msg.find("1 column_names for data of 2 columns"), std::string::npos) << msg;
+}
+
 TEST(firewall, report_prints_what_was_done) {
   const auto r = firewall(firewall_options().nonfinite(nonfinite_policy::drop)).apply(small_batch());
   const std::string s = nanguard::to_string(r.report, {"a", "b", "c"});

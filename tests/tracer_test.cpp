@@ -755,7 +755,15 @@ TEST(finding, rejects_json_that_is_not_a_finding) {
     nanguard::finding_from_json("{\"step\": 1}");
     FAIL();
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string::npos, std::string(e.what_without_backtrace()).find("not a finding"));
+    EXPECT_NE(std::string::npos, std::string(e.what_without_backtrace()).find("'op' is missing"));
+  }
+  // A field of the wrong type is named, with what it should be.
+  try {
+    nanguard::finding_from_json("{\"step\": \"one\"}");
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what_without_backtrace())
+                                     .find("'step' should be an integer but is a string (\"one\")"));
   }
 }
 

@@ -34,6 +34,9 @@ struct csv_options {
   TORCH_ARG(char, delimiter) = ',';
   /// Bytes read from the file at a time (the reader's memory is about this).
   TORCH_ARG(int64_t, chunk_bytes) = int64_t(1) << 20;
+  /// The file's name in error messages; empty: its path. E.g. the pipe that
+  /// the file read is a temporary copy of.
+  TORCH_ARG(std::string, name) = "";
 };
 
 /// Reads a numeric CSV file with a header row, one batch of rows at a time.
@@ -46,9 +49,9 @@ struct csv_options {
 class csv_reader {
  public:
   /// Opens `path` and reads its header row. Throws c10::Error when the file
-  /// is missing, unreadable or empty, or the header is malformed.
+  /// is missing, unreadable or empty, or the header is malformed or names a
+  /// column twice.
   explicit csv_reader(std::string path, csv_options options = {});
-  ~csv_reader();
   csv_reader(const csv_reader&) = delete;
   csv_reader& operator=(const csv_reader&) = delete;
 
@@ -79,8 +82,10 @@ class csv_reader {
   [[noreturn]] void fail_cell(const char* begin, const char* end, int64_t column) const;
 
   std::string path_;
+  std::string name_;  // path_ as errors name it
   csv_options options_;
-  std::FILE* file_ = nullptr;
+  // Closed however the reader ends, also when its constructor throws.
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file_{nullptr, std::fclose};
   std::vector<char> buf_;
   int64_t begin_ = 0;  // first unparsed byte in buf_
   int64_t end_ = 0;    // one past the last valid byte in buf_
@@ -126,6 +131,8 @@ class csv_writer {
   void write(const at::Tensor& rows);
   /// Flushes, closes and renames the temporary file onto the path.
   void commit();
+  /// The temporary file written until commit(), e.g. to remove on a signal.
+  const std::string& temp_path() const { return temp_path_; }
 
  private:
   std::string path_;

@@ -80,7 +80,8 @@ class event_log {
   std::FILE* file_ = nullptr;
 };
 
-/// Every event of a JSONL log, in order.
+/// Every event of a JSONL log, in order (blank lines skipped). Throws
+/// c10::Error naming the file, and for a malformed line "path:line:".
 std::vector<step_event> read_events(const std::string& path);
 
 }  // namespace nanguard

@@ -33,7 +33,8 @@ enum class nonfinite_policy {
   raise,          ///< throw c10::Error naming the row, column and value
   drop,           ///< drop the samples (rows) that hold one
   nan_to_num,     ///< replace: NaN by nan_value, ±Inf by the fitted max/min
-  impute_median,  ///< replace by the feature's median (fitted, else the batch's)
+  impute_median,  ///< replace by the feature's median (fitted, else the batch's);
+                  ///< a feature with no finite value has none: fit/apply throw
   ignore,         ///< count them, change nothing
 };
 
@@ -127,6 +128,8 @@ class firewall {
   explicit firewall(firewall_options options = {});
 
   /// Fits the statistics (medians, bounds) on `data` ([rows, features]).
+  /// Throws c10::Error under impute_median when a feature (not a label)
+  /// has no finite value, and when column_names does not name every feature.
   firewall& fit(const at::Tensor& data);
   /// Uses statistics gathered elsewhere, e.g. streamed over a large file.
   firewall& fit(column_stats stats);
@@ -148,6 +151,8 @@ class firewall {
 
  private:
   std::string column_name(int64_t j) const;
+  // impute_median needs a finite median in each feature that is not a label.
+  void check_medians(const at::Tensor& median, const char* fn) const;
 
   firewall_options options_;
   std::optional<column_stats> stats_;

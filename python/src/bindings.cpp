@@ -289,7 +289,11 @@ PYBIND11_MODULE(_nanguard, m) {
   // ------------------------------------------------------------ isolation forest
   py::class_<nanguard::isolation_forest>(m, "IsolationForest",
                                          "Isolation forest on a [rows, features] tensor (scikit-learn's scores).")
-      .def(py::init([](int64_t n_estimators, int64_t max_samples, double contamination, uint64_t seed) {
+      .def(py::init([](int64_t n_estimators, int64_t max_samples, double contamination, int64_t seed) {
+             // Taken signed: pybind11 answers a uint64_t given -1 with a signature dump.
+             if (seed < 0)
+               throw py::value_error("nanguard.IsolationForest: seed must be an integer >= 0 but is " +
+                                     std::to_string(seed));
              return nanguard::isolation_forest(nanguard::isolation_forest_options()
                                                    .n_estimators(n_estimators)
                                                    .max_samples(max_samples)

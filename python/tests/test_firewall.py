@@ -53,3 +53,49 @@ def test_raise_names_the_row_and_column():
 def test_bad_policy_names_list_the_valid_ones():
     with pytest.raises(ValueError, match="impute_median"):
         nanguard.Firewall(nonfinite="fix")
+
+
+def test_impute_median_refuses_a_column_with_no_finite_value():
+    # It imputed 0 there, silently: no median exists to impute.
+    train = torch.randn(16, 3)
+    train[:, 1] = float("nan")
+    fw = nanguard.Firewall(nonfinite="impute_median", column_names=["a", "b", "c"])
+    with pytest.raises(ValueError, match=r"column 1 \('b'\) has no finite value"):
+        fw.fit(train)
+    assert not fw.fitted
+    with pytest.raises(ValueError, match="has no finite value"):
+        nanguard.Firewall(nonfinite="impute_median").apply(train)
+    # A label column is never imputed (its rows are dropped): no median needed.
+    fw = nanguard.Firewall(nonfinite="impute_median", label_columns=[1]).fit(train)
+    clean, report = fw.apply(train)
+    assert report.rows_out == 0
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"sigmas": float("nan")}, "sigmas must be a finite number > 0"),
+    ({"sigmas": float("inf")}, "sigmas must be a finite number > 0"),
+    ({"robust_z": -1.0}, "robust_z must be a finite number > 0"),
+    ({"low_quantile": float("nan")}, "low_quantile"),
+    ({"high_quantile": 1.5}, "high_quantile"),
+    ({"nan_value": float("inf")}, "nan_value must be finite"),
+    ({"label_columns": [-1]}, "label_columns holds -1"),
+    ({"column_names": ["a", "b", "a"]}, "column_names holds 'a' twice"),
+])
+def test_bad_options_are_refused_where_they_enter(options, message):
+    with pytest.raises(ValueError, match=message):
+        nanguard.Firewall(**options)
+
+
+def test_column_names_must_name_every_column():
+    with pytest.raises(ValueError, match="2 column_names for data of 4 columns"):
+        nanguard.Firewall(column_names=["a", "b"]).fit(batch())
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"seed": -1}, "seed must be an integer >= 0 but is -1"),
+    ({"contamination": float("nan")}, "contamination must be in"),
+    ({"n_estimators": 0}, "n_estimators must be at least"),
+])
+def test_isolation_forest_refuses_bad_options(options, message):
+    with pytest.raises(ValueError, match=message):
+        nanguard.IsolationForest(**options)

@@ -146,7 +146,7 @@ grep -q "bad.jsonl:4: not a step event" err.txt || fail "malformed log: $(cat er
 [[ $(wc -l <err.txt) -eq 1 ]] || fail "the error should be one line: $(cat err.txt)"
 echo '{"step": 1, "loss": "lots", "action": "step"}' >badnum.jsonl
 expect 2 "$NANGUARD" report badnum.jsonl -o x.html
-grep -q "badnum.jsonl:1:.*'lots' is not a number" err.txt || fail "bad number: $(cat err.txt)"
+grep -q "badnum.jsonl:1:.*'loss' should be a number.*(\"lots\")" err.txt || fail "bad number: $(cat err.txt)"
 expect 2 "$NANGUARD" report baseline -o x.html
 grep -q "'baseline' is a directory" err.txt || fail "directory as log: $(cat err.txt)"
 expect 2 "$NANGUARD" report baseline/events.jsonl

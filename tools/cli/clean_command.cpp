@@ -8,6 +8,8 @@
 // A row whose --label value is missing is dropped under every policy.
 #include "commands.h"
 #include "data_common.h"
+#include "temp_file.h"
+#include "validators.h"
 
 #include <nanguard/csv.h>
 #include <nanguard/firewall.h>
@@ -29,14 +31,15 @@ struct clean_args {
 };
 
 int run_clean(const clean_args& a) {
+  if (!(a.low_quantile < a.high_quantile))
+    throw usage_error(fmt::format("need --low-quantile < --high-quantile but got {} and {}", a.low_quantile,
+                                  a.high_quantile));
   keep_memory_bounded();
-  column_stats stats = fit_columns(a.path, a.seed);
-  auto in = open_csv(a.path);
+  const csv_input input(a.path);
+  auto in = input.open();
   const std::vector<std::string> names = in->columns();
   const int64_t label = find_column(names, a.label, a.path);
-  if (!(a.low_quantile >= 0 && a.low_quantile < a.high_quantile && a.high_quantile <= 1))
-    throw usage_error(fmt::format("need 0 <= --low-quantile < --high-quantile <= 1 but got {} and {}",
-                                  a.low_quantile, a.high_quantile));
+  column_stats stats = fit_columns(input, a.seed);
 
   firewall_options o;
   o.column_names(names).low_quantile(a.low_quantile).high_quantile(a.high_quantile);
@@ -49,13 +52,20 @@ int run_clean(const clean_args& a) {
     o.nonfinite(nonfinite_policy::impute_median).outliers(outlier_policy::clip);
   }
   firewall fw(o);
-  if (stats.rows() > 0) fw.fit(std::move(stats));
+  if (stats.rows() > 0) {
+    try {
+      fw.fit(std::move(stats));
+    } catch (const c10::Error& e) {  // a column with no value to impute
+      throw usage_error(fmt::format("cannot {} '{}': {}", a.policy, a.path, e.what_without_backtrace()));
+    }
+  }
 
   firewall_report total;
   total.columns.assign(names.size(), column_report{});
   int64_t dropped = 0, changed = 0;
   std::vector<int64_t> dropped_rows, changed_rows;
   csv_writer out = as_input_error([&] { return csv_writer(a.out, names); });
+  const removed_on_signal cleanup(out.temp_path());
   as_input_error([&] {
     int64_t base = 0;
     for (at::Tensor b = in->next_batch(kDataBatchRows); b.size(0) > 0; b = in->next_batch(kDataBatchRows)) {
@@ -107,10 +117,12 @@ command add_clean_command(CLI::App& app) {
       ->required()
       ->check(CLI::IsMember({"drop", "repair", "clip"}));
   sub->add_option("--label", a->label, "the label column: never imputed or clipped; rows missing it are dropped");
-  sub->add_option("--low-quantile", a->low_quantile, "lower clipping quantile (clip)");
-  sub->add_option("--high-quantile", a->high_quantile, "upper clipping quantile (clip)");
-  sub->add_option("--seed", a->seed, "seed of the row sample behind the quantiles");
-  sub->footer(exit_codes("written"));
+  sub->add_option("--low-quantile", a->low_quantile, "lower clipping quantile (clip)")->check(finite_in(0, 1));
+  sub->add_option("--high-quantile", a->high_quantile, "upper clipping quantile (clip)")->check(finite_in(0, 1));
+  sub->add_option("--seed", a->seed, "seed of the row sample behind the quantiles")->check(non_negative_integer());
+  sub->footer("FILE may be a pipe or /dev/stdin (read once, into a temporary copy in $TMPDIR). The output is "
+              "written to a temporary file and renamed into place; a signal removes the temporary.\n" +
+              exit_codes("written"));
   return {sub, [a] { return run_clean(*a); }};
 }
 

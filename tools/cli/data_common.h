@@ -1,9 +1,10 @@
 // data_common.h — what `nanguard scan` and `nanguard clean` share: reading a
-// CSV file as input errors (exit 2), finding the label column, and the first
-// streaming pass that fits the column statistics.
+// CSV file, or a pipe, twice with input errors (exit 2), finding the label
+// column, and the first streaming pass that fits the column statistics.
 #pragma once
 
 #include "commands.h"
+#include "temp_file.h"
 
 #include <nanguard/column_stats.h>
 #include <nanguard/csv.h>
@@ -13,8 +14,13 @@
 #include <fmt/ranges.h>
 
 #include <malloc.h>
+#include <sys/stat.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +44,48 @@ inline std::unique_ptr<csv_reader> open_csv(const std::string& path) {
   return as_input_error([&] { return std::make_unique<csv_reader>(path); });
 }
 
+/// A CSV input that each pass of a command can read from its start: the file
+/// itself or, for a pipe, a FIFO or /dev/stdin, which can be read only once
+/// (a second open hung or found it empty), a temporary copy of it. Errors
+/// name the input as the user gave it.
+class csv_input {
+ public:
+  explicit csv_input(std::string path) : name_(std::move(path)) {
+    struct stat st {};
+    if (::stat(name_.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode)) copy_to_temp();
+  }
+
+  /// A reader at the start of the data; a usage_error for a missing or
+  /// malformed file.
+  std::unique_ptr<csv_reader> open() const {
+    return as_input_error([&] {
+      return std::make_unique<csv_reader>(copy_ ? copy_->path() : name_, csv_options().name(name_));
+    });
+  }
+  /// The input as the user named it.
+  const std::string& name() const { return name_; }
+
+ private:
+  void copy_to_temp() {
+    using file = std::unique_ptr<std::FILE, int (*)(std::FILE*)>;
+    const file in(std::fopen(name_.c_str(), "rb"), std::fclose);
+    if (!in) throw usage_error(fmt::format("cannot open '{}': {}", name_, std::strerror(errno)));
+    copy_.emplace("nanguard-input-");
+    const file out(std::fopen(copy_->path().c_str(), "wb"), std::fclose);
+    std::vector<char> buf(size_t(1) << 20);
+    bool written = out != nullptr;
+    for (size_t n; written && (n = std::fread(buf.data(), 1, buf.size(), in.get())) > 0;)
+      written = std::fwrite(buf.data(), 1, n, out.get()) == n;
+    if (std::ferror(in.get())) throw usage_error(fmt::format("cannot read '{}': {}", name_, std::strerror(errno)));
+    if (!written || std::fflush(out.get()) != 0)
+      throw usage_error(fmt::format("cannot copy '{}' to '{}' to read it twice: {}; set TMPDIR to a directory "
+                                    "with room", name_, copy_->path(), std::strerror(errno)));
+  }
+
+  std::string name_;
+  std::optional<temp_file> copy_;
+};
+
 /// The index of column `name` (or -1 when `name` is empty); a usage_error
 /// listing the columns when there is no such column.
 inline int64_t find_column(const std::vector<std::string>& columns, const std::string& name,
@@ -55,10 +103,10 @@ inline int64_t find_column(const std::vector<std::string>& columns, const std::s
 /// with the file, instead of staying flat. Called by the streaming commands.
 inline void keep_memory_bounded() { mallopt(M_MMAP_THRESHOLD, 1 << 20); }
 
-/// First pass: streams `path` into column statistics (bounded memory).
-inline column_stats fit_columns(const std::string& path, uint64_t seed) {
+/// First pass: streams `input` into column statistics (bounded memory).
+inline column_stats fit_columns(const csv_input& input, uint64_t seed) {
   column_stats stats(column_stats_options().seed(seed));
-  auto in = open_csv(path);
+  auto in = input.open();
   as_input_error([&] {
     for (at::Tensor b = in->next_batch(kDataBatchRows); b.size(0) > 0; b = in->next_batch(kDataBatchRows))
       stats.update(b);

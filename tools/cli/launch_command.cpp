@@ -244,7 +244,7 @@ command add_launch_command(CLI::App& app) {
   auto a = std::make_shared<launch_args>();
   sub->add_option("-n,--nproc", a->ranks, "the number of ranks (processes)")->required();
   sub->add_option("--timeout", a->timeout, "stop every rank and fail after this many seconds (0: no limit)");
-  sub->add_option("--port", a->port, "MASTER_PORT (default: a free port)");
+  sub->add_option("--port", a->port, "MASTER_PORT (default: a free port)")->check(CLI::Range(1, 65535));
   sub->add_option("command", a->argv, "the program and its arguments, after --")->required()->expected(-1);
   sub->footer(exit_codes("every rank exited 0") +
               "\nA rank that fails: its exit code (128+N when killed by signal N); --timeout reached: 124.");

@@ -52,23 +52,11 @@ std::string run_name(const std::string& path) {
 std::vector<step_event> read_log(const std::string& path) {
   if (std::filesystem::is_directory(path))
     throw usage_error(fmt::format("'{}' is a directory; pass the event log in it (e.g. {}/events.jsonl)", path, path));
-  std::ifstream in(path);
-  if (!in)
-    throw usage_error(fmt::format("cannot open event log '{}': {}; pass a JSONL file the guard's event_log wrote",
-                                  path, std::strerror(errno)));
-  std::vector<step_event> events;
-  std::string line;
-  for (int64_t number = 1; std::getline(in, line); ++number) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    try {
-      events.push_back(step_event_from_json(line));
-    } catch (const c10::Error& e) {
-      throw usage_error(fmt::format("{}:{}: not a step event: {}; every line must be one JSON object as the "
-                                    "guard's event_log writes it",
-                                    path, number, one_line(e.what_without_backtrace())));
-    }
+  try {
+    return read_events(path);
+  } catch (const c10::Error& e) {
+    throw usage_error(one_line(e.what_without_backtrace()));
   }
-  return events;
 }
 
 // The page must not replace one of the logs it is made from.

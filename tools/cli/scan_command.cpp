@@ -6,6 +6,7 @@
 // scores every row. Exit code 3 when the data holds NaN/Inf or missing values.
 #include "commands.h"
 #include "data_common.h"
+#include "validators.h"
 
 #include <nanguard/column_stats.h>
 #include <nanguard/csv.h>
@@ -41,18 +42,21 @@ struct column_summary {
   int64_t out_sigma = 0, out_robust = 0;
 };
 
+// Element j of a 1-D tensor, read directly: t[j].item() costs a tensor per call.
 double at_(const at::Tensor& t, int64_t j) { return t.data_ptr<double>()[j]; }
+int64_t count_at(const at::Tensor& t, int64_t j) { return t.data_ptr<int64_t>()[j]; }
 double num(double v) { return v; }
 
 int run_scan(const scan_args& a) {
   keep_memory_bounded();
-  // ---- pass 1: statistics and a row sample
-  const column_stats stats = fit_columns(a.path, a.seed);
-  auto header = open_csv(a.path);
-  const std::vector<std::string> names = header->columns();
-  header.reset();
+  const csv_input input(a.path);
+  const std::vector<std::string> names = input.open()->columns();
   const int64_t f = int64_t(names.size());
   const int64_t label = find_column(names, a.label, a.path);
+  // ---- pass 1: statistics and a row sample
+  const column_stats stats = fit_columns(input, a.seed);
+  if (stats.rows() == 0)
+    throw usage_error(fmt::format("'{}' has a header and no data rows; scan needs at least one row", a.path));
   std::vector<int64_t> feats;
   for (int64_t j = 0; j < f; ++j)
     if (j != label) feats.push_back(j);
@@ -62,20 +66,19 @@ int run_scan(const scan_args& a) {
   const at::Tensor p001 = stats.quantile(0.001), med = stats.median(), p999 = stats.quantile(0.999),
                    mad = stats.mad();
   const at::Tensor nan = stats.nan_count(), pinf = stats.posinf_count(), ninf = stats.neginf_count();
+  const std::vector<int64_t> constant = stats.constant_columns();
   std::vector<column_summary> cols(static_cast<size_t>(f));
-  std::vector<int64_t> constant;
-  for (int64_t j : stats.constant_columns()) constant.push_back(j);
   for (int64_t j = 0; j < f; ++j) {
     auto& c = cols[size_t(j)];
     c.name = names[size_t(j)];
     c.is_label = j == label;
-    c.missing = nan[j].item<int64_t>();
-    c.pos_inf = pinf[j].item<int64_t>();
-    c.neg_inf = ninf[j].item<int64_t>();
+    c.missing = count_at(nan, j);
+    c.pos_inf = count_at(pinf, j);
+    c.neg_inf = count_at(ninf, j);
     c.mean = at_(mean, j), c.std = at_(sd, j), c.min = at_(mn, j), c.max = at_(mx, j);
     c.p001 = at_(p001, j), c.median = at_(med, j), c.p999 = at_(p999, j), c.mad = at_(mad, j);
-    c.constant = std::find(constant.begin(), constant.end(), j) != constant.end();
   }
+  for (int64_t j : constant) cols[size_t(j)].constant = true;
 
   // The isolation forest is fitted on the reservoir sample of the features,
   // missing values imputed with the medians.
@@ -104,7 +107,7 @@ int run_scan(const scan_args& a) {
   std::priority_queue<scored> top;
   std::vector<int64_t> bad_rows;
   int64_t bad_row_count = 0, rows_sigma = 0, rows_robust = 0, rows_forest = 0;
-  auto in = open_csv(a.path);
+  auto in = input.open();
   int64_t base = 0;
   as_input_error([&] {
     for (at::Tensor b = in->next_batch(kDataBatchRows); b.size(0) > 0; b = in->next_batch(kDataBatchRows)) {
@@ -124,8 +127,8 @@ int run_scan(const scan_args& a) {
         const at::Tensor rz = finite & ((0.6745 * (x - feat_median) / feat_mad).abs() > a.robust_z);
         const at::Tensor zc = z.sum(0), rzc = rz.sum(0);
         for (size_t k = 0; k < feats.size(); ++k) {
-          cols[size_t(feats[k])].out_sigma += zc[int64_t(k)].item<int64_t>();
-          cols[size_t(feats[k])].out_robust += rzc[int64_t(k)].item<int64_t>();
+          cols[size_t(feats[k])].out_sigma += count_at(zc, int64_t(k));
+          cols[size_t(feats[k])].out_robust += count_at(rzc, int64_t(k));
         }
         rows_sigma += z.any(1).sum().item<int64_t>();
         rows_robust += rz.any(1).sum().item<int64_t>();
@@ -257,8 +260,9 @@ command add_scan_command(CLI::App& app) {
   sub->add_option("--label", a->label, "the label column: reported, but not an outlier feature");
   sub->add_flag("--json", a->json, "print the report as JSON");
   sub->add_option("--top", a->top, "rows to list from the isolation forest")->check(CLI::Range(0, 1000000));
-  sub->add_option("--seed", a->seed, "seed of the row sample and the isolation forest");
-  sub->footer(exit_codes("healthy", "the data holds missing or non-finite values"));
+  sub->add_option("--seed", a->seed, "seed of the row sample and the isolation forest")->check(non_negative_integer());
+  sub->footer("FILE may be a pipe or /dev/stdin (read once, into a temporary copy in $TMPDIR).\n" +
+              exit_codes("healthy", "the data holds missing or non-finite values"));
   return {sub, [a] { return run_scan(*a); }};
 }
 

@@ -24,7 +24,8 @@ void mirror_into(const torch::jit::Module& m, torch::nn::Module& out) {
 
 torch::jit::Module load_script_model(const std::string& path) {
   if (std::filesystem::is_directory(path))
-    throw usage_error(fmt::format("cannot open model '{}': it is a directory; pass the TorchScript file in it", path));
+    throw usage_error(fmt::format("'{}' is a directory, not a TorchScript model; pass the file that "
+                                  "torch.jit.script(model).save(path) wrote", path));
   if (!std::filesystem::is_regular_file(path))
     throw usage_error(fmt::format("cannot open model '{}': no such file", path));
   try {

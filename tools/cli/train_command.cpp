@@ -15,6 +15,7 @@
 #include "run_dir.h"
 #include "script_model.h"
 #include "temp_file.h"
+#include "validators.h"
 
 #include <nanguard/bundle.h>
 #include <nanguard/census.h>
@@ -510,7 +511,9 @@ command add_train_command(CLI::App& app) {
   sub->add_option("--trace", a->trace, "op tracer: on-failure (replay a bad step), always (every step) or off")
       ->check(CLI::IsMember({"always", "on-failure", "off"}))
       ->capture_default_str();
-  sub->add_option("--seed", a->seed, "seed of the batch order and the model's randomness")->capture_default_str();
+  sub->add_option("--seed", a->seed, "seed of the batch order and the model's randomness")
+      ->capture_default_str()
+      ->check(non_negative_integer());
   sub->add_option("--out", a->out, "output directory: events.jsonl, summary.json, report.html, bundles/")->capture_default_str();
   sub->footer(exit_codes("the run finished finite or recovered",
                          "it stopped on a NaN/Inf (--policy abort) or ended non-finite (none of its last steps/10, "
