@@ -143,7 +143,7 @@ grep -q 'rank 2 exited with status 5' "$WORK/status.out" || fail "launch status:
 [[ $? == 2 ]] || fail "launch -n 0: not exit 2"
 grep -q 'nanguard: error: launch: -n must be in \[1, 1024\] but is 0' "$WORK/usage.out" || fail "launch -n 0: $(cat "$WORK/usage.out")"
 "$NANGUARD" launch -n 1 --timeout 1 -- sleep 30 >"$WORK/timeout.out" 2>&1
-[[ $? == 124 ]] || fail "launch --timeout: not exit 124 (as timeout(1))"
+[[ $? == 124 ]] || fail "launch --timeout: not exit 124 (as timeout(1); 1 is for internal errors)"
 grep -q 'did not finish within --timeout 1 s' "$WORK/timeout.out" || fail "launch --timeout: $(cat "$WORK/timeout.out")"
 env -u RANK -u WORLD_SIZE "$TRAIN" >"$WORK/noenv.out" 2>&1
 [[ $? == 1 ]] || fail "no environment: not exit 1"
