@@ -2,6 +2,7 @@
 
 #include "detail/json_field.h"
 #include "detail/json_number.h"
+#include "detail/pickle_lengths.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/Dict.h>
@@ -19,6 +20,7 @@
 #include <filesystem>
 #include <fmt/format.h>
 #include <fstream>
+#include <sstream>
 
 namespace nanguard {
 namespace {
@@ -67,6 +69,19 @@ void save(const fs::path& path, const c10::IValue& v) {
 // The first line of an error message (torch's own errors span several).
 std::string first_line(const std::string& what) { return what.substr(0, what.find('\n')); }
 
+// A .pt file stores its records uncompressed: none, and no length its
+// pickle declares, can exceed the file (torch would reserve what they say).
+void check_declared_sizes(const std::vector<char>& bytes) {
+  std::istringstream stream(std::string(bytes.begin(), bytes.end()));
+  caffe2::serialize::PyTorchStreamReader reader(&stream);
+  for (const std::string& name : reader.getAllRecords())
+    TORCH_CHECK(reader.getRecordSize(name) <= bytes.size(), "its record '", name, "' declares ",
+                reader.getRecordSize(name), " bytes, more than the file's ", bytes.size());
+  TORCH_CHECK(reader.hasRecord("data.pkl"), "it holds no data.pkl record");
+  const auto [pickle, size] = reader.getRecord("data.pkl");
+  detail::check_pickle_lengths(static_cast<const char*>(pickle.get()), size);
+}
+
 c10::IValue load(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in, "nanguard::read_bundle: '", path.string(), "' is missing; is this a directory "
@@ -74,6 +89,7 @@ c10::IValue load(const fs::path& path) {
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::string why;
   try {
+    check_declared_sizes(bytes);
     return torch::jit::pickle_load(bytes);
   } catch (const c10::Error& e) {
     why = e.what_without_backtrace();  // what() carries a C++ backtrace

@@ -1,5 +1,7 @@
 #include "nanguard/bundle.h"
 
+#include "detail/pickle_lengths.h"
+
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <torch/torch.h>
@@ -177,6 +179,20 @@ TEST(bundle, reading_a_directory_that_is_not_a_bundle_says_so) {
     EXPECT_NE(std::string::npos, std::string(e.what()).find("batch.pt' is missing"));
   }
   fs::remove_all(dir);
+}
+
+// torch's unpickler reserves what a string opcode declares before reading
+// it: a 2 KB corrupt file asked for 1.8 GB (fuzz/bundle_fuzz).
+TEST(bundle, a_pickle_that_declares_more_than_it_holds_is_refused_before_torch_reads_it) {
+  const std::string huge_string = std::string("\x80\x02X\xff\xff\xff\x7f", 7) + "abc.";
+  try {
+    nanguard::detail::check_pickle_lengths(huge_string.data(), huge_string.size());
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string::npos, std::string(e.what_without_backtrace()).find("declares 2147483647 bytes"));
+  }
+  std::vector<char> pickled = torch::pickle_save(c10::IValue(std::vector<int64_t>{1, 2, 3}));
+  EXPECT_NO_THROW(nanguard::detail::check_pickle_lengths(pickled.data(), pickled.size()));
 }
 
 }  // namespace
