@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -191,7 +192,11 @@ TEST(bundle, a_pickle_that_declares_more_than_it_holds_is_refused_before_torch_r
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string::npos, std::string(e.what_without_backtrace()).find("declares 2147483647 bytes"));
   }
-  std::vector<char> pickled = torch::pickle_save(c10::IValue(std::vector<int64_t>{1, 2, 3}));
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("a string long enough for BINUNICODE", std::vector<int64_t>{1, 2, 3});
+  d.insert("pi", 3.14);
+  const std::vector<char> pickled = torch::jit::pickle(d, nullptr);  // the bare pickle stream
+  ASSERT_EQ('\x80', pickled.front());
   EXPECT_NO_THROW(nanguard::detail::check_pickle_lengths(pickled.data(), pickled.size()));
 }
 
