@@ -247,6 +247,28 @@ TEST(tracer, an_infinity_the_std_backward_masks_out_is_not_a_finding) {
   EXPECT_FALSE(t.found()) << (t.found() ? nanguard::to_text(t.findings().front()) : "");
 }
 
+// A custom backward whose NaN no ATen op made (from_blob is not an op): the
+// node that returned it is named, as detect_anomaly names it.
+struct ReturnsNanBackward : torch::autograd::Function<ReturnsNanBackward> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) { return x.clone(); }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 const torch::autograd::variable_list&) {
+    static float nans[3] = {NAN, NAN, NAN};
+    return {torch::from_blob(nans, {3})};
+  }
+};
+
+TEST(tracer, names_a_backward_node_that_returns_a_nan_no_op_made) {
+  const at::Tensor x = torch::ones({3}, torch::requires_grad());
+  nanguard::tracer t;
+  ReturnsNanBackward::apply(x).sum().backward();
+  const nanguard::finding& f = t.findings().at(0);  // was AccumulateGrad, role input
+  EXPECT_NE(std::string::npos, f.node.find("ReturnsNanBackward")) << nanguard::to_text(f);
+  EXPECT_EQ(f.node, f.op);
+  EXPECT_EQ(direction::backward, f.direction);
+  EXPECT_EQ(role::producer, f.role);
+}
+
 TEST(tracer, reports_an_unlisted_infinity_from_masked_fill) {
   nanguard::tracer t(nanguard::tracer_options().allow({}));
   at::zeros({3}).masked_fill(at::ones({3}, at::kBool), -INFINITY);
