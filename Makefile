@@ -42,7 +42,7 @@ test: build
 	ctest --test-dir $(BUILD) --output-on-failure --timeout 900
 
 # Every test under AddressSanitizer (leaks included) and UndefinedBehavior-
-# Sanitizer, in its own build tree: about 35 minutes on 2 cores. The
+# Sanitizer, in its own build tree: about 20 minutes on 2 cores with -j2. The
 # packaging test is left out (its consumer is built without the sanitizers);
 # vptr and container-overflow checks are off (LibTorch is not built for
 # them: vectors it fills would look overflowed).
@@ -54,7 +54,7 @@ test-sanitize: setup
 	cmake --build build-sanitize
 	ASAN_OPTIONS=detect_container_overflow=0 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize/lsan.supp \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  ctest --test-dir build-sanitize -E packaging --output-on-failure --timeout 900
+	  ctest --test-dir build-sanitize -j2 -E packaging --output-on-failure --timeout 900
 
 # The readers of user files (CSV, event log, bundle) under libFuzzer with
 # AddressSanitizer (leaks included) and UndefinedBehaviorSanitizer, each for
