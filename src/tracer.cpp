@@ -575,7 +575,8 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
 
   // Values of a full chain flowing on: marked, not recorded (a NaN made
   // from its infinities is recorded below, as a chain of its own).
-  if (const taint* via = full_chain_input(st, ctx); via && via->nan) {
+  const taint* via = full_chain_input(st, ctx);
+  if (via && via->nan) {
     mark(st, fn, out, *via);
     return;
   }
@@ -617,8 +618,7 @@ void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_con
     st.allowed.insert(out);  // intentional infinities flowing on (mask + scores)
     return;
   }
-  if (const taint* via = full_chain_input(st, ctx);
-      via && (out_stats.nan == 0 || bad_inputs_hold_nan || !meant(st.records[st.records[via->record].origin].finding))) {
+  if (via && (out_stats.nan == 0 || bad_inputs_hold_nan || !meant(st.records[st.records[via->record].origin].finding))) {
     mark(st, fn, out, {via->record, out_stats.nan > 0});
     return;
   }
