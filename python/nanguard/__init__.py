@@ -19,6 +19,9 @@ from . import _nanguard
 from ._trace import AllowRule, Finding, NonFiniteError, Trace, trace
 from ._guard import Guard, StepResult
 
+#: nanguard's version (the C++ core's: one number for the library, the CLI and the module).
+__version__ = _nanguard.__version__
+
 __all__ = [
     "census", "has_nonfinite", "mark_written", "TensorStats", "trace", "Trace", "Finding",
     "NonFiniteError", "AllowRule", "Guard", "StepResult", "IsolationForest",

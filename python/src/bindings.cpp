@@ -12,6 +12,7 @@
 #include <nanguard/scope.h>
 #include <nanguard/sentinel.h>
 #include <nanguard/tracer.h>
+#include <nanguard/version.h>
 
 #include <torch/csrc/utils/pybind.h>
 #include <torch/nn/module.h>
@@ -126,6 +127,7 @@ py::dict column_report_dict(const nanguard::column_report& c) {
 
 PYBIND11_MODULE(_nanguard, m) {
   m.doc() = "nanguard's C++ core (census, tracer, scope, sentinel, loss scaler)";
+  m.attr("__version__") = NANGUARD_VERSION;
   // C++ errors as the Python exception of their kind, as torch maps them,
   // with the message only (no C++ backtrace); nanguard's own checks
   // (TORCH_CHECK) refuse values, so a plain c10::Error is a ValueError. Any

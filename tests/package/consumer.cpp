@@ -1,4 +1,5 @@
-// Uses the installed nanguard: must build against the exported config and run.
+// Uses nanguard as a C++ project would (installed, or added from its source
+// tree): must build with the umbrella header alone and run.
 #include <nanguard/nanguard.h>
 
 #include <ATen/ATen.h>
@@ -21,5 +22,7 @@ int main() {
   std::filesystem::remove_all(dir);
   const bool same_torch = std::string(TORCH_VERSION) == EXPECTED_TORCH_VERSION;
   if (!same_torch) std::cerr << "built against torch " << TORCH_VERSION << ", expected " << EXPECTED_TORCH_VERSION << "\n";
-  return (same_torch && s.nan == 1 && s.first_nonfinite_index == 3 && nanguard::has_nonfinite(x)) ? 0 : 1;
+  const bool same_version = std::string(NANGUARD_VERSION) == EXPECTED_NANGUARD_VERSION;
+  if (!same_version) std::cerr << "nanguard " << NANGUARD_VERSION << ", expected " << EXPECTED_NANGUARD_VERSION << "\n";
+  return (same_torch && same_version && s.nan == 1 && s.first_nonfinite_index == 3 && nanguard::has_nonfinite(x)) ? 0 : 1;
 }

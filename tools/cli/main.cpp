@@ -3,6 +3,8 @@
 #include "commands.h"
 #include "temp_file.h"
 
+#include <nanguard/version.h>
+
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
@@ -14,7 +16,7 @@ int main(int argc, char** argv) {
   install_signal_handlers();
   CLI::App app{"nanguard: find where NaN/Inf is born in LibTorch training, and keep it finite"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "nanguard 0.1.0");
+  app.set_version_flag("--version", "nanguard " NANGUARD_VERSION);
   const std::vector<command> commands = {
       add_demo_command(app),
       add_census_command(app),
