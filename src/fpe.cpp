@@ -33,7 +33,7 @@ constexpr int kMaxFrames = 64;
 // Everything the handler touches is plain thread-local data, written outside
 // the handler: no std::string, no allocation inside it.
 thread_local char noted_scope[kScopeBytes];
-thread_local sigjmp_buf* jump_target = nullptr;
+thread_local sigjmp_buf* innermost_jump_target = nullptr;  // of fpe_trap::run
 thread_local int armed_depth = 0;
 thread_local bool print_on_jump = false;
 thread_local void* fault_frames[kMaxFrames];
@@ -122,9 +122,9 @@ void on_sigfpe(int sig, siginfo_t* info, void* context) {
   fault_code = info->si_code;
   fault_address = reinterpret_cast<uintptr_t>(info->si_addr);
   fault_frame_count = backtrace(fault_frames, kMaxFrames);  // preloaded when armed: no allocation
-  if (jump_target) {
+  if (innermost_jump_target) {
     if (print_on_jump) report(false);
-    siglongjmp(*jump_target, 1);
+    siglongjmp(*innermost_jump_target, 1);
   }
   report(true);
   // Die of SIGFPE: with the default action back, the faulting instruction
@@ -184,11 +184,9 @@ std::string message_of(const fpe_fault& f) {
 
 fpe_error::fpe_error(fpe_fault fault) : std::runtime_error(message_of(fault)), fault_(std::move(fault)) {}
 
-namespace detail {
+sigjmp_buf*& fpe_trap::jump_target() { return innermost_jump_target; }
 
-sigjmp_buf*& fpe_jump_target() { return jump_target; }
-
-fpe_fault take_fpe_fault() {
+fpe_fault fpe_trap::take_fault() {
   fpe_fault f;
   f.code = fault_code;
   f.what = describe(fault_code);
@@ -204,8 +202,6 @@ fpe_fault take_fpe_fault() {
   }
   return f;
 }
-
-}  // namespace detail
 
 fpe_trap::fpe_trap(fpe_options options) : print_(options.print()), previous_print_(print_on_jump) {
   const int wanted = (options.invalid() ? FE_INVALID : 0) | (options.divbyzero() ? FE_DIVBYZERO : 0) |
@@ -254,8 +250,6 @@ void fpe_trap::note_scope(const std::string& where) {
 
 // ============================================================== guard_op
 
-namespace detail {
-
 namespace {
 
 tensor_record record_of(const at::Tensor& t, std::string name) {
@@ -303,7 +297,5 @@ void check_op_outputs(const std::string& op, const std::vector<at::Tensor>& inpu
     throw nonfinite_error(std::move(f));
   }
 }
-
-}  // namespace detail
 
 }  // namespace nanguard

@@ -164,13 +164,20 @@ struct precision_advisor::state {
   detail::observer_slot<state> slot{"nanguard::precision_advisor"};  // last: uninstalled first
 };
 
+// What the advisor's RecordFunction callbacks (free functions) use to reach its state.
+struct advisor_callbacks {
+  using state = precision_advisor::state;
+};
+
 namespace {
 
-precision_advisor::state* current_advisor() {
-  return detail::observer_slot<precision_advisor::state>::current();
+using advisor_state = advisor_callbacks::state;
+
+advisor_state* current_advisor() {
+  return detail::observer_slot<advisor_state>::current();
 }
 
-std::string module_of(precision_advisor::state& st, const std::vector<at::Tensor>& inputs) {
+std::string module_of(advisor_state& st, const std::vector<at::Tensor>& inputs) {
   const std::string scripted = dotted_module_path(torch::jit::currentModuleHierarchy());
   if (!scripted.empty()) return scripted;
   const std::string& open = current_scope();
@@ -184,7 +191,7 @@ std::string module_of(precision_advisor::state& st, const std::vector<at::Tensor
 }
 
 std::unique_ptr<at::ObserverContext> advisor_start(const at::RecordFunction& fn) {
-  precision_advisor::state* st = current_advisor();
+  advisor_state* st = current_advisor();
   if (!st) return nullptr;
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
     if (!node_stack.empty() && node_stack.back() == kEngineFrame) node_stack.back() = fn.seqNr();
@@ -231,7 +238,7 @@ void advisor_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
     return;
   }
   auto* ctx = static_cast<op_context*>(raw);
-  precision_advisor::state* st = current_advisor();
+  advisor_state* st = current_advisor();
   if (!ctx) return;
   callback_scope no_recursion;
   if (st && !ctx->parent && !allocates_only(fn.name()) && !scalars_only(*ctx, fn)) {
@@ -254,7 +261,7 @@ void advisor_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   pop_op(innermost_advisor_op, ctx);
 }
 
-void add_gradient(precision_advisor::state& st, const std::string& name, const at::Tensor& grad) {
+void add_gradient(advisor_state& st, const std::string& name, const at::Tensor& grad) {
   const tensor_stats s = census(grad);
   gradient_precision& g = st.gradients[name];
   g.parameter = name;
@@ -536,10 +543,17 @@ struct precision_emulator::state {
   detail::observer_slot<state> slot{"nanguard::precision_emulator"};  // last: uninstalled first
 };
 
+// What the emulator's RecordFunction callbacks (free functions) use to reach its state.
+struct emulator_callbacks {
+  using state = precision_emulator::state;
+};
+
 namespace {
 
-precision_emulator::state* current_emulator() {
-  return detail::observer_slot<precision_emulator::state>::current();
+using emulator_state = emulator_callbacks::state;
+
+emulator_state* current_emulator() {
+  return detail::observer_slot<emulator_state>::current();
 }
 
 std::unique_ptr<at::ObserverContext> emulator_start(const at::RecordFunction& fn) {
@@ -556,7 +570,7 @@ std::unique_ptr<at::ObserverContext> emulator_start(const at::RecordFunction& fn
 
 void emulator_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   auto* ctx = static_cast<op_context*>(raw);
-  precision_emulator::state* st = current_emulator();
+  emulator_state* st = current_emulator();
   if (!ctx) return;
   callback_scope no_recursion;
   if (st && !allocates_only(fn.name()) && !scalars_only(*ctx, fn)) {

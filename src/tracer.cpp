@@ -382,7 +382,15 @@ struct tracer::state {
   detail::observer_slot<state> slot{"nanguard::tracer"};  // last: uninstalled before the rest goes
 };
 
+// What the RecordFunction callbacks below (free functions: callbacks are
+// plain function pointers) use to reach the tracer's private state.
+struct tracer_callbacks {
+  using state = tracer::state;
+};
+
 namespace {
+
+using tracer_state = tracer_callbacks::state;
 
 std::vector<node_frame>& node_stack() {
   thread_local std::vector<node_frame> stack;
@@ -412,7 +420,7 @@ const op_context* unrecorded_maker(const at::Tensor& t) {
 
 using detail::callback_scope;
 
-tracer::state* current_state() { return detail::observer_slot<tracer::state>::current(); }
+tracer_state* current_state() { return detail::observer_slot<tracer_state>::current(); }
 
 constexpr char kEngineFrame[] = "autograd::engine::evaluate_function: ";
 
@@ -434,7 +442,7 @@ bool within(std::string_view inner, std::string_view outer) {
 
 // The module of an op: TorchScript's hierarchy, then the parameters it
 // reads (when inside the open scope), then the open scope.
-module_ref module_of(tracer::state& st, const c10::SmallVector<at::Tensor, 4>& inputs) {
+module_ref module_of(tracer_state& st, const c10::SmallVector<at::Tensor, 4>& inputs) {
   module_ref m;
   m.scripted = dotted_module_path(torch::jit::currentModuleHierarchy());
   if (!m.scripted.empty()) return m;
@@ -470,7 +478,7 @@ tensor_record record_of(const at::Tensor& t, std::string name) {
   return {std::move(name), c10::toString(t.scalar_type()), t.sizes().vec(), census(t)};
 }
 
-std::string name_of(tracer::state& st, const at::Tensor& t, const std::string& fallback) {
+std::string name_of(tracer_state& st, const at::Tensor& t, const std::string& fallback) {
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   if (const std::string* name = st.parameters.find(impl)) return *name;
   if (const std::string* name = st.named.find(impl)) return *name;
@@ -506,7 +514,7 @@ constexpr int kWrittenArgument = -1;
 // softmax turned into a zero, an infinity a backward formula masks out) is
 // not. A chain no leaf has judged yet (the step is still running, or has no
 // backward pass) is shown.
-void publish(tracer::state& st) {
+void publish(tracer_state& st) {
   st.findings.clear();
   for (const finding_record& r : st.records) {
     if (int64_t(st.findings.size()) >= st.options.max_findings()) break;
@@ -518,7 +526,7 @@ void publish(tracer::state& st) {
 // Marks the non-finite `out` of `fn` as belonging to the chain of `record`.
 // A forward op remembers it: its backward node may be where a backward
 // pass starts, and then `out` is the loss.
-void mark(tracer::state& st, const at::RecordFunction& fn, const at::Tensor& out, taint what) {
+void mark(tracer_state& st, const at::RecordFunction& fn, const at::Tensor& out, taint what) {
   st.reported.insert(out, what);
   if (fn.scope() != at::RecordScope::FUNCTION || fn.seqNr() < 0 || !node_stack().empty()) return;
   if (auto it = st.forward_ops.find(fn.seqNr()); it != st.forward_ops.end()) it->second.nonfinite_record = what.record;
@@ -526,7 +534,7 @@ void mark(tracer::state& st, const at::RecordFunction& fn, const at::Tensor& out
 
 // Records `f`, about the non-finite `out` of `fn`; `origin` is the record
 // its values descend from, or -1 when it starts a chain of its own.
-void record(tracer::state& st, const at::RecordFunction& fn, finding f, int origin, const at::Tensor& out,
+void record(tracer_state& st, const at::RecordFunction& fn, finding f, int origin, const at::Tensor& out,
             bool out_holds_nan) {
   const int index = int(st.records.size());
   st.records.push_back({std::move(f), origin < 0 ? index : origin});
@@ -551,15 +559,15 @@ bool meant(const finding& origin) {
 
 // Records past this many in one chain are not kept, only marked: a NaN
 // reaches most of a step's tensors, and each record costs a census.
-int64_t chain_limit(const tracer::state& st) { return st.options.max_findings(); }
+int64_t chain_limit(const tracer_state& st) { return st.options.max_findings(); }
 
-int64_t chain_length(const tracer::state& st, int origin) {
+int64_t chain_length(const tracer_state& st, int origin) {
   return std::count_if(st.records.begin(), st.records.end(),
                        [&](const finding_record& r) { return r.origin == origin; });
 }
 
 // What the tracer knows of an input of the op whose chain is full, or nullptr.
-const taint* full_chain_input(const tracer::state& st, const op_context& ctx) {
+const taint* full_chain_input(const tracer_state& st, const op_context& ctx) {
   for (const at::Tensor& in : ctx.inputs) {
     const taint* t = st.reported.find(in);
     if (t && chain_length(st, st.records[t->record].origin) >= chain_limit(st)) return t;
@@ -567,7 +575,7 @@ const taint* full_chain_input(const tracer::state& st, const op_context& ctx) {
   return nullptr;
 }
 
-void on_nonfinite_output(tracer::state& st, const at::RecordFunction& fn, op_context& ctx,
+void on_nonfinite_output(tracer_state& st, const at::RecordFunction& fn, op_context& ctx,
                          const at::Tensor& out, int output_index) {
   std::lock_guard<std::mutex> lock(st.mutex);
   if (inside_infinity_test()) return;
@@ -716,7 +724,7 @@ bool holds_new_values(output_kind kind, const at::Tensor& out, const op_context&
 // counters (a callback's, a scan's), when the tracer measures its cost.
 class cost_meter {
  public:
-  cost_meter(const tracer::state& st, std::atomic<int64_t>& nanoseconds)
+  cost_meter(const tracer_state& st, std::atomic<int64_t>& nanoseconds)
       : into_(st.options.measure_cost() ? &nanoseconds : nullptr),
         start_(into_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point()) {}
   ~cost_meter() {
@@ -738,7 +746,7 @@ enum class scanned { output, old_values, parameter, node_input };
 // The range of `t`'s values, read on this thread for `op` (its output, an
 // input it writes, or a parameter it uses first); counted in the tracer's
 // cost when measured.
-value_range scan_range(tracer::state& st, const at::Tensor& t, const char* op, scanned what) {
+value_range scan_range(tracer_state& st, const at::Tensor& t, const char* op, scanned what) {
   if (st.options.measure_cost()) {
     const int64_t bytes = t.numel() * int64_t(t.element_size());
     st.scans.fetch_add(1, std::memory_order_relaxed);
@@ -762,7 +770,7 @@ value_range scan_range(tracer::state& st, const at::Tensor& t, const char* op, s
 // is also its out= buffer: x.mul_(0.5) runs as mul.out(0.5, x, out=x)),
 // whether it holds a NaN or Inf now: afterwards, its values are the op's.
 // A tensor the memo knows needs no scan; one scanned finite joins it.
-void record_written_inputs(tracer::state& st, const op_traits& traits, c10::ArrayRef<const c10::IValue> args,
+void record_written_inputs(tracer_state& st, const op_traits& traits, c10::ArrayRef<const c10::IValue> args,
                            op_context& ctx) {
   c10::SmallVector<const at::Tensor*, 2> written;
   if (traits.inplace && !args.empty() && args[0].isTensor()) written.push_back(&args[0].toTensor());
@@ -792,7 +800,7 @@ void record_written_inputs(tracer::state& st, const op_traits& traits, c10::Arra
 
 // The ranges the op's rule gives its outputs, from its arguments' ranges
 // as they are before it runs.
-void bound_outputs(tracer::state& st, const op_traits& traits, c10::ArrayRef<const c10::IValue> args,
+void bound_outputs(tracer_state& st, const op_traits& traits, c10::ArrayRef<const c10::IValue> args,
                    op_context& ctx) {
   if (!traits.rule || detail::any_complex(args)) return;
   range_memo& memo = this_thread_memo();
@@ -815,7 +823,7 @@ void bound_outputs(tracer::state& st, const op_traits& traits, c10::ArrayRef<con
 // op_traits::writes_unreturned), read unless an op inside it recorded a
 // write to them since it started (on CPU, aten::_foreach_mul_'s mul_ ops),
 // which checked them.
-void check_unreturned_writes(tracer::state& st, const at::RecordFunction& fn, op_context& ctx, range_memo& memo) {
+void check_unreturned_writes(tracer_state& st, const at::RecordFunction& fn, op_context& ctx, range_memo& memo) {
   for (size_t k = 0; k < ctx.inputs.size(); ++k) {
     const at::Tensor& written = ctx.inputs[k];
     if (ctx.nonfinite_before[k] < 0 || !measurable(written) || memo.written_since(written, ctx.memo_writes)) continue;
@@ -869,7 +877,7 @@ const ran_node* sender_of(const std::vector<ran_node>& ran, const torch::autogra
 // A gradient no op made, non-finite: the finding of the node that returned
 // it (detect_anomaly's check, NaN and Inf), or of the gradient handed to
 // backward() when no node did.
-void on_nonfinite_node_input(tracer::state& st, const at::RecordFunction& fn, const ran_node* sender,
+void on_nonfinite_node_input(tracer_state& st, const at::RecordFunction& fn, const ran_node* sender,
                              const at::Tensor& gradient, size_t input) {
   std::lock_guard<std::mutex> lock(st.mutex);
   const tensor_record bad = record_of(gradient, "gradient " + std::to_string(input) + " into " + fn.name());
@@ -900,7 +908,7 @@ void on_nonfinite_node_input(tracer::state& st, const at::RecordFunction& fn, co
 }
 
 // A backward pass starts at the loss's node: a non-finite loss mattered.
-void reach_from_loss(tracer::state& st, int64_t sequence_nr) {
+void reach_from_loss(tracer_state& st, int64_t sequence_nr) {
   std::lock_guard<std::mutex> lock(st.mutex);
   const auto it = st.forward_ops.find(sequence_nr);
   if (it == st.forward_ops.end() || it->second.nonfinite_record < 0) return;
@@ -911,7 +919,7 @@ void reach_from_loss(tracer::state& st, int64_t sequence_nr) {
 bool is_accumulate_grad(const char* node) { return std::strstr(node, "AccumulateGrad") != nullptr; }
 
 // What the tracer knows of a gradient (or of the tensor it views).
-std::optional<taint> taint_of(tracer::state& st, const at::Tensor& t) {
+std::optional<taint> taint_of(tracer_state& st, const at::Tensor& t) {
   std::lock_guard<std::mutex> lock(st.mutex);
   const taint* known = st.reported.find(t);
   if (!known && t.is_view() && t._base().defined()) known = st.reported.find(t._base());
@@ -924,7 +932,7 @@ std::optional<taint> taint_of(tracer::state& st, const at::Tensor& t) {
 //
 // A leaf's AccumulateGrad receives what becomes its .grad: the chain of a
 // non-finite value there reached a gradient (see publish()).
-void check_node_inputs(tracer::state& st, const at::RecordFunction& fn) {
+void check_node_inputs(tracer_state& st, const at::RecordFunction& fn) {
   std::vector<ran_node>& ran = nodes_run_in_this_backward();
   const std::shared_ptr<torch::autograd::Node> node = torch::autograd::get_current_node();
   const bool into_leaf = is_accumulate_grad(fn.name());
@@ -955,7 +963,7 @@ void check_node_inputs(tracer::state& st, const at::RecordFunction& fn) {
 }
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
-  tracer::state* st = current_state();
+  tracer_state* st = current_state();
   if (!st) return nullptr;
   const cost_meter meter(*st, st->nanoseconds);
   if (st->options.measure_cost()) st->ops.fetch_add(1, std::memory_order_relaxed);
@@ -1026,7 +1034,7 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   if (!ctx) return;  // started while not tracing (or from inside a callback)
   if (ctx->sealed) at::reenableCallback(ctx->sealed);
   op_stack().pop_back();  // ops end innermost first
-  tracer::state* st = current_state();
+  tracer_state* st = current_state();
   if (!st) return;
   const cost_meter meter(*st, st->nanoseconds);
   const op_traits& traits = *ctx->traits;

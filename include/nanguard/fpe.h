@@ -87,13 +87,6 @@ class fpe_error : public std::runtime_error {
   fpe_fault fault_;
 };
 
-namespace detail {
-/// The jump target of the innermost fpe_trap::run on this thread.
-sigjmp_buf*& fpe_jump_target();
-/// The fault the handler recorded on this thread before jumping.
-fpe_fault take_fpe_fault();
-}  // namespace detail
-
 /// Unmasks floating-point exceptions on this thread while it lives and
 /// installs nanguard's SIGFPE handler (process-wide, restored when the last
 /// trap goes). The previous exception mask of the thread is restored on
@@ -122,53 +115,62 @@ class fpe_trap {
   template <typename F>
   static auto run(F&& fn, fpe_options options = {}) -> decltype(fn()) {
     sigjmp_buf here;
-    sigjmp_buf* const outer = detail::fpe_jump_target();
+    sigjmp_buf* const outer = jump_target();
     fpe_trap trap(options);
     if (sigsetjmp(here, /*savemask=*/1) != 0) {
-      detail::fpe_jump_target() = outer;
+      jump_target() = outer;
       trap.rearm_after_fault();
-      throw fpe_error(detail::take_fpe_fault());
+      throw fpe_error(take_fault());
     }
-    detail::fpe_jump_target() = &here;
+    jump_target() = &here;
     struct restore {
       sigjmp_buf* outer;
-      ~restore() { detail::fpe_jump_target() = outer; }
+      ~restore() { jump_target() = outer; }
     } restore_target{outer};
     return fn();
   }
 
  private:
+  /// The jump target of the innermost run() on this thread.
+  static sigjmp_buf*& jump_target();
+  /// The fault the handler recorded on this thread before jumping.
+  static fpe_fault take_fault();
   void rearm_after_fault();
   fenv_t previous_env_;  // the thread's floating-point environment before the trap
   bool print_;
   bool previous_print_;
 };
 
-namespace detail {
-/// guard_op's check of the arguments: throws nonfinite_error (role input).
+/// Throws nonfinite_error (role input) naming op `op`, the module (current
+/// scope) and the first argument in `inputs` that holds a NaN or Inf, with
+/// its element index and value; returns when every one is finite. guard_op's
+/// check before the op runs.
 void check_op_inputs(const std::string& op, const std::vector<at::Tensor>& inputs);
-/// guard_op's check of the results: throws nonfinite_error (role producer).
+/// Throws nonfinite_error (role producer) naming op `op` and the first of its
+/// `outputs` that holds a NaN or Inf; returns when every one is finite.
+/// guard_op's check after the op ran on `inputs` (already checked finite).
 void check_op_outputs(const std::string& op, const std::vector<at::Tensor>& inputs,
                       const std::vector<at::Tensor>& outputs);
 
+/// Appends the tensors that `value` holds to `out`: a tensor, a vector of
+/// them, or a pair or tuple of those; any other type holds none.
 template <typename T>
-void gather(std::vector<at::Tensor>&, const T&) {}  // not a tensor: nothing to check
-inline void gather(std::vector<at::Tensor>& out, const at::Tensor& t) { out.push_back(t); }
-inline void gather(std::vector<at::Tensor>& out, const std::vector<at::Tensor>& ts) {
+void append_tensors(std::vector<at::Tensor>&, const T&) {}
+inline void append_tensors(std::vector<at::Tensor>& out, const at::Tensor& t) { out.push_back(t); }
+inline void append_tensors(std::vector<at::Tensor>& out, const std::vector<at::Tensor>& ts) {
   out.insert(out.end(), ts.begin(), ts.end());
 }
 template <typename A, typename B>
-void gather(std::vector<at::Tensor>& out, const std::pair<A, B>& p);
+void append_tensors(std::vector<at::Tensor>& out, const std::pair<A, B>& p);
 template <typename... T>
-void gather(std::vector<at::Tensor>& out, const std::tuple<T...>& t) {
-  std::apply([&](const auto&... e) { (gather(out, e), ...); }, t);
+void append_tensors(std::vector<at::Tensor>& out, const std::tuple<T...>& t) {
+  std::apply([&](const auto&... e) { (append_tensors(out, e), ...); }, t);
 }
 template <typename A, typename B>
-void gather(std::vector<at::Tensor>& out, const std::pair<A, B>& p) {
-  gather(out, p.first);
-  gather(out, p.second);
+void append_tensors(std::vector<at::Tensor>& out, const std::pair<A, B>& p) {
+  append_tensors(out, p.first);
+  append_tensors(out, p.second);
 }
-}  // namespace detail
 
 /// Runs a custom op `fn(args...)` and checks its tensor arguments before and
 /// its tensor results after with the census; throws nonfinite_error whose
@@ -184,16 +186,16 @@ void gather(std::vector<at::Tensor>& out, const std::pair<A, B>& p) {
 template <typename F, typename... Args>
 auto guard_op(const std::string& name, F&& fn, Args&&... args) -> decltype(fn(std::forward<Args>(args)...)) {
   std::vector<at::Tensor> inputs;
-  (detail::gather(inputs, args), ...);
-  detail::check_op_inputs(name, inputs);
+  (append_tensors(inputs, args), ...);
+  check_op_inputs(name, inputs);
   fpe_trap::note_scope(name);
   struct renote {
     ~renote() { fpe_trap::note_scope(); }
   } renote_scope;
   auto result = fn(std::forward<Args>(args)...);
   std::vector<at::Tensor> outputs;
-  detail::gather(outputs, result);
-  detail::check_op_outputs(name, inputs, outputs);
+  append_tensors(outputs, result);
+  check_op_outputs(name, inputs, outputs);
   return result;
 }
 

@@ -160,9 +160,8 @@ class guard {
   /// The options it was made with.
   const guard_options& options() const;
 
-  struct impl;  ///< the state (defined in guard.cpp)
-
  private:
+  struct impl;
   std::unique_ptr<impl> impl_;
 };
 

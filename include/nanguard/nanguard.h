@@ -15,19 +15,30 @@
 //   g.step({x, y}, [&](const std::vector<at::Tensor>& b) { return loss_fn(model->forward(b[0]), b[1]); });
 #pragma once
 
+#include <nanguard/version.h>
+
+// Finding the origin
 #include <nanguard/census.h>
 #include <nanguard/finding.h>
 #include <nanguard/scope.h>
 #include <nanguard/tracer.h>
-#include <nanguard/bundle.h>
-#include <nanguard/clip.h>
-#include <nanguard/events.h>
-#include <nanguard/report.h>
-#include <nanguard/guard.h>
-#include <nanguard/loss_scaler.h>
-#include <nanguard/safe_ops.h>
-#include <nanguard/schedule.h>
-#include <nanguard/sentinel.h>
-#include <nanguard/snapshot.h>
 #include <nanguard/precision.h>
 #include <nanguard/fpe.h>
+// Keeping training finite
+#include <nanguard/guard.h>
+#include <nanguard/sentinel.h>
+#include <nanguard/loss_scaler.h>
+#include <nanguard/clip.h>
+#include <nanguard/safe_ops.h>
+#include <nanguard/schedule.h>
+#include <nanguard/snapshot.h>
+#include <nanguard/bundle.h>
+#include <nanguard/distributed.h>
+// Guarding the data
+#include <nanguard/csv.h>
+#include <nanguard/column_stats.h>
+#include <nanguard/firewall.h>
+#include <nanguard/isolation_forest.h>
+// Showing it
+#include <nanguard/events.h>
+#include <nanguard/report.h>

@@ -176,9 +176,9 @@ class precision_advisor {
   /// Observes again after pause().
   void resume();
 
-  struct state;  ///< shared with the RecordFunction callbacks
-
  private:
+  struct state;
+  friend struct advisor_callbacks;  // precision.cpp's RecordFunction callbacks share the state
   std::unique_ptr<state> state_;
 };
 
@@ -223,9 +223,9 @@ class precision_emulator {
   /// The first op that did, as a finding (role producer); empty op if none.
   const finding& first() const;
 
-  struct state;  ///< shared with the RecordFunction callbacks
-
  private:
+  struct state;
+  friend struct emulator_callbacks;  // precision.cpp's RecordFunction callbacks share the state
   std::unique_ptr<state> state_;
 };
 

@@ -139,9 +139,9 @@ class tracer {
   /// each op's inputs and outputs, ~1 us per op).
   tracer_cost cost() const;
 
-  struct state;  ///< shared with the RecordFunction callbacks
-
  private:
+  struct state;
+  friend struct tracer_callbacks;  // tracer.cpp's RecordFunction callbacks share the state
   std::unique_ptr<state> state_;
 };
 
