@@ -1,4 +1,5 @@
 #include "nanguard/csv.h"
+#include "support.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -14,6 +15,8 @@
 
 namespace {
 
+using nanguard::test::error_of;
+
 namespace fs = std::filesystem;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -24,17 +27,6 @@ std::string fixture(const std::string& name, const std::string& text) {
   const fs::path p = dir / name;
   std::ofstream(p, std::ios::binary) << text;
   return p.string();
-}
-
-// The message of the c10::Error that `fn` throws ("" if it does not throw).
-template <typename F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
 }
 
 double at2(const at::Tensor& t, int64_t i, int64_t j) { return t[i][j].item<double>(); }
@@ -186,7 +178,7 @@ TEST(csv, writer_round_trips_exactly_and_atomically) {
   nanguard::write_csv(path, {"a", "b,c", "q\"d", "e"}, x);
   const auto t = nanguard::read_csv(path);
   EXPECT_EQ(t.columns, (std::vector<std::string>{"a", "b,c", "q\"d", "e"}));
-  EXPECT_TRUE(at::equal(at::nan_to_num(t.data, 1.5), at::nan_to_num(x, 1.5)));
+  EXPECT_TRUE(nanguard::test::same_values(t.data, x));
   EXPECT_TRUE(std::isnan(at2(t.data, 3, 1)));
   // Only the target is left: the temporary file was renamed.
   EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator{}), 1);

@@ -4,6 +4,7 @@
 // (rank-tagged events and findings). The multi-rank behaviour is tested end to
 // end by tests/cli/distributed_test.sh.
 #include "nanguard/distributed.h"
+#include "support.h"
 #include "nanguard/guard.h"
 #include "nanguard/tracer.h"
 
@@ -18,6 +19,8 @@
 
 namespace {
 
+using nanguard::test::error_of;
+
 namespace fs = std::filesystem;
 
 std::string fresh_store(const std::string& name) {
@@ -28,15 +31,6 @@ std::string fresh_store(const std::string& name) {
 
 std::shared_ptr<nanguard::distributed> one_rank(const std::string& name, nanguard::distributed_options o = {}) {
   return std::make_shared<nanguard::distributed>(nanguard::init_process_group(fresh_store(name), 0, 1), o);
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
 }
 
 TEST(distributed, env_errors_name_the_variable) {

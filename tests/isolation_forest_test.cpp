@@ -1,4 +1,5 @@
 #include "nanguard/isolation_forest.h"
+#include "support.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -12,18 +13,10 @@
 
 namespace {
 
+using nanguard::test::error_of;
+
 using nanguard::isolation_forest;
 using nanguard::isolation_forest_options;
-
-template <typename F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
 
 // ROC AUC of "lower score = outlier" by the Mann-Whitney statistic (ties count half).
 double roc_auc(const at::Tensor& scores, const std::vector<bool>& is_outlier) {
