@@ -4,13 +4,13 @@ The C++ ``nanguard::guard`` takes C++ modules and optimizers, so the Python
 guard orchestrates in Python on the C++ pieces: the sentinel (one fused pass
 over every gradient: global and per-parameter norms, non-finite counts,
 spikes), the loss scaler (GradScaler semantics), clipping folded into the
-unscale write, and the tracer for replay localization.
+unscale write, the tracer for replay localization, and the C++ guard's event
+log and bundle writer, so that ``nanguard report``, ``inspect`` and
+``replay`` read a Python run as they read a C++ one.
 """
 import copy
 import json
 import math
-import os
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -25,10 +25,14 @@ POLICIES = ("skip", "backoff", "rollback", "abort")
 class StepResult:
     """What one guarded step did (also a line of the JSONL event log).
 
-    ``action`` is "step" for a healthy step, else the policy that acted
-    ("skip", "backoff", "rollback", "abort"). ``finding`` is the replay's
-    :class:`~nanguard.Finding` (or None) and ``verdict`` "reproduced" /
-    "not reproduced" / "" (no replay).
+    ``step`` counts from 1, as the C++ guard's. ``action`` is "step" for a
+    healthy step, else the policy that acted ("skip", "backoff", "rollback",
+    "abort"). ``finding`` is the replay's :class:`~nanguard.Finding` (or
+    None) and ``verdict`` "reproduced" / "not reproduced" / "" (no replay).
+    ``nonfinite_params`` lists (name, NaN/Inf count) of the gradients that
+    held any, ``top_norms`` (name, norm) of the largest per-parameter
+    gradient norms; ``bundle`` is the repro bundle an abort wrote and
+    ``rollback_to`` the snapshot a rollback restored (steps done then).
     """
 
     step: int
@@ -43,18 +47,35 @@ class StepResult:
     finding: object = None
     verdict: str = ""
     spikes: list = field(default_factory=list)
+    nonfinite_params: list = field(default_factory=list)
+    top_norms: list = field(default_factory=list)
+    clip_coef: float = 1.0
+    bundle: str = ""
+    rollback_to: int = -1
 
     def to_dict(self):
-        """The result as a JSON-ready dict (NaN/Inf as strings)."""
-        def num(x):
-            return x if math.isfinite(x) else str(x)
-        return {"step": self.step, "loss": num(self.loss), "grad_norm": num(self.grad_norm),
-                "action": self.action, "skipped": self.skipped, "scale": self.scale,
-                "lr": self.lr, "reason": self.reason,
-                "first_nonfinite_param": self.first_nonfinite_param,
-                "finding": json.loads(self.finding.to_json()) if self.finding is not None else None,
-                "verdict": self.verdict,
-                "spikes": [{"series": s, "value": num(v), "z": z} for s, v, z in self.spikes]}
+        """The result as the event log holds it: the C++ guard's step event
+        (``nanguard::step_event``), NaN and Inf as "nan", "inf", "-inf"."""
+        d = {"step": self.step, "loss": _num(self.loss), "grad_norm": _num(self.grad_norm),
+             "clip_coef": _num(self.clip_coef), "scale": _num(self.scale), "lr": _num(self.lr),
+             "skipped": self.skipped, "action": self.action,
+             "spikes": [{"series": s, "value": _num(v), "z": _num(z)} for s, v, z in self.spikes],
+             "nonfinite_params": [{"name": n, "nonfinite": c} for n, c in self.nonfinite_params],
+             "top_norms": [{"name": n, "norm": _num(v)} for n, v in self.top_norms],
+             "findings": [json.loads(self.finding.to_json())] if self.finding is not None else []}
+        for key, value, unset in (("verdict", self.verdict, ""), ("note", self.reason, ""),
+                                  ("bundle", self.bundle, ""), ("rollback_to", self.rollback_to, -1)):
+            if value != unset:
+                d[key] = value
+        return d
+
+
+def _num(x):
+    """A float as the event log writes it: JSON has no NaN or Inf."""
+    x = float(x)
+    if math.isnan(x):
+        return "nan"
+    return x if math.isfinite(x) else ("inf" if x > 0 else "-inf")
 
 
 def _trainable_loss(loss):
@@ -97,11 +118,19 @@ class Guard:
       multiply the LR by
       ``rollback_lr_factor``;
     - ``"abort"``: write a repro bundle to ``bundle_dir`` (if set) and raise
-      :class:`NonFiniteError`.
+      :class:`NonFiniteError`. The bundle is the C++ guard's directory
+      (``nanguard inspect`` reads it); it holds the tensors passed to
+      ``step`` as arguments as its batch, so ``guard.step(loss_fn, x, y)``
+      with ``bundle_tags={"task": "classify"}`` lets ``nanguard replay
+      BUNDLE --model scripted.pt`` run it again on a TorchScript copy of the
+      model.
 
     ``loss_scale``: False (off, default), True (GradScaler defaults) or a
     dict of ``LossScaler`` options (init_scale, growth_factor, ...).
     ``max_bad_steps`` > 0 aborts after that many bad steps in a row.
+    ``event_log``: a JSONL file, one C++ step event per step (``nanguard
+    report`` turns it into HTML); ``log_top_norms`` per-parameter gradient
+    norms go into each event.
 
     NOTE: the closure must depend only on the batch, the parameters and the
     RNG, so that a replay repeats it. Replays restore the CPU RNG.
@@ -110,7 +139,7 @@ class Guard:
     def __init__(self, model, optimizer, policy="skip", max_norm=0.0, clip_value=0.0,
                  loss_scale=False, replay=True, event_log=None, snapshot_every=100,
                  snapshot_keep=2, rollback_lr_factor=0.5, max_bad_steps=0, bundle_dir=None,
-                 spike_window=50, spike_threshold=8.0):
+                 spike_window=50, spike_threshold=8.0, bundle_tags=None, log_top_norms=5):
         if policy not in POLICIES:
             raise ValueError(f"nanguard.Guard: policy must be one of {POLICIES}, got {policy!r}")
         if not (math.isfinite(max_norm) and max_norm >= 0 and math.isfinite(clip_value) and clip_value >= 0):
@@ -132,7 +161,10 @@ class Guard:
         self.rollback_lr_factor = float(rollback_lr_factor)
         self.max_bad_steps = int(max_bad_steps)
         self.bundle_dir = bundle_dir
+        self.bundle_tags = {str(k): str(v) for k, v in (bundle_tags or {}).items()}
+        self.log_top_norms = int(log_top_norms)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self._named = named
         self._params = [p for _, p in named]
         stepped = {id(p) for g in optimizer.param_groups for p in g["params"]}
         if not any(id(p) in stepped for p in self._params):
@@ -148,10 +180,11 @@ class Guard:
         self.rollbacks = 0
         self.lr_factor = 1.0
         self._bad_in_a_row = 0
-        self._snapshots = []
+        self._snapshots = []  # (steps done, model state, optimizer state)
         self._log = None
         if event_log:
-            self._log = open(event_log, "w", encoding="utf-8")
+            open(event_log, "w", encoding="utf-8").close()  # truncated; unwritable: the OSError Python raises
+            self._log = _nanguard.EventLog(str(event_log), False)
         if policy == "rollback":
             self._snapshot()  # until the first good step
 
@@ -160,13 +193,14 @@ class Guard:
         """Runs one guarded step: ``loss = closure(*args, **kwargs)`` then the
         checks, backward, clipping and ``optimizer.step()`` or the policy.
         Returns a :class:`StepResult`."""
-        step = self.steps
         self.steps += 1
+        step = self.steps
         rng = torch.get_rng_state()
+        scale, lr = self.scaler.get_scale(), self._lr()
         self.optimizer.zero_grad(set_to_none=True)
         loss = _trainable_loss(closure(*args, **kwargs))
         finite_loss, loss_value = self.sentinel.check_loss(loss)
-        norm, reason, bad_param = float("nan"), "", ""
+        norm, reason, bad_param, report = float("nan"), "", "", None
         if finite_loss:
             self.scaler.scale(loss).backward()
             report = self.sentinel.inspect_grads(self.scaler.inv_scale())
@@ -175,19 +209,20 @@ class Guard:
                 reason, bad_param = "non-finite gradient", report.first_nonfinite_name
         else:
             reason = "non-finite loss"
+        per_parameter = self._per_parameter(report)
         if not reason:
-            if self.policy == "rollback" and step % self.snapshot_every == 0:
+            if self.policy == "rollback" and (step - 1) % self.snapshot_every == 0:
                 self._snapshot()  # parameters this step just showed finite
-            factor = self.scaler.inv_scale() * _nanguard.clip_coefficient(norm, self.max_norm)
-            self.sentinel.apply_factor_(factor)
+            clip_coef = _nanguard.clip_coefficient(norm, self.max_norm)
+            self.sentinel.apply_factor_(self.scaler.inv_scale() * clip_coef)
             if self.clip_value > 0:
                 torch.nn.utils.clip_grad_value_(self._params, self.clip_value)
             self.optimizer.step()
             self.scaler.update(False)
             self._bad_in_a_row = 0
             spikes = self.sentinel.observe(loss_value, norm)
-            return self._emit(StepResult(step, loss_value, norm, "step", False, self.scaler.get_scale(),
-                                         self._lr(), spikes=spikes))
+            return self._emit(StepResult(step, loss_value, norm, "step", False, scale, lr, spikes=spikes,
+                                         clip_coef=clip_coef, **per_parameter))
 
         # A bad step: nothing is stepped. Localize, then act.
         self.skipped += 1
@@ -201,17 +236,29 @@ class Guard:
             action = "abort"
         if self.scaler.enabled:
             self.scaler.update(True)  # every policy backs an enabled scaler off
+        result = StepResult(step, loss_value, norm, action, True, scale, lr, reason, bad_param, finding, verdict,
+                            **per_parameter)
         if action == "rollback":
-            self._rollback()
-        result = self._emit(StepResult(step, loss_value, norm, action, True, self.scaler.get_scale(),
-                                       self._lr(), reason, bad_param, finding, verdict))
+            result.rollback_to = self._rollback()
         if action == "abort":
-            self._bundle(step, rng, args, kwargs, finding)
+            result.bundle = self._bundle(result, rng, args, kwargs)
+        self._emit(result)
+        if action == "abort":
             if finding is None:
                 raise NonFiniteError(f"step {step}: {reason}" + (f" in {bad_param}" if bad_param else "")
                                      + " (replay did not name an op)")
             raise NonFiniteError(finding)
         return result
+
+    def _per_parameter(self, report):
+        """The event's per-parameter fields from the sentinel's report."""
+        if report is None:
+            return {}
+        names = self.sentinel.names
+        bad = [(n, c) for n, c in zip(names, report.nonfinite_counts) if c > 0]
+        key = lambda item: math.inf if math.isnan(item[1]) else item[1]  # NaN first, as the C++ guard
+        top = sorted(zip(names, report.norms), key=key, reverse=True)[:max(self.log_top_norms, 0)]
+        return {"nonfinite_params": bad, "top_norms": top}
 
     def _replay(self, step, rng, closure, args, kwargs):
         """Re-runs the step under the tracer from the step's RNG state."""
@@ -232,13 +279,15 @@ class Guard:
 
     # -- snapshots and rollback ----------------------------------------------
     def _snapshot(self):
-        snap = (copy.deepcopy(self.model.state_dict()), copy.deepcopy(self.optimizer.state_dict()))
+        steps_done = max(self.steps - 1, 0)  # taken before this step's update
+        snap = (steps_done, copy.deepcopy(self.model.state_dict()), copy.deepcopy(self.optimizer.state_dict()))
         self._snapshots.append(snap)
         del self._snapshots[:-self.snapshot_keep]
 
     def _rollback(self):
+        """Restores the newest snapshot, lowers the LR; returns the snapshot's step."""
         lrs = [g["lr"] for g in self.optimizer.param_groups]
-        model_state, opt_state = self._snapshots[-1]
+        steps_done, model_state, opt_state = self._snapshots[-1]
         self.model.load_state_dict(model_state)
         self.optimizer.load_state_dict(opt_state)
         self.rollbacks += 1
@@ -246,6 +295,7 @@ class Guard:
         for g, lr in zip(self.optimizer.param_groups, lrs):  # the LR goes on from where it was
             g["lr"] = lr * self.rollback_lr_factor
         self.sentinel.reset_spikes()
+        return steps_done
 
     def _lr(self):
         return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer.param_groups else 0.0
@@ -253,32 +303,26 @@ class Guard:
     # -- outputs ----------------------------------------------------------------
     def _emit(self, result):
         if self._log is not None:
-            d = result.to_dict()
-            d["time"] = time.time()
-            self._log.write(json.dumps(d) + "\n")
-            self._log.flush()
+            self._log.write(json.dumps(result.to_dict()))  # checked and flushed by the C++ writer
         return result
 
-    def _bundle(self, step, rng, args, kwargs, finding):
+    def _bundle(self, result, rng, args, kwargs):
+        """Writes the repro bundle of a bad step (the C++ guard's directory,
+        atomically); returns its path, or "" without ``bundle_dir``. The
+        tensors among the step's arguments are its batch; the parameters
+        are as the step found them (nothing was stepped)."""
         if not self.bundle_dir:
-            return
-        os.makedirs(self.bundle_dir, exist_ok=True)
-        path = os.path.join(self.bundle_dir, f"step-{step}.pt")
-        tmp = f"{path}.tmp-{os.getpid()}"  # renamed into place: never a half-written bundle
-        try:
-            torch.save({"step": step, "rng_state": rng, "args": args, "kwargs": kwargs,
-                        "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                        "finding": finding.to_dict() if finding is not None else None}, tmp)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+            return ""
+        batch = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+        finding = result.finding.to_json() if result.finding is not None else ""
+        return _nanguard.write_bundle(str(self.bundle_dir), result.step, result.lr, result.scale, result.loss,
+                                      "abort", result.verdict, finding, [b.detach() for b in batch], rng,
+                                      [(n, p.detach()) for n, p in self._named],
+                                      {"front_end": "python", **self.bundle_tags})
 
     def close(self):
         """Closes the event log."""
-        if self._log is not None:
-            self._log.close()
-            self._log = None
+        self._log = None  # the C++ writer closes the file
 
     def __enter__(self):
         return self

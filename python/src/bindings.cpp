@@ -3,8 +3,10 @@
 /// Tensors cross as at::Tensor through LibTorch's own pybind11 casters
 /// (torch/csrc/utils/pybind.h): no copies. The pure-Python package
 /// `nanguard` (python/nanguard) wraps these bindings in Pythonic classes.
+#include <nanguard/bundle.h>
 #include <nanguard/census.h>
 #include <nanguard/clip.h>
+#include <nanguard/events.h>
 #include <nanguard/finding.h>
 #include <nanguard/firewall.h>
 #include <nanguard/isolation_forest.h>
@@ -19,6 +21,7 @@
 
 #include <pybind11/stl.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -287,6 +290,41 @@ PYBIND11_MODULE(_nanguard, m) {
       .def("reset_spikes", &nanguard::sentinel::reset_spikes)
       .def_property_readonly("names", &nanguard::sentinel::names);
   m.def("clip_coefficient", &nanguard::clip_coefficient, py::arg("total_norm"), py::arg("max_norm"));
+
+  // ------------------------------------------------------------ the guard's outputs
+  // The Python Guard writes the C++ guard's event schema and bundle format
+  // through these, so `nanguard report`, `inspect` and `replay` read its runs.
+  py::class_<nanguard::event_log>(m, "EventLog", "nanguard::event_log: the guard's JSONL event log.")
+      .def(py::init<const std::string&, bool>(), py::arg("path"), py::arg("truncate") = false)
+      .def("write", [](nanguard::event_log& log, const std::string& event_json) {
+        log.write(nanguard::step_event_from_json(event_json));
+      }, py::arg("event_json"),
+           "Writes one step event, given as the JSON of a nanguard::step_event (checked as the reader "
+           "checks it), and flushes the line.")
+      .def_property_readonly("path", &nanguard::event_log::path);
+  m.def("write_bundle",
+        [](const std::string& parent, int64_t step, double lr, double scale, double loss, const std::string& policy,
+           const std::string& verdict, const std::string& finding_json, std::vector<at::Tensor> batch,
+           at::Tensor rng_state, std::vector<std::pair<std::string, at::Tensor>> parameters,
+           std::map<std::string, std::string> tags) {
+          nanguard::bundle b;
+          b.step = step;
+          b.lr = lr;
+          b.scale = scale;
+          b.loss = loss;
+          b.policy = policy;
+          b.verdict = verdict;
+          if (!finding_json.empty()) b.finding = nanguard::finding_from_json(finding_json);
+          b.batch = std::move(batch);
+          b.rng_state = std::move(rng_state);
+          for (auto& [name, value] : parameters) b.parameters.emplace_back(name, value.detach());
+          b.tags.assign(tags.begin(), tags.end());
+          return nanguard::write_bundle(parent, b);
+        },
+        py::arg("parent"), py::arg("step"), py::arg("lr"), py::arg("scale"), py::arg("loss"), py::arg("policy"),
+        py::arg("verdict"), py::arg("finding_json"), py::arg("batch"), py::arg("rng_state"), py::arg("parameters"),
+        py::arg("tags"),
+        "Writes a repro bundle directory (nanguard::write_bundle) under `parent`; returns its path.");
 
   // ------------------------------------------------------------ isolation forest
   py::class_<nanguard::isolation_forest>(m, "IsolationForest",

@@ -61,7 +61,9 @@ def test_skip_localizes_by_replay_and_leaves_parameters_alone(tmp_path):
         assert torch.equal(p, q)
     g.close()
     line = json.loads(log.read_text().splitlines()[0])
-    assert line["action"] == "skip" and line["finding"]["op"] == "aten::sqrt"
+    assert line["step"] == 1 and r.step == 1
+    assert line["action"] == "skip" and line["findings"][0]["op"] == "aten::sqrt"
+    assert line["note"] == "non-finite loss" and line["verdict"] == "reproduced"
 
 
 def test_nonfinite_gradient_names_the_backward_op():
@@ -123,7 +125,7 @@ def test_abort_raises_with_the_finding(tmp_path):
     with pytest.raises(nanguard.NonFiniteError, match="aten::log") as e:
         g.step(lambda: torch.log(model(x) * 0).sum())
     assert e.value.finding.op == "aten::log"
-    assert (tmp_path / "b" / "step-0.pt").exists()
+    assert (tmp_path / "b" / "step-000001" / "meta.json").exists()
 
 
 def test_loss_scaler_backs_off():
@@ -132,7 +134,9 @@ def test_loss_scaler_backs_off():
     g = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), policy="backoff",
                        loss_scale={"init_scale": 2.0 ** 24}, replay=False)
     r = g.step(lambda: F.cross_entropy(model(x), y) * 1e32)  # x 2^24 overflows float32
-    assert r.skipped and r.action == "backoff" and r.scale == 2.0 ** 23
+    # r.scale is the scale the step used (as the C++ guard's events); the scaler then backed off.
+    assert r.skipped and r.action == "backoff" and r.scale == 2.0 ** 24
+    assert g.scaler.get_scale() == 2.0 ** 23
     while r.skipped:
         r = g.step(lambda: F.cross_entropy(model(x), y) * 1e32)
     assert r.action == "step" and r.scale < 2.0 ** 21

@@ -1,0 +1,99 @@
+"""A Python run's event log and repro bundle are the C++ guard's: `nanguard
+report`, `inspect` and `replay` read them (this build's command, from the
+NANGUARD_CLI environment variable that CTest sets)."""
+import json
+import os
+import subprocess
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import nanguard
+
+CLI = os.environ.get("NANGUARD_CLI", "")
+needs_cli = pytest.mark.skipif(not CLI, reason="NANGUARD_CLI is not set (CTest sets it to the built nanguard)")
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.lin(x)))
+
+
+def data(n=32):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(n, 4, generator=g)
+    return x, (x[:, 0] > 0).long()
+
+
+def cli(*args):
+    return subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def loss_fn(model):
+    return lambda x, y: F.cross_entropy(model(x), y)
+
+
+def test_the_event_log_is_the_cpp_schema(tmp_path):
+    x, y = data()
+    bad = x.clone()
+    bad[5, 1] = float("nan")
+    model = Net()
+    log = tmp_path / "events.jsonl"
+    with nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), max_norm=1.0, event_log=log,
+                        log_top_norms=2) as g:
+        results = [g.step(loss_fn(model), x, y), g.step(loss_fn(model), bad, y), g.step(loss_fn(model), x, y)]
+    lines = [json.loads(l) for l in log.read_text().splitlines()]
+    assert [l["step"] for l in lines] == [1, 2, 3] == [r.step for r in results]
+    assert [l["action"] for l in lines] == ["step", "skip", "step"]
+    assert len(lines[0]["top_norms"]) == 2 and lines[0]["top_norms"][0]["norm"] >= lines[0]["top_norms"][1]["norm"]
+    assert 0 < lines[0]["clip_coef"] <= 1
+    assert lines[1]["loss"] == "nan" and lines[1]["note"] == "non-finite loss"
+    assert lines[1]["findings"][0]["op"] == "aten::addmm" and lines[1]["findings"][0]["role"] == "input"
+
+
+@needs_cli
+def test_nanguard_report_shows_a_python_runs_findings(tmp_path):
+    x, y = data()
+    model = Net()
+    log = tmp_path / "events.jsonl"
+    with nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), event_log=log) as g:
+        for step in range(6):
+            g.step(lambda: F.cross_entropy(model(x), y) + (torch.sqrt(model.lin.bias - 100).sum() if step == 3 else 0))
+    r = cli("report", log, "-o", tmp_path / "report.html")
+    assert r.returncode == 0, r.stderr
+    html = (tmp_path / "report.html").read_text()
+    assert "aten::sqrt" in html
+
+
+@needs_cli
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
+def test_nanguard_inspect_and_replay_read_a_python_bundle(tmp_path):
+    x, y = data()
+    bad = x.clone()
+    bad[7, 2] = float("inf")
+    model = Net()
+    scripted = tmp_path / "net.pt"
+    torch.jit.script(model).save(str(scripted))
+    g = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), policy="abort",
+                       bundle_dir=tmp_path / "bundles", bundle_tags={"task": "classify"})
+    g.step(loss_fn(model), x, y)
+    with pytest.raises(nanguard.NonFiniteError):
+        g.step(loss_fn(model), bad, y)
+    bundle = tmp_path / "bundles" / "step-000002"
+    assert (bundle / "meta.json").exists()
+
+    r = cli("inspect", bundle)
+    assert r.returncode == 0, r.stderr
+    assert "aten::addmm" in r.stdout and "batch[0]" in r.stdout
+
+    r = cli("replay", bundle, "--model", scripted)
+    assert r.returncode == 3, r.stdout + r.stderr  # reproduced: exit 3, as for any non-finite result
+    assert "reproduced" in r.stdout and "aten::addmm" in r.stdout
+    assert "matches the bundle's finding" in r.stdout
