@@ -1,4 +1,5 @@
 #include "nanguard/bundle.h"
+#include "nanguard/version.h"
 
 #include "detail/json_field.h"
 #include "detail/json_number.h"
@@ -118,8 +119,6 @@ std::vector<at::Tensor> from_list(const c10::IValue& v, const fs::path& path) {
 }
 
 }  // namespace
-
-const char* version() { return "0.1.0"; }
 
 std::string write_bundle(const std::string& parent, const bundle& b) {
   std::error_code ec;

@@ -1,8 +1,8 @@
 #include "nanguard/report.h"
+#include "nanguard/version.h"
 
 #include "detail/json_number.h"
 #include "detail/report_detail.h"
-#include "nanguard/bundle.h"
 #include "nanguard/detail/report_assets.h"  // generated: report_css, report_js
 
 #include <c10/util/Exception.h>

@@ -56,7 +56,4 @@ std::string write_bundle(const std::string& parent, const bundle& b);
 /// missing or malformed file.
 bundle read_bundle(const std::string& dir);
 
-/// nanguard's version, "0.1.0".
-const char* version();
-
 }  // namespace nanguard
