@@ -1,13 +1,11 @@
 #include "nanguard/guard.h"
 
 #include "nanguard/bundle.h"
-#include "nanguard/census.h"
 #include "nanguard/clip.h"
 #include "nanguard/distributed.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/record_function.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -54,78 +52,6 @@ const char* to_string(policy p) {
   }
   return "?";
 }
-
-namespace detail {
-namespace {
-
-// State of capture_producer_inputs; RecordFunction callbacks are plain
-// function pointers, so it lives in a thread-local.
-struct capture_state {
-  std::string op;
-  bool done = false;
-  std::vector<at::Tensor> inputs;
-};
-thread_local capture_state* t_capture = nullptr;
-
-bool ivalue_nonfinite(const c10::IValue& v) {
-  if (v.isTensor()) {
-    const at::Tensor& t = v.toTensor();
-    return t.defined() && t.is_floating_point() && detail::has_nonfinite_on_this_thread(t);
-  }
-  if (v.isTensorList())
-    for (const at::Tensor& t : v.toTensorVector())
-      if (t.defined() && t.is_floating_point() && detail::has_nonfinite_on_this_thread(t)) return true;
-  return false;
-}
-
-std::unique_ptr<at::ObserverContext> capture_start(const at::RecordFunction& fn) {
-  capture_state* s = t_capture;
-  if (!s || s->done || s->op != fn.name()) return nullptr;
-  at::RecordFunctionGuard no_recursion(false);
-  // Inputs are cloned at the start: in-place ops overwrite them.
-  for (const auto& v : fn.inputs())
-    if (ivalue_nonfinite(v)) return nullptr;
-  s->inputs.clear();
-  for (const auto& v : fn.inputs())
-    if (v.isTensor() && v.toTensor().defined()) s->inputs.push_back(v.toTensor().detach().clone());
-  return nullptr;
-}
-
-void capture_end(const at::RecordFunction& fn, at::ObserverContext*) {
-  capture_state* s = t_capture;
-  if (!s || s->done || s->op != fn.name() || s->inputs.empty()) return;
-  at::RecordFunctionGuard no_recursion(false);
-  for (const auto& v : fn.outputs())
-    if (ivalue_nonfinite(v)) {
-      s->done = true;
-      return;
-    }
-  s->inputs.clear();
-}
-
-}  // namespace
-
-std::vector<at::Tensor> capture_producer_inputs(const std::string& op, const std::function<void()>& fn) {
-  capture_state state;
-  state.op = op;
-  capture_state* previous = t_capture;
-  t_capture = &state;
-  const auto handle = at::addThreadLocalCallback(
-      at::RecordFunctionCallback(capture_start, capture_end).needsInputs(true).needsOutputs(true)
-          .scopes({at::RecordScope::FUNCTION}));
-  try {
-    fn();
-  } catch (...) {
-    at::removeCallback(handle);
-    t_capture = previous;
-    throw;
-  }
-  at::removeCallback(handle);
-  t_capture = previous;
-  return state.done ? state.inputs : std::vector<at::Tensor>{};
-}
-
-}  // namespace detail
 
 namespace {
 
@@ -199,7 +125,7 @@ struct guard::impl {
     set_rng_state(rng_before);
     bool reproduced = false, failed = false;
     try {
-      tracer t(options.tracer());
+      tracer t(tracer_options(options.tracer()).keep_inputs(true));  // the bundle's culprit inputs
       t.name_parameters(model);
       for (size_t i = 0; i < batch.size(); ++i)
         if (batch[i].defined()) t.name_tensor(batch[i], "batch[" + std::to_string(i) + "]");
@@ -271,6 +197,7 @@ struct guard::impl {
     std::string verdict, note;
     for (int64_t r : e.nonfinite_ranks) {
       std::string payload;
+      std::vector<finding> own;  // this rank's, whose input values (for the bundle) JSON does not carry
       if (r == d.rank()) {
         nlohmann::json j;
         j["verdict"] = e.verdict;
@@ -280,13 +207,18 @@ struct guard::impl {
           f.rank = r;
           j["findings"].push_back(nlohmann::json::parse(to_json(f)));
         }
+        own = e.findings;
         payload = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
       }
       const nlohmann::json j = nlohmann::json::parse(d.broadcast(payload, r));
       if (verdict.empty()) verdict = j.value("verdict", std::string());
       const std::string n = j.value("note", std::string());
       if (!n.empty()) note += (note.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": " + n);
-      for (const auto& f : j.at("findings")) all.push_back(finding_from_json(f.dump()));
+      if (r == d.rank()) {
+        all.insert(all.end(), own.begin(), own.end());
+      } else {
+        for (const auto& f : j.at("findings")) all.push_back(finding_from_json(f.dump()));
+      }
     }
     e.findings = std::move(all);
     e.verdict = verdict;
@@ -316,8 +248,9 @@ struct guard::impl {
   }
 
   // Writes the repro bundle of a bad step; returns its directory.
-  std::string write_repro_bundle(const std::vector<at::Tensor>& batch, const step_fn& fn,
-                                 const at::Tensor& rng_before, const step_event& e) {
+  // The culprit's inputs are those the replay's tracer kept.
+  std::string write_repro_bundle(const std::vector<at::Tensor>& batch, const at::Tensor& rng_before,
+                                 const step_event& e) {
     bundle b;
     b.step = e.step;
     b.lr = e.lr;
@@ -330,21 +263,7 @@ struct guard::impl {
     if (!e.findings.empty()) b.finding = e.findings.front();
     if (options.bundle_parameters())
       for (const auto& item : model.named_parameters()) b.parameters.emplace_back(item.key(), item.value());
-    if (b.finding && b.finding->role == role::producer && !b.finding->op.empty()) {
-      // One more replay, watching only the producer's op, to keep its inputs.
-      const at::Tensor rng_after = rng_state();
-      set_rng_state(rng_before);
-      try {
-        b.culprit_inputs = detail::capture_producer_inputs(b.finding->op, [&] {
-          const at::Tensor loss = fn(batch);
-          if (std::isfinite(loss.item<double>())) scaler.scale(loss).backward();
-        });
-      } catch (const std::exception&) {
-        // The bundle is still useful without the culprit's inputs.
-      }
-      optimizer.zero_grad();
-      set_rng_state(rng_after);
-    }
+    if (b.finding && b.finding->role == role::producer) b.culprit_inputs = b.finding->input_values;
     return write_bundle(options.bundle_dir(), b);
   }
 };
@@ -464,7 +383,7 @@ step_event guard::step(const std::vector<at::Tensor>& batch, const step_fn& fn) 
     // Distributed: the first rank that saw it writes the bundle (its batch).
     const int64_t writer = e.nonfinite_ranks.empty() ? 0 : e.nonfinite_ranks.front();
     if (!o.distributed() || e.rank == writer)
-      e.bundle = s.write_repro_bundle(batch, fn, rng_before, e);
+      e.bundle = s.write_repro_bundle(batch, rng_before, e);
     else
       e.note += std::string(e.note.empty() ? "" : "; ") + "the repro bundle is written by rank " +
                 std::to_string(writer);

@@ -100,6 +100,8 @@ struct op_context : at::ObserverContext {
   // Inputs the op writes (in-place self, or the same tensor as an out=
   // buffer): whether each held a NaN or Inf before the op; -1 for the rest.
   c10::SmallVector<int8_t, 4> nonfinite_before;
+  // With keep_inputs: copies of the inputs the op writes, taken before it runs.
+  c10::SmallVector<at::Tensor, 1> values_before;
   c10::SmallVector<maybe_range, 1> output_ranges;  // by output index, from the op's range rule
   uint64_t memo_writes = 0;  // this thread's range_memo::writes() as the op started (writes_unreturned)
   at::CallbackHandle sealed = 0;         // the tracer's callback, disabled while this op runs
@@ -575,6 +577,17 @@ const taint* full_chain_input(const tracer_state& st, const op_context& ctx) {
   return nullptr;
 }
 
+// Copies of the op's inputs as it started (keep_inputs): those it writes
+// were copied before it ran, the rest are as they are now.
+std::vector<at::Tensor> values_as_started(const op_context& ctx) {
+  std::vector<at::Tensor> values;
+  for (size_t k = 0; k < ctx.inputs.size(); ++k) {
+    const bool copied_before = k < ctx.values_before.size() && ctx.values_before[k].defined();
+    values.push_back(copied_before ? ctx.values_before[k] : ctx.inputs[k].detach().clone());
+  }
+  return values;
+}
+
 void on_nonfinite_output(tracer_state& st, const at::RecordFunction& fn, op_context& ctx,
                          const at::Tensor& out, int output_index) {
   std::lock_guard<std::mutex> lock(st.mutex);
@@ -645,6 +658,7 @@ void on_nonfinite_output(tracer_state& st, const at::RecordFunction& fn, op_cont
   }
   f.module = module;
   if (!op_stack().empty() && op_stack().front()->op != op) f.caller = op_stack().front()->op;
+  const op_context* named_op = &ctx;  // the op the finding names, whose inputs it lists
   int origin = -1;
   if (!any_bad_input || bad_inputs_allowed) {
     f.role = role::producer;
@@ -663,6 +677,7 @@ void on_nonfinite_output(tracer_state& st, const at::RecordFunction& fn, op_cont
     } else if (maker) {
       // Made inside an enclosing op by unrecorded work: that op is the producer.
       f.op = maker->op;
+      named_op = maker;
       f.caller = maker == op_stack().front() ? "" : op_stack().front()->op;
       f.role = role::producer;
       if (!backward) f.module = maker->module.path();
@@ -693,6 +708,7 @@ void on_nonfinite_output(tracer_state& st, const at::RecordFunction& fn, op_cont
       origin = st.records[it->second.nonfinite_record].origin;
   }
   f.inputs = std::move(inputs);
+  if (st.options.keep_inputs()) f.input_values = values_as_started(*named_op);
   for (size_t i = 0; i < fn.outputs().size(); ++i) {
     std::vector<at::Tensor> outs;
     collect_tensors(fn.outputs()[i], outs);
@@ -788,6 +804,10 @@ void record_written_inputs(tracer_state& st, const op_traits& traits, c10::Array
     const bool overwritten =
         std::any_of(written.begin(), written.end(), [&](const at::Tensor* w) { return in.is_alias_of(*w); });
     if (!overwritten) continue;
+    if (st.options.keep_inputs()) {
+      ctx.values_before.resize(ctx.inputs.size());
+      ctx.values_before[k] = in.detach().clone();
+    }
     if (known_range(memo, in)) {
       ctx.nonfinite_before[k] = 0;
       continue;

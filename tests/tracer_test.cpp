@@ -86,6 +86,28 @@ TEST(tracer, names_exp_overflow) {
   EXPECT_EQ(role::producer, f.role);
 }
 
+TEST(tracer, keeps_the_producers_inputs_as_it_started) {
+  const at::Tensor x = at::tensor({1.0f, 0.0f, 2.0f});
+  at::Tensor y = x.clone();
+  nanguard::tracer t(nanguard::tracer_options().keep_inputs(true).max_findings(2));
+  at::log(x);
+  y.log_();  // in place: the kept input is y before the op overwrote it
+  ASSERT_EQ(2u, t.findings().size());
+  for (const nanguard::finding& f : t.findings()) {
+    EXPECT_EQ(role::producer, f.role) << f.op;
+    ASSERT_EQ(1u, f.input_values.size()) << f.op;
+    EXPECT_TRUE(at::equal(x, f.input_values[0])) << f.op;
+    EXPECT_FALSE(at::isfinite(at::log(f.input_values[0])).all().item<bool>()) << "the op fails again on them";
+  }
+  EXPECT_FALSE(y.is_alias_of(t.findings()[1].input_values[0])) << "a copy, not the overwritten tensor";
+}
+
+TEST(tracer, keeps_no_inputs_unless_asked) {
+  nanguard::tracer t;
+  at::log(at::zeros({2}));
+  EXPECT_TRUE(only_finding(t).input_values.empty());
+}
+
 TEST(tracer, names_the_backward_node_of_sqrt_at_zero) {
   const at::Tensor x = torch::zeros({5}, torch::requires_grad());
   nanguard::tracer t;

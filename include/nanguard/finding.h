@@ -4,6 +4,8 @@
 
 #include <nanguard/census.h>
 
+#include <ATen/core/Tensor.h>
+
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -54,6 +56,9 @@ struct finding {
   int64_t sequence_nr = -1;              ///< autograd sequence number linking forward and backward
   std::string backtrace;                 ///< C++ call site, when captured
   int64_t rank = -1;                     ///< distributed: the rank that saw it (-1: single process)
+  /// With tracer_options::keep_inputs: copies of the op's inputs (those of
+  /// `inputs`) as they were when it started. Not part of the JSON.
+  std::vector<at::Tensor> input_values;
 };
 
 /// One line: `step 3 forward aten::div in norm: producer, output 0 [12] = nan`.

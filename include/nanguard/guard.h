@@ -165,11 +165,4 @@ class guard {
   std::unique_ptr<impl> impl_;
 };
 
-namespace detail {
-/// Runs `fn` and returns clones of the inputs of the first call of ATen op
-/// `op` on this thread whose floating inputs are finite and whose output is
-/// not (the producer); empty if none. Used for the bundle's culprit inputs.
-std::vector<at::Tensor> capture_producer_inputs(const std::string& op, const std::function<void()>& fn);
-}  // namespace detail
-
 }  // namespace nanguard

@@ -69,6 +69,10 @@ struct tracer_options {
   /// Measure what the tracer costs (`tracer::cost()`): two clock reads per
   /// op, and a locked count per tensor it reads.
   TORCH_ARG(bool, measure_cost) = false;
+  /// Keep each finding's op inputs as the op started (finding::input_values):
+  /// what a repro bundle needs to run the op alone. Copies the inputs of every
+  /// in-place op before it overwrites them; the guard's replay turns it on.
+  TORCH_ARG(bool, keep_inputs) = false;
 };
 
 /// The tensors a tracer read for one op, measured with `measure_cost(true)`.

@@ -148,12 +148,6 @@ at::Tensor cpu_rng_state() {
   return gen.get_state();
 }
 
-void set_cpu_rng_state(const at::Tensor& s) {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(s);
-}
-
 std::string describe(const finding& f) {
   std::string s = fmt::format("step {} {} {}", f.step, to_string(f.direction), f.op);
   if (f.direction == direction::backward && !f.node.empty())
@@ -385,21 +379,8 @@ int run_train(const train_args& a) {
         bd.rng_state = rng_before;
         if (!e.findings.empty()) bd.finding = e.findings.front();
         for (const auto& p : params->named_parameters()) bd.parameters.emplace_back(p.key(), p.value());
-        if (bd.finding && bd.finding->role == role::producer) {
-          // One more run watching only the producer's op keeps its inputs.
-          const at::Tensor rng_after = cpu_rng_state();
-          set_cpu_rng_state(rng_before);
-          try {
-            bd.culprit_inputs = detail::capture_producer_inputs(bd.finding->op, [&] {
-              const at::Tensor loss = fn(tensors);
-              if (std::isfinite(loss.item<double>())) loss.backward();
-            });
-          } catch (const std::exception&) {
-            // The bundle is still useful without them.
-          }
-          optimizer->zero_grad();
-          set_cpu_rng_state(rng_after);
-        }
+        // The guard's replay kept the producer's inputs as the op started.
+        if (bd.finding && bd.finding->role == role::producer) bd.culprit_inputs = bd.finding->input_values;
         std::string lines;
         for (int64_t l : bt.lines) lines += (lines.empty() ? "" : ",") + std::to_string(l);
         bd.tags = {{"task", a.task}, {"model", a.model}, {"data", a.data}, {"target", a.target}, {"csv_lines", lines}};
