@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CLI test of `nanguard advise`: advice, verification, JSON, exit codes and
 # bad input. Usage: advise_cli_test.sh path/to/nanguard MODELS_DIR WORK_DIR
+# (CLI_CASE=NAME runs one case)
 # (MODELS_DIR holds the TorchScript models of tests/models/make_models.py).
 set -u
 source "$(dirname -- "${BASH_SOURCE[0]}")/check.sh"
@@ -22,24 +23,28 @@ awk 'BEGIN { srand(3); print "a,b,c,d,y";
 awk 'BEGIN { print "a,b,c,d,y"; for (i = 0; i < 16; i++) print "1,2,3,4," i % 2 }' > constant.csv
 
 # The model with one module (blow, x * 1e5) beyond fp16's range.
-run 0 "$NANGUARD" advise --model "$MODELS/fp16_net.pt" --data data.csv --target y --steps 2 --batch 16
-expect "2 steps of 16 rows from data.csv (119 rows, 1 with missing or non-finite values dropped), task regress"
-expect "bf16 is safe"
-expect "keep these modules in fp32: blow ("
-expect "fp16 needs a loss scale in ["
-expect "ops whose values overflow fp16:"
-expect "aten::mul"
-expect "emulated fp16 (every op output rounded): NON-FINITE; modules that went non-finite: blow (first: aten::mul in blow)"
-expect "emulated fp16 keeping blow in fp32: finite"
-expect "bf16 CPU autocast: finite"
-expect "advice confirmed"
-grep -E '^  lin +[0-9]+ +0 ' <<<"$out" >/dev/null || fail "lin should have no fp16 overflow:
-$out"
+case_a_module_beyond_fp16() {
+  run 0 "$NANGUARD" advise --model "$MODELS/fp16_net.pt" --data data.csv --target y --steps 2 --batch 16
+  expect "2 steps of 16 rows from data.csv (119 rows, 1 with missing or non-finite values dropped), task regress"
+  expect "bf16 is safe"
+  expect "keep these modules in fp32: blow ("
+  expect "fp16 needs a loss scale in ["
+  expect "ops whose values overflow fp16:"
+  expect "aten::mul"
+  expect "emulated fp16 (every op output rounded): NON-FINITE; modules that went non-finite: blow (first: aten::mul in blow)"
+  expect "emulated fp16 keeping blow in fp32: finite"
+  expect "bf16 CPU autocast: finite"
+  expect "advice confirmed"
+  grep -E '^  lin +[0-9]+ +0 ' <<<"$out" >/dev/null || fail "lin should have no fp16 overflow:
+  $out"
+}
 
-run 0 "$NANGUARD" advise --model "$MODELS/fp16_net.pt" --data data.csv --target y --json
-expect '"keep_fp32": ['
-if command -v python3 >/dev/null; then
-  python3 -c '
+# --json: the advice as JSON.
+case_json_output() {
+  run 0 "$NANGUARD" advise --model "$MODELS/fp16_net.pt" --data data.csv --target y --json
+  expect '"keep_fp32": ['
+  if command -v python3 >/dev/null; then
+    python3 -c '
 import json, sys
 r = json.load(sys.stdin)
 assert r["keep_fp32"] == ["blow"], r["keep_fp32"]
@@ -53,40 +58,52 @@ assert blow["keep_fp32"] and blow["forward"]["fp16_overflow"] > 0, blow
 assert {g["parameter"] for g in r["gradients"]} == {"lin.weight", "lin.bias", "head.weight", "head.bias"}
 assert r["loss_scale"]["fits"] and r["loss_scale"]["min"] <= r["loss_scale"]["max"], r["loss_scale"]
 ' <<<"$out" || fail "advise --json is not the expected JSON:
-$out"
-fi
+  $out"
+  fi
+}
 
 # A classifier in range: bf16 and plain fp16 are fine.
-run 0 "$NANGUARD" advise --model "$MODELS/clf_net.pt" --data data.csv --target y --task classify
-expect "task classify"
-expect "bf16 is safe"
-expect "fp16 forward is in range"
-expect "modules that went non-finite: none"
-expect "advice confirmed"
+case_a_classifier_in_range() {
+  run 0 "$NANGUARD" advise --model "$MODELS/clf_net.pt" --data data.csv --target y --task classify
+  expect "task classify"
+  expect "bf16 is safe"
+  expect "fp16 forward is in range"
+  expect "modules that went non-finite: none"
+  expect "advice confirmed"
+}
 
 # Already non-finite in float32: exit 3, and said first.
-run 3 "$NANGUARD" advise --model "$MODELS/norm_net.pt" --data constant.csv --target y
-expect "the model already makes NaN/Inf in float32 (first: aten::div (forward) in norm)"
+case_already_nonfinite_in_float32() {
+  run 3 "$NANGUARD" advise --model "$MODELS/norm_net.pt" --data constant.csv --target y
+  expect "the model already makes NaN/Inf in float32 (first: aten::div (forward) in norm)"
+}
 
 # Bad input: exit 2 with one clear line.
-run 2 "$NANGUARD" advise --model nope.pt --data data.csv --target y
-expect "nanguard: error: cannot open model 'nope.pt': no such file"
-run 2 "$NANGUARD" advise --model data.csv --data data.csv --target y
-expect "'data.csv' is not a TorchScript model"
-run 2 "$NANGUARD" advise --model "$MODELS/fp16_net.pt" --data missing.csv --target y
-expect "nanguard: error:"
-expect "missing.csv"
-run 2 "$NANGUARD" advise --model "$MODELS/fp16_net.pt" --data data.csv --target label
-expect "nanguard: error: no column 'label' in 'data.csv'; its columns are: a, b, c, d, y"
-run 2 "$NANGUARD" advise --model "$MODELS/fp16_net.pt" --data data.csv --target y --task classify
-expect "--task classify needs integer class labels in [0, 1)"
-run 2 "$NANGUARD" advise --model "$MODELS/clf_net.pt" --data data.csv --target y --task regress
-expect "--task regress needs one output per row; the model returned shape [32, 3] for 32 rows"
-run 2 "$NANGUARD" advise --model "$MODELS/fp16_net.pt" --data data.csv --target y --steps 0
-expect "--steps must be at least 1, got 0"
-run 2 "$NANGUARD" advise --model "$MODELS/fp16_net.pt" --data data.csv --target y --task cluster
-run 2 "$NANGUARD" advise --model "$MODELS/fp16_net.pt" --data data.csv
-expect "--target is required"
+case_bad_input() {
+  run 2 "$NANGUARD" advise --model nope.pt --data data.csv --target y
+  expect "nanguard: error: cannot open model 'nope.pt': no such file"
+  run 2 "$NANGUARD" advise --model data.csv --data data.csv --target y
+  expect "'data.csv' is not a TorchScript model"
+  run 2 "$NANGUARD" advise --model "$MODELS/fp16_net.pt" --data missing.csv --target y
+  expect "nanguard: error:"
+  expect "missing.csv"
+  run 2 "$NANGUARD" advise --model "$MODELS/fp16_net.pt" --data data.csv --target label
+  expect "nanguard: error: no column 'label' in 'data.csv'; its columns are: a, b, c, d, y"
+  run 2 "$NANGUARD" advise --model "$MODELS/fp16_net.pt" --data data.csv --target y --task classify
+  expect "--task classify needs integer class labels in [0, 1)"
+  run 2 "$NANGUARD" advise --model "$MODELS/clf_net.pt" --data data.csv --target y --task regress
+  expect "--task regress needs one output per row; the model returned shape [32, 3] for 32 rows"
+  run 2 "$NANGUARD" advise --model "$MODELS/fp16_net.pt" --data data.csv --target y --steps 0
+  expect "--steps must be at least 1, got 0"
+  run 2 "$NANGUARD" advise --model "$MODELS/fp16_net.pt" --data data.csv --target y --task cluster
+  run 2 "$NANGUARD" advise --model "$MODELS/fp16_net.pt" --data data.csv
+  expect "--target is required"
+}
 
+run_cases a_module_beyond_fp16 \
+  json_output \
+  a_classifier_in_range \
+  already_nonfinite_in_float32 \
+  bad_input
 if [ "$failures" -gt 0 ]; then echo "$failures check(s) failed"; exit 1; fi
 echo "all advise CLI checks passed"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CLI test of `nanguard census` on tensors saved with torch.save: float,
 # complex, integer and bool data, exit codes and what it prints.
-# Usage: census_cli_test.sh path/to/nanguard PYTHON WORK_DIR
+# Usage: census_cli_test.sh path/to/nanguard PYTHON WORK_DIR  (CLI_CASE=NAME runs one case)
 set -u
 source "$(dirname -- "${BASH_SOURCE[0]}")/check.sh"
 NANGUARD=$(realpath -- "$1")
@@ -20,14 +20,27 @@ torch.save(torch.arange(4), "int.pt")
 torch.save(torch.tensor([True, False]), "bool.pt")
 PY
 
-run 0 "$NANGUARD" census finite.pt int.pt bool.pt complex.pt
-expect 'int.pt: [4] Long tensor: integer data is always finite'
-expect 'bool.pt: [2] Bool tensor: bool data is always finite'
-expect 'complex.pt: [2] ComplexFloat'
-expect 'n=4 nan=0'
-run 3 "$NANGUARD" census complex_nan.pt
-expect 'n=4 nan=1'
-run 3 "$NANGUARD" census finite.pt nan.pt
-expect 'nan=1 +inf=1'
+# Finite float and complex data; integer and bool data are always finite.
+case_finite_and_always_finite_types() {
+  run 0 "$NANGUARD" census finite.pt int.pt bool.pt complex.pt
+  expect 'int.pt: [4] Long tensor: integer data is always finite'
+  expect 'bool.pt: [2] Bool tensor: bool data is always finite'
+  expect 'complex.pt: [2] ComplexFloat'
+  expect 'n=4 nan=0'
+}
+
+# A NaN in a complex tensor's imaginary part: exit 3.
+case_complex_nan() {
+  run 3 "$NANGUARD" census complex_nan.pt
+  expect 'n=4 nan=1'
+}
+
+# Several files, one with a NaN and an Inf: exit 3.
+case_nan_and_inf() {
+  run 3 "$NANGUARD" census finite.pt nan.pt
+  expect 'nan=1 +inf=1'
+}
+
+run_cases finite_and_always_finite_types complex_nan nan_and_inf
 
 exit $(( failures > 0 ))

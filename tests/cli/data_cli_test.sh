@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CLI test of `nanguard scan` and `nanguard clean`: exit codes, output, and
 # the files written. Usage: data_cli_test.sh path/to/nanguard WORK_DIR
+# (CLI_CASE=NAME runs one case)
 set -u
 source "$(dirname -- "${BASH_SOURCE[0]}")/check.sh"
 NANGUARD=$(realpath -- "$1")
@@ -22,64 +23,87 @@ rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK" || exit 1
   done
 } > data.csv
 
-run 3 "$NANGUARD" scan data.csv --label y
-expect 'data.csv: 400 rows x 4 columns (label: y)'
-expect 'rows with missing or non-finite values: 4 (rows 10, 20, 30, 40)'
-expect 'zero-variance columns: const'
-expect 'row 100'
-expect 'row 200'
-expect "column 'const' is constant (std = 0)"
-expect 'nanguard clean data.csv -o clean.csv --policy repair'
+# scan: the bad rows, the constant column, the outliers and the advice.
+case_scan_reports() {
+  run 3 "$NANGUARD" scan data.csv --label y
+  expect 'data.csv: 400 rows x 4 columns (label: y)'
+  expect 'rows with missing or non-finite values: 4 (rows 10, 20, 30, 40)'
+  expect 'zero-variance columns: const'
+  expect 'row 100'
+  expect 'row 200'
+  expect "column 'const' is constant (std = 0)"
+  expect 'nanguard clean data.csv -o clean.csv --policy repair'
+}
 
-run 3 "$NANGUARD" scan data.csv --json
-expect '"rows": 400'
-expect '"zero_variance_columns": ['
-expect '"rows_with_nonfinite": 4'
-expect '"missing": 2'
-if command -v python3 >/dev/null; then
-  python3 -c 'import json,sys; r=json.load(sys.stdin); assert r["columns"][1]["pos_inf"] == 1, r; assert {t["row"] for t in r["isolation_forest"]["top_rows"][:2]} == {100, 200}, r' <<<"$out" \
-    || fail "scan --json is not the expected JSON"
-fi
+# scan --json.
+case_scan_json() {
+  run 3 "$NANGUARD" scan data.csv --json
+  expect '"rows": 400'
+  expect '"zero_variance_columns": ['
+  expect '"rows_with_nonfinite": 4'
+  expect '"missing": 2'
+  if command -v python3 >/dev/null; then
+    python3 -c 'import json,sys; r=json.load(sys.stdin); assert r["columns"][1]["pos_inf"] == 1, r; assert {t["row"] for t in r["isolation_forest"]["top_rows"][:2]} == {100, 200}, r' <<<"$out" \
+      || fail "scan --json is not the expected JSON"
+  fi
+}
 
-run 0 "$NANGUARD" clean data.csv -o drop.csv --policy drop --label y
-expect 'wrote drop.csv: 400 -> 396 rows (policy drop)'
-expect 'dropped 4 rows (rows 10, 20, 30, 40)'
-[ "$(wc -l < drop.csv)" -eq 397 ] || fail "drop.csv should have a header and 396 rows"
+# clean --policy drop: the 4 bad rows go.
+case_clean_drop() {
+  run 0 "$NANGUARD" clean data.csv -o drop.csv --policy drop --label y
+  expect 'wrote drop.csv: 400 -> 396 rows (policy drop)'
+  expect 'dropped 4 rows (rows 10, 20, 30, 40)'
+  [ "$(wc -l < drop.csv)" -eq 397 ] || fail "drop.csv should have a header and 396 rows"
+}
 
-run 0 "$NANGUARD" clean data.csv -o repair.csv --policy repair --label y
-expect 'wrote repair.csv: 400 -> 399 rows (policy repair)'
-expect 'repaired 3 values, clipped 0 values, in 3 rows (rows 10, 20, 30)'
-grep -qE '^,|,,|,$|inf|nan' repair.csv && fail "repair.csv still holds missing values"
-run 0 "$NANGUARD" scan repair.csv --label y
-expect 'rows with missing or non-finite values: 0'
+# clean --policy repair: 3 values repaired, the row without a label dropped.
+case_clean_repair() {
+  run 0 "$NANGUARD" clean data.csv -o repair.csv --policy repair --label y
+  expect 'wrote repair.csv: 400 -> 399 rows (policy repair)'
+  expect 'repaired 3 values, clipped 0 values, in 3 rows (rows 10, 20, 30)'
+  grep -qE '^,|,,|,$|inf|nan' repair.csv && fail "repair.csv still holds missing values"
+  run 0 "$NANGUARD" scan repair.csv --label y
+  expect 'rows with missing or non-finite values: 0'
+}
 
 # 2 outliers in 400 rows lie above P99.9 but not above P99.
-run 0 "$NANGUARD" clean data.csv -o clip.csv --policy clip --label y --high-quantile 0.99
-expect 'clipped'
-run 0 "$NANGUARD" scan clip.csv --json
-python3 -c 'import json,sys; r=json.load(sys.stdin); assert r["columns"][1]["max"] < 1000, r["columns"][1]' <<<"$out" \
-  || fail "clip.csv still holds the outliers of column b"
-# Written atomically: no temporary file is left next to the outputs.
-ls | grep -q '\.tmp\.' && fail "a temporary file was left behind: $(ls)"
+case_clean_clip() {
+  run 0 "$NANGUARD" clean data.csv -o clip.csv --policy clip --label y --high-quantile 0.99
+  expect 'clipped'
+  run 0 "$NANGUARD" scan clip.csv --json
+  python3 -c 'import json,sys; r=json.load(sys.stdin); assert r["columns"][1]["max"] < 1000, r["columns"][1]' <<<"$out" \
+    || fail "clip.csv still holds the outliers of column b"
+  # Written atomically: no temporary file is left next to the outputs.
+  ls | grep -q '\.tmp\.' && fail "a temporary file was left behind: $(ls)"
+}
 
 # Bad input: exit 2 and one line naming the problem.
-run 2 "$NANGUARD" scan missing.csv
-expect "cannot open 'missing.csv': No such file or directory"
-: > empty.csv
-run 2 "$NANGUARD" scan empty.csv
-expect "'empty.csv' is empty"
-printf 'a,b\n1,2\n3\n' > ragged.csv
-run 2 "$NANGUARD" clean ragged.csv -o out.csv --policy drop
-expect "'ragged.csv' line 3 has 1 field but the header has 2 columns"
-[ -e out.csv ] && fail "clean wrote out.csv from a bad input"
-printf 'a,b\n1,2\n3,hello\n' > text.csv
-run 2 "$NANGUARD" scan text.csv
-expect "'text.csv' line 3, column 2 ('b'): 'hello' is not a number"
-run 2 "$NANGUARD" scan data.csv --label nope
-expect "no column 'nope' in 'data.csv'; its columns are: a, b, const, y"
-run 2 "$NANGUARD" clean data.csv -o x.csv --policy sometimes
-run 2 "$NANGUARD" clean data.csv -o /nonexistent/dir/x.csv --policy drop
-expect 'check that the directory exists and is writable'
+case_bad_input() {
+  run 2 "$NANGUARD" scan missing.csv
+  expect "cannot open 'missing.csv': No such file or directory"
+  : > empty.csv
+  run 2 "$NANGUARD" scan empty.csv
+  expect "'empty.csv' is empty"
+  printf 'a,b\n1,2\n3\n' > ragged.csv
+  run 2 "$NANGUARD" clean ragged.csv -o out.csv --policy drop
+  expect "'ragged.csv' line 3 has 1 field but the header has 2 columns"
+  [ -e out.csv ] && fail "clean wrote out.csv from a bad input"
+  printf 'a,b\n1,2\n3,hello\n' > text.csv
+  run 2 "$NANGUARD" scan text.csv
+  expect "'text.csv' line 3, column 2 ('b'): 'hello' is not a number"
+  run 2 "$NANGUARD" scan data.csv --label nope
+  expect "no column 'nope' in 'data.csv'; its columns are: a, b, const, y"
+  run 2 "$NANGUARD" clean data.csv -o x.csv --policy sometimes
+  run 2 "$NANGUARD" clean data.csv -o /nonexistent/dir/x.csv --policy drop
+  expect 'check that the directory exists and is writable'
+}
+
+run_cases scan_reports \
+  scan_json \
+  clean_drop \
+  clean_repair \
+  clean_clip \
+  bad_input
 
 [ "$failures" -eq 0 ] && echo "data CLI: all checks passed"
 exit $(( failures > 0 ))
