@@ -92,7 +92,6 @@ struct guard::impl {
   int64_t rollbacks = 0;
   int64_t bad_in_a_row = 0;
   double lr_factor = 1.0;
-  bool retrying = false;
   step_clock::time_point step_started;  // of the step being run
   double user_s = 0;                    // its seconds of plain-loop work (see user_time)
   bool snapshot_pending = false;
@@ -266,6 +265,166 @@ struct guard::impl {
     if (b.finding && b.finding->role == role::producer) b.culprit_inputs = b.finding->input_values;
     return write_bundle(options.bundle_dir(), b);
   }
+
+  // ---- the stages of guard::step
+
+  // Starts step `step + 1`: its schedule, LR and loss scale.
+  step_event begin() {
+    step_started = step_clock::now();
+    user_s = 0;
+    step_event e;
+    e.step = ++step;
+    if (schedule) schedule->apply(optimizer, step - 1, lr_factor);
+    e.lr = get_lr(optimizer);
+    e.scale = scaler.get_scale();
+    return e;
+  }
+
+  // Forward, the loss check, the (scaled) backward and the sentinel's pass
+  // over the gradients; returns whether all of it was finite here.
+  bool measure(const std::vector<at::Tensor>& batch, const step_fn& fn, grad_report& report, step_event& e) {
+    at::Tensor loss;
+    {
+      user_time plain_work(user_s);
+      optimizer.zero_grad();
+      loss = fn(batch);
+    }
+    if (!sentinel.check_loss(loss, &e.loss)) {
+      e.grad_norm = std::numeric_limits<double>::quiet_NaN();
+      return false;
+    }
+    {
+      user_time plain_work(user_s);
+      scaler.scale(loss).backward();
+    }
+    report = sentinel.inspect_grads(scaler.inv_scale());
+    e.grad_norm = report.total_norm;
+    e.top_norms = top_norms(sentinel.names(), report.norms, options.log_top_norms());
+    return report.finite();
+  }
+
+  // A finite step: unscale + clip in one write, the optimizer steps, a calm
+  // step may become the snapshot to roll back to.
+  void take(step_event& e) {
+    if (options.distributed() && inconsistent(e)) return;
+    e.spikes = sentinel.observe(e.loss, e.grad_norm);
+    e.clip_coef = clip_coefficient(e.grad_norm, options.max_norm());
+    sentinel.apply_factor_(scaler.inv_scale() * e.clip_coef);
+    if (options.clip_value() > 0) clip_grad_value_(sentinel.parameters(), options.clip_value());
+    {
+      user_time plain_work(user_s);
+      optimizer.step();
+    }
+    scaler.update(false);
+    bad_in_a_row = 0;
+    if (options.policy() == policy::rollback) {
+      // Only calm steps make a "last good" snapshot: a run that is already
+      // diverging (spiking) but still finite is not worth returning to.
+      snapshot_pending = snapshot_pending || step % options.snapshot_every() == 0;
+      if (snapshot_pending && e.spikes.empty()) {
+        ring.take(step);
+        snapshot_pending = false;
+      }
+    }
+    write(e);
+  }
+
+  // A bad step: which parameters, and the replay that names the op (where
+  // the problem was seen; distributed, its finding reaches every rank).
+  // Nothing is stepped.
+  void localize(const std::vector<at::Tensor>& batch, const step_fn& fn, const at::Tensor& rng_before,
+                const grad_report& report, bool locally_finite, step_event& e) {
+    for (size_t i = 0; i < report.nonfinite_counts.size(); ++i)
+      if (report.nonfinite_counts[i] > 0) e.nonfinite_params.push_back({sentinel.names()[i], report.nonfinite_counts[i]});
+    if (options.replay() && !locally_finite) replay(batch, fn, rng_before, e);
+    if (options.replay() && options.distributed()) share_findings(e);
+    optimizer.zero_grad();
+    e.skipped = true;
+    ++skipped;
+    ++bad_in_a_row;
+  }
+
+  // The policy for this bad step: the options', or abort after max_bad_steps in a row.
+  policy decide(step_event& e) const {
+    if (options.max_bad_steps() > 0 && bad_in_a_row >= options.max_bad_steps()) {
+      e.note = "max_bad_steps=" + std::to_string(options.max_bad_steps()) + " non-finite steps in a row";
+      return policy::abort;
+    }
+    return options.policy();
+  }
+
+  // Applies `p` and records the event. The loss scaler backs off on every
+  // non-finite step (GradScaler semantics). Abort writes the bundle and throws.
+  void act(policy p, const std::vector<at::Tensor>& batch, const at::Tensor& rng_before, step_event& e) {
+    e.action = to_string(p);
+    switch (p) {
+      case policy::abort: abort_step(batch, rng_before, e);
+      case policy::skip: break;
+      case policy::backoff:
+        if (!scaler.enabled()) e.note = "loss scaling is disabled: the step was skipped";
+        break;
+      case policy::rollback: roll_back(e); break;
+    }
+    back_off(e);
+    write(e);
+  }
+
+  void back_off(step_event& e) {
+    try {
+      scaler.update(true);
+    } catch (const std::exception& ex) {
+      e.note = ex.what();
+      write(e);
+      throw;
+    }
+  }
+
+  // Restores the last good snapshot and lowers the LR.
+  void roll_back(step_event& e) {
+    // Which layers moved most since the snapshot: the diverged ones.
+    const auto changes = ring.diff();
+    std::string moved = "moved most since the snapshot:";
+    for (size_t i = 0; i < changes.size() && i < 3; ++i)
+      moved += " " + changes[i].name + " (x" + c10::str(changes[i].relative) + ")";
+    e.note = e.note.empty() ? moved : e.note + "; " + moved;
+    // Diverging again from the snapshot just restored (no newer one since):
+    // it was taken on the way up; go one further back when there is one.
+    if (ring.newest_step() == restored_step && ring.size() > 1) ring.drop_newest();
+    e.rollback_to = restored_step = ring.restore();
+    lr_factor *= options.rollback_lr_factor();
+    if (!schedule) scale_lr(optimizer, options.rollback_lr_factor());
+    else schedule->apply(optimizer, step - 1, lr_factor);
+    ++rollbacks;
+    sentinel.reset_spikes();  // the windows hold the divergence
+    snapshot_pending = false;
+  }
+
+  // Writes the repro bundle (distributed: the first rank that saw it, with
+  // its batch), records the event and throws nonfinite_error.
+  [[noreturn]] void abort_step(const std::vector<at::Tensor>& batch, const at::Tensor& rng_before, step_event& e) {
+    const int64_t writer = e.nonfinite_ranks.empty() ? 0 : e.nonfinite_ranks.front();
+    if (!options.distributed() || e.rank == writer)
+      e.bundle = write_repro_bundle(batch, rng_before, e);
+    else
+      e.note += std::string(e.note.empty() ? "" : "; ") + "the repro bundle is written by rank " +
+                std::to_string(writer);
+    write(e);
+    throw nonfinite_error(thrown_finding(e));
+  }
+
+  // What abort throws: the first finding, or one naming the loss or the
+  // first bad parameter when the replay named no op.
+  finding thrown_finding(const step_event& e) const {
+    if (!e.findings.empty()) return e.findings.front();
+    finding f;
+    f.step = step;
+    f.op = e.nonfinite_params.empty() ? "loss" : "backward";
+    f.role = role::input;
+    f.culprit = e.nonfinite_params.empty() ? "loss" : e.nonfinite_params.front().name;
+    f.value = e.nonfinite_params.empty() ? e.loss : std::numeric_limits<double>::quiet_NaN();
+    if (options.distributed()) f.rank = e.nonfinite_ranks.empty() ? e.rank : e.nonfinite_ranks.front();
+    return f;
+  }
 };
 
 guard::guard(torch::nn::Module& model, torch::optim::Optimizer& optimizer, guard_options options)
@@ -293,170 +452,26 @@ guard::guard(torch::nn::Module& model, torch::optim::Optimizer& optimizer, guard
 
 guard::~guard() = default;
 
+// One step, in stages: begin, measure, agree, then take it or localize,
+// decide and act; every stage that ends the step records its event.
 step_event guard::step(const std::vector<at::Tensor>& batch, const step_fn& fn) {
   impl& s = *impl_;
-  s.step_started = step_clock::now();
-  s.user_s = 0;
-  const guard_options& o = s.options;
-  step_event e;
-  e.step = ++s.step;
-  if (s.schedule) s.schedule->apply(s.optimizer, s.step - 1, s.lr_factor);
-  e.lr = get_lr(s.optimizer);
-  e.scale = s.scaler.get_scale();
-  const at::Tensor rng_before = s.rng_state();
-
-  grad_report report;
-  bool finite;
-  {
-    at::Tensor loss;
-    {
-      user_time plain_work(s.user_s);
-      s.optimizer.zero_grad();
-      loss = fn(batch);
-    }
-    finite = s.sentinel.check_loss(loss, &e.loss);
+  // A rollback that keeps the batch (rollback_skip_batch false) runs it once more.
+  for (bool again = false;; again = true) {
+    step_event e = s.begin();
+    const at::Tensor rng_before = s.rng_state();
+    grad_report report;
+    const bool locally_finite = s.measure(batch, fn, report, e);
+    const bool finite = s.options.distributed() ? s.agree(e, report, locally_finite) : locally_finite;
     if (finite) {
-      {
-        user_time plain_work(s.user_s);
-        s.scaler.scale(loss).backward();
-      }
-      report = s.sentinel.inspect_grads(s.scaler.inv_scale());
-      e.grad_norm = report.total_norm;
-      e.top_norms = top_norms(s.sentinel.names(), report.norms, o.log_top_norms());
-      finite = report.finite();
-    } else {
-      e.grad_norm = std::numeric_limits<double>::quiet_NaN();
+      s.take(e);
+      return e;
     }
+    s.localize(batch, fn, rng_before, report, locally_finite, e);
+    const policy p = s.decide(e);
+    s.act(p, batch, rng_before, e);  // abort throws
+    if (p != policy::rollback || s.options.rollback_skip_batch() || again) return e;
   }
-  const bool locally_finite = finite;
-  if (o.distributed()) finite = s.agree(e, report, finite);
-
-  if (finite) {
-    if (o.distributed() && s.inconsistent(e)) return e;
-    e.spikes = s.sentinel.observe(e.loss, e.grad_norm);
-    e.clip_coef = clip_coefficient(e.grad_norm, o.max_norm());
-    s.sentinel.apply_factor_(s.scaler.inv_scale() * e.clip_coef);  // unscale + clip: one write
-    if (o.clip_value() > 0) clip_grad_value_(s.sentinel.parameters(), o.clip_value());
-    {
-      user_time plain_work(s.user_s);
-      s.optimizer.step();
-    }
-    s.scaler.update(false);
-    s.bad_in_a_row = 0;
-    if (o.policy() == policy::rollback) {
-      // Only calm steps make a "last good" snapshot: a run that is already
-      // diverging (spiking) but still finite is not worth returning to.
-      s.snapshot_pending = s.snapshot_pending || s.step % o.snapshot_every() == 0;
-      if (s.snapshot_pending && e.spikes.empty()) {
-        s.ring.take(s.step);
-        s.snapshot_pending = false;
-      }
-    }
-    s.write(e);
-    return e;
-  }
-
-  // Not finite: nothing is stepped. Name the op first, then act.
-  for (size_t i = 0; i < report.nonfinite_counts.size(); ++i)
-    if (report.nonfinite_counts[i] > 0)
-      e.nonfinite_params.push_back({s.sentinel.names()[i], report.nonfinite_counts[i]});
-  if (o.distributed()) {
-    // The replay runs where the problem was seen; its finding reaches every rank.
-    if (o.replay() && !locally_finite) s.replay(batch, fn, rng_before, e);
-    if (o.replay()) s.share_findings(e);
-  } else if (o.replay()) {
-    s.replay(batch, fn, rng_before, e);
-  }
-  s.optimizer.zero_grad();
-  e.skipped = true;
-  ++s.skipped;
-  ++s.bad_in_a_row;
-
-  policy p = o.policy();
-  if (o.max_bad_steps() > 0 && s.bad_in_a_row >= o.max_bad_steps()) {
-    p = policy::abort;
-    e.note = "max_bad_steps=" + std::to_string(o.max_bad_steps()) + " non-finite steps in a row";
-  }
-
-  if (p == policy::abort) {
-    e.action = "abort";
-    // Distributed: the first rank that saw it writes the bundle (its batch).
-    const int64_t writer = e.nonfinite_ranks.empty() ? 0 : e.nonfinite_ranks.front();
-    if (!o.distributed() || e.rank == writer)
-      e.bundle = s.write_repro_bundle(batch, rng_before, e);
-    else
-      e.note += std::string(e.note.empty() ? "" : "; ") + "the repro bundle is written by rank " +
-                std::to_string(writer);
-    s.write(e);
-    finding f;
-    if (!e.findings.empty()) {
-      f = e.findings.front();
-    } else {
-      f.step = s.step;
-      f.op = e.nonfinite_params.empty() ? "loss" : "backward";
-      f.role = role::input;
-      f.culprit = e.nonfinite_params.empty() ? "loss" : e.nonfinite_params.front().name;
-      f.value = e.nonfinite_params.empty() ? e.loss : std::numeric_limits<double>::quiet_NaN();
-      if (o.distributed()) f.rank = e.nonfinite_ranks.empty() ? e.rank : e.nonfinite_ranks.front();
-    }
-    throw nonfinite_error(f);
-  }
-
-  // The loss scaler backs off on every non-finite step (GradScaler semantics).
-  const auto backoff = [&] {
-    try {
-      s.scaler.update(true);
-    } catch (const std::exception& ex) {
-      e.note = ex.what();
-      s.write(e);
-      throw;
-    }
-  };
-  switch (p) {
-    case policy::skip:
-      e.action = "skip";
-      backoff();
-      break;
-    case policy::backoff:
-      e.action = "backoff";
-      if (!s.scaler.enabled()) e.note = "loss scaling is disabled: the step was skipped";
-      backoff();
-      break;
-    case policy::rollback: {
-      e.action = "rollback";
-      {
-        // Which layers moved most since the snapshot: the diverged ones.
-        const auto changes = s.ring.diff();
-        std::string moved = "moved most since the snapshot:";
-        for (size_t i = 0; i < changes.size() && i < 3; ++i)
-          moved += " " + changes[i].name + " (x" + c10::str(changes[i].relative) + ")";
-        e.note = e.note.empty() ? moved : e.note + "; " + moved;
-      }
-      // Diverging again from the snapshot just restored (no newer one since):
-      // it was taken on the way up; go one further back when there is one.
-      if (s.ring.newest_step() == s.restored_step && s.ring.size() > 1) s.ring.drop_newest();
-      e.rollback_to = s.restored_step = s.ring.restore();
-      s.lr_factor *= o.rollback_lr_factor();
-      if (!s.schedule) scale_lr(s.optimizer, o.rollback_lr_factor());
-      else s.schedule->apply(s.optimizer, s.step - 1, s.lr_factor);
-      ++s.rollbacks;
-      s.sentinel.reset_spikes();  // the windows hold the divergence
-      s.snapshot_pending = false;
-      backoff();
-      break;
-    }
-    case policy::abort: break;  // handled above
-  }
-  s.write(e);
-  if (p == policy::rollback && !o.rollback_skip_batch() && !s.retrying) {
-    s.retrying = true;
-    struct reset {
-      bool& flag;
-      ~reset() { flag = false; }
-    } r{s.retrying};
-    return step(batch, fn);
-  }
-  return e;
 }
 
 int64_t guard::steps() const { return impl_->step; }
