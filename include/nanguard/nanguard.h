@@ -16,6 +16,7 @@
 #pragma once
 
 #include <nanguard/census.h>
+#include <nanguard/diagnosis.h>
 #include <nanguard/finding.h>
 #include <nanguard/scope.h>
 #include <nanguard/tracer.h>

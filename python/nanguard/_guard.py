@@ -11,12 +11,13 @@ import json
 import math
 import os
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
 from . import _nanguard
-from ._trace import NonFiniteError, trace
+from ._trace import Finding, NonFiniteError, trace
 
 POLICIES = ("skip", "backoff", "rollback", "abort")
 
@@ -27,8 +28,11 @@ class StepResult:
 
     ``action`` is "step" for a healthy step, else the policy that acted
     ("skip", "backoff", "rollback", "abort"). ``finding`` is the replay's
-    :class:`~nanguard.Finding` (or None) and ``verdict`` "reproduced" /
-    "not reproduced" / "" (no replay).
+    :class:`~nanguard.Finding` (or None), diagnosed with the steps before
+    (``finding.cause``, ``finding.remedy``), and ``verdict`` "reproduced" /
+    "not reproduced" / "" (no replay). ``remedy`` is what the guard did about
+    a bad step, e.g. "skipped the step; loss scale 65536 -> 32768" ("" on a
+    healthy step).
     """
 
     step: int
@@ -43,6 +47,7 @@ class StepResult:
     finding: object = None
     verdict: str = ""
     spikes: list = field(default_factory=list)
+    remedy: str = ""
 
     def to_dict(self):
         """The result as a JSON-ready dict (NaN/Inf as strings)."""
@@ -53,7 +58,7 @@ class StepResult:
                 "lr": self.lr, "reason": self.reason,
                 "first_nonfinite_param": self.first_nonfinite_param,
                 "finding": json.loads(self.finding.to_json()) if self.finding is not None else None,
-                "verdict": self.verdict,
+                "verdict": self.verdict, "remedy": self.remedy,
                 "spikes": [{"series": s, "value": num(v), "z": z} for s, v, z in self.spikes]}
 
 
@@ -148,6 +153,10 @@ class Guard:
         self.rollbacks = 0
         self.lr_factor = 1.0
         self._bad_in_a_row = 0
+        # Losses and grad norms of the last finite steps: what a bad step's
+        # diagnosis reads as the steps before.
+        self._losses = deque(maxlen=spike_window)
+        self._grad_norms = deque(maxlen=spike_window)
         self._snapshots = []
         self._log = None
         if event_log:
@@ -185,6 +194,8 @@ class Guard:
             self.optimizer.step()
             self.scaler.update(False)
             self._bad_in_a_row = 0
+            self._losses.append(loss_value)
+            self._grad_norms.append(norm)
             spikes = self.sentinel.observe(loss_value, norm)
             return self._emit(StepResult(step, loss_value, norm, "step", False, self.scaler.get_scale(),
                                          self._lr(), spikes=spikes))
@@ -195,7 +206,10 @@ class Guard:
         finding, verdict = None, ""
         if self.replay:
             finding, verdict = self._replay(step, rng, closure, args, kwargs)
+        if finding is not None:
+            finding = self._diagnose(finding, loss_value)
         self.optimizer.zero_grad(set_to_none=True)
+        lr, scale = self._lr(), self.scaler.get_scale()
         action = self.policy
         if self.max_bad_steps and self._bad_in_a_row >= self.max_bad_steps:
             action = "abort"
@@ -203,8 +217,9 @@ class Guard:
             self.scaler.update(True)  # every policy backs an enabled scaler off
         if action == "rollback":
             self._rollback()
-        result = self._emit(StepResult(step, loss_value, norm, action, True, self.scaler.get_scale(),
-                                       self._lr(), reason, bad_param, finding, verdict))
+        result = self._emit(StepResult(step, loss_value, norm, action, True, self.scaler.get_scale(), self._lr(),
+                                       reason, bad_param, finding, verdict,
+                                       remedy=self._applied_remedy(action, lr, scale)))
         if action == "abort":
             self._bundle(step, rng, args, kwargs, finding)
             if finding is None:
@@ -212,6 +227,24 @@ class Guard:
                                      + " (replay did not name an op)")
             raise NonFiniteError(finding)
         return result
+
+    def _diagnose(self, finding, loss_value):
+        """The finding diagnosed again with the steps before (a finite loss of
+        this step last: its gradients were the bad ones)."""
+        losses = list(self._losses) + ([loss_value] if math.isfinite(loss_value) else [])
+        return Finding(_nanguard.diagnose_finding(finding.to_json(), losses, list(self._grad_norms), self._lr(),
+                                                  self.scaler.get_scale(), []))
+
+    def _applied_remedy(self, action, lr, scale):
+        """What the guard did about a bad step, as the C++ guard's events say it."""
+        if action == "abort":
+            return "stopped training"
+        done = "rolled back to the last snapshot" if action == "rollback" else "skipped the step"
+        if self._lr() != lr:
+            done += f"; lr {lr:.6g} -> {self._lr():.6g}"
+        if self.scaler.get_scale() != scale:
+            done += f"; loss scale {scale:.6g} -> {self.scaler.get_scale():.6g}"
+        return done
 
     def _replay(self, step, rng, closure, args, kwargs):
         """Re-runs the step under the tracer from the step's RNG state."""
