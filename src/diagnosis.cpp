@@ -8,16 +8,17 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <initializer_list>
 #include <limits>
 #include <optional>
+#include <tuple>
+#include <utility>
 
 namespace nanguard {
 namespace {
 
 using records = std::vector<tensor_record>;
-using rule = std::function<std::optional<diagnosis>(const finding&)>;
+using rule = std::optional<diagnosis> (*)(const finding&);
 
 constexpr const char* kCauseNames[] = {
     "unclassified",  "log_of_nonpositive", "division_by_zero", "overflow",   "fully_masked_softmax",
@@ -310,40 +311,51 @@ std::optional<diagnosis> reduction_of_too_few(const finding& f) {
               f);
 }
 
-// exp, cosh, pow: past the dtype's largest value. In float16 / bfloat16 a
+// pow of 0 to a negative power (x/0), or of large bases. The exponent is
+// not recorded when it is a scalar: medium confidence.
+std::optional<diagnosis> power_overflow(const finding& f) {
+  const std::string op = base_name(f.op);
+  const tensor_record* out = bad_output(f);
+  if (!one_of(op, {"pow", "float_power"}) || !out || f.inputs.empty() || out->stats.pos_inf + out->stats.neg_inf == 0)
+    return std::nullopt;
+  const tensor_stats& base = f.inputs[0].stats;
+  if (base.zeros > 0)
+    return make(cause::division_by_zero, confidence::medium,
+                fmt::format("{} of 0 to a negative power: {} of {} bases are 0", op, base.zeros, base.numel), f);
+  return make(cause::overflow, confidence::medium,
+              fmt::format("{} of bases up to |x| = {} made {} (the largest {} is {})", op, num(base.absmax),
+                          nonfinite_counts(out->stats), out->dtype, num(largest_finite(out->dtype))),
+              f);
+}
+
+// The input beyond which `op` (exp, exp2, expm1, cosh, sinh) overflows a
+// dtype whose largest value is `largest`.
+double overflow_point(const std::string& op, double largest) {
+  if (op == "exp2") return std::log2(largest);
+  if (op == "cosh" || op == "sinh") return std::log(largest) + std::log(2.0);
+  return std::log(largest);
+}
+
+// exp and friends past the dtype's largest value. In float16 / bfloat16 a
 // value float32 holds is a precision problem, not an overflow.
 std::optional<diagnosis> exponential_overflow(const finding& f) {
   const std::string op = base_name(f.op);
   const tensor_record* out = bad_output(f);
-  if (!out || f.inputs.empty() || out->stats.pos_inf + out->stats.neg_inf == 0) return std::nullopt;
+  if (!one_of(op, {"exp", "exp2", "expm1", "cosh", "sinh"}) || !out || f.inputs.empty()) return std::nullopt;
   const tensor_stats& in = f.inputs[0].stats;
-  if (one_of(op, {"pow", "float_power"})) {
-    if (in.zeros > 0)
-      return make(cause::division_by_zero, confidence::medium,
-                  fmt::format("{} of 0 to a negative power: {} of {} bases are 0", op, in.zeros, in.numel), f);
-    return make(cause::overflow, confidence::medium,
-                fmt::format("{} of bases up to |x| = {} made {} (the largest {} is {})", op, num(in.absmax),
-                            nonfinite_counts(out->stats), out->dtype, num(largest_finite(out->dtype))),
-                f);
-  }
-  double reach = 0;  // the input beyond which the op overflows its dtype
-  const auto limit = [&](double largest) {
-    if (op == "exp2") return std::log2(largest);
-    if (op == "cosh" || op == "sinh") return std::log(largest) + std::log(2.0);
-    return std::log(largest);
-  };
-  if (!one_of(op, {"exp", "exp2", "expm1", "cosh", "sinh"})) return std::nullopt;
   const double x = (op == "cosh" || op == "sinh") ? in.absmax : in.max;
-  reach = limit(largest_finite(out->dtype));
+  const double reach = overflow_point(op, largest_finite(out->dtype));
   if (!(x > reach)) return std::nullopt;
-  if (low_precision(out->dtype) && x <= limit(largest_finite("Float")))
+  if (low_precision(out->dtype) && x <= overflow_point(op, largest_finite("Float")))
     return make(cause::precision_range, confidence::high,
                 fmt::format("{} of up to {} is beyond {}'s largest value {} ({} > {}); float32 holds it", op, num(x),
                             out->dtype, num(largest_finite(out->dtype)), num(x), num(reach)),
                 f);
   return make(cause::overflow, confidence::high,
-              fmt::format("{} of up to {}: beyond log(largest {}) = {}; {} of {} outputs overflowed", op, num(x),
-                          out->dtype, num(reach), out->stats.pos_inf + out->stats.neg_inf, out->stats.numel),
+              fmt::format("{} of up to {}: beyond {}, where {} passes the largest {} ({}); {} of {} outputs "
+                          "overflowed",
+                          op, num(x), num(reach), op, out->dtype, num(largest_finite(out->dtype)),
+                          out->stats.pos_inf + out->stats.neg_inf, out->stats.numel),
               f);
 }
 
@@ -390,7 +402,7 @@ diagnosis unclassified(const finding& f, const std::string& lead) {
 diagnosis diagnose_producer(const finding& f) {
   static const rule rules[] = {backward_at_singularity, nan_from_infinities, log_domain,
                                inverse_trig_domain,     zero_division,       reduction_of_too_few,
-                               exponential_overflow,    low_precision_overflow};
+                               power_overflow,          exponential_overflow,  low_precision_overflow};
   for (const rule& r : rules)
     if (auto d = r(f)) return *d;
   if (inputs_finite(f))
@@ -436,24 +448,31 @@ double median(std::vector<double> v) {
 }
 
 // A spike in the last few values of a series against those before them,
-// scored as the sentinel scores its spikes (robust z).
-struct rise {
-  double z = 0, value = 0, baseline = 0;
-};
-
-rise recent_rise(const std::vector<double>& series) {
+// scored as the sentinel scores its spikes (robust z); "" when none.
+std::string spike_in(const std::vector<double>& series, const char* name) {
   constexpr size_t recent = 3, least = 5;
-  rise r;
-  if (series.size() < least + recent) return r;
+  if (series.size() < least + recent) return "";
   const spike_options defaults;
   spike_detector scores(spike_options().window(int64_t(series.size())).min_samples(int64_t(least)));
+  double z = 0, value = 0;
   for (size_t i = 0; i < series.size(); ++i) {
-    const double z = scores.observe(series[i]);
-    if (i + recent >= series.size() && z > r.z) r = {z, series[i], 0};
+    const double zi = scores.observe(series[i]);
+    if (i + recent >= series.size() && zi > z) std::tie(z, value) = std::pair{zi, series[i]};
   }
-  r.baseline = median({series.begin(), series.end() - recent});
-  if (r.z <= defaults.threshold()) r.z = 0;
-  return r;
+  if (z <= defaults.threshold()) return "";
+  return fmt::format("the {} rose to {} in the steps before (median {}, robust z {})", name, num(value),
+                     num(median({series.begin(), series.end() - recent})), num(z));
+}
+
+// Steady growth at the end of a series, too short for a spike's window: at
+// least 3 rises in a row that multiplied it by 10 or more; "" when none.
+std::string growth_in(const std::vector<double>& series, const char* name) {
+  size_t rises = 0;
+  while (rises + 1 < series.size() && series[series.size() - 1 - rises] > series[series.size() - 2 - rises]) ++rises;
+  if (rises < 3) return "";
+  const double from = series[series.size() - 1 - rises], to = series.back();
+  if (!(to >= 10 * from)) return "";
+  return fmt::format("the {} grew in each of the {} steps before, from {} to {}", name, rises, num(from), num(to));
 }
 
 // A parameter among the op's inputs grown past what training leaves a
@@ -465,16 +484,13 @@ const tensor_record* huge_parameter(const finding& f, const diagnosis_context& c
   return nullptr;
 }
 
-// Evidence of divergence before the step: a gradient-norm or loss spike, or
-// a weight grown huge. "" when there is none.
+// Evidence of divergence before the step: a gradient-norm or loss spike or
+// steady growth, or a weight grown huge. "" when there is none.
 std::string divergence_evidence(const finding& f, const diagnosis_context& ctx) {
   const std::string lr = ctx.lr > 0 ? fmt::format(" at lr {}", num(ctx.lr)) : "";
-  for (const auto& [series, name] : {std::pair{&ctx.grad_norms, "grad norm"}, std::pair{&ctx.losses, "loss"}}) {
-    const rise r = recent_rise(*series);
-    if (r.z > 0)
-      return fmt::format("the {} rose to {} in the steps before (median {}, robust z {}){}", name, num(r.value),
-                         num(r.baseline), num(r.z), lr);
-  }
+  for (const auto& [series, name] : {std::pair{&ctx.grad_norms, "grad norm"}, std::pair{&ctx.losses, "loss"}})
+    for (const auto& rose : {spike_in, growth_in})
+      if (std::string before = rose(*series, name); !before.empty()) return before + lr;
   if (const tensor_record* p = huge_parameter(f, ctx))
     return fmt::format("parameter {} reached |x| = {}{}: the weights diverged", p->name, num(p->stats.absmax), lr);
   return "";

@@ -106,7 +106,7 @@ TEST(diagnosis, a_zero_std_normalisation_is_division_by_zero) {
   const auto f = first_finding([&](nanguard::tracer&) { net->forward(x).sum().backward(); }, net.get());
   EXPECT_EQ("aten::div", f.op);
   EXPECT_EQ(cause::division_by_zero, f.diagnosis.cause);
-  EXPECT_TRUE(has(f.diagnosis.evidence, "0/0: 4 of 4 denominators")) << f.diagnosis.evidence;
+  EXPECT_TRUE(has(f.diagnosis.evidence, "4 of 4 denominators (input 1) are exactly 0")) << f.diagnosis.evidence;
   EXPECT_TRUE(has(f.diagnosis.remedy, "x / (x.std(0) + 1e-5)")) << f.diagnosis.remedy;
 
   torch::manual_seed(0);
@@ -123,12 +123,12 @@ TEST(diagnosis, std_of_a_batch_of_one_is_division_by_zero) {
 // ------------------------------------------------------------ exp overflow
 
 TEST(diagnosis, exp_beyond_log_of_the_largest_float_is_overflow) {
-  const at::Tensor scores = torch::tensor({{1.0, 90.0, 3.0}});
+  const at::Tensor scores = torch::tensor({{1.0, 90.0, 3.0}}, at::kFloat);
   const auto f = first_finding([&](nanguard::tracer&) { at::log(at::exp(scores).sum(1)); });
   EXPECT_EQ("aten::exp", f.op);
   EXPECT_EQ(cause::overflow, f.diagnosis.cause);
   EXPECT_EQ(confidence::high, f.diagnosis.confidence);
-  EXPECT_TRUE(has(f.diagnosis.evidence, "exp of up to 90: beyond log(largest Float) = 88.72"))
+  EXPECT_TRUE(has(f.diagnosis.evidence, "exp of up to 90: beyond 88.72, where exp passes the largest Float (3.403e+38)"))
       << f.diagnosis.evidence;
   EXPECT_TRUE(has(f.diagnosis.remedy, "torch::logsumexp(x, -1)")) << f.diagnosis.remedy;
   EXPECT_TRUE(finite(at::logsumexp(scores, 1))) << "the remedy";
@@ -186,9 +186,9 @@ TEST(diagnosis, the_backward_of_a_distance_at_zero_is_sqrt_at_zero) {
 // ------------------------------------------------------------ acos at ±1
 
 TEST(diagnosis, the_backward_of_acos_at_one_is_inverse_trig_at_bound) {
-  // The angle between two equal unit vectors: the cosine is exactly 1.
-  const at::Tensor u = torch::tensor({{0.6, 0.8}, {1.0, 0.0}}, torch::requires_grad());
-  const at::Tensor v = torch::tensor({{0.6, 0.8}, {0.0, 1.0}});
+  // The angle between two equal unit vectors (row 0): the cosine is exactly 1.
+  const at::Tensor u = torch::tensor({{1.0, 0.0}, {0.0, 1.0}}, torch::requires_grad());
+  const at::Tensor v = torch::tensor({{1.0, 0.0}, {1.0, 0.0}});
   const auto f = first_finding([&](nanguard::tracer&) { at::acos((u * v).sum(1)).sum().backward(); });
   EXPECT_EQ(direction::backward, f.direction);
   EXPECT_EQ(cause::inverse_trig_at_bound, f.diagnosis.cause);
@@ -313,6 +313,16 @@ TEST(diagnosis, an_overflow_after_a_grad_norm_spike_is_divergence) {
   EXPECT_TRUE(has(d.evidence, "at lr 0.5; then aten::addmm made 8 +Inf")) << d.evidence;
   EXPECT_TRUE(has(d.remedy, "guard_options().max_norm(1.0)")) << d.remedy;
   EXPECT_TRUE(has(d.remedy, "policy::rollback")) << d.remedy;
+}
+
+TEST(diagnosis, steady_growth_over_a_few_steps_is_divergence) {
+  nanguard::diagnosis_context growing;
+  growing.losses = {0.5, 0.4, 2.0, 30.0, 900.0};
+  const nanguard::diagnosis d = nanguard::diagnose(overflowed_addmm(), growing);
+  EXPECT_EQ(cause::divergence, d.cause);
+  EXPECT_TRUE(has(d.evidence, "the loss grew in each of the 3 steps before, from 0.4 to 900")) << d.evidence;
+  growing.losses = {0.5, 0.4, 0.41, 0.42, 0.43};
+  EXPECT_EQ(cause::overflow, nanguard::diagnose(overflowed_addmm(), growing).cause) << "rising, but not 10x";
 }
 
 TEST(diagnosis, a_domain_error_keeps_its_class_after_a_spike) {
