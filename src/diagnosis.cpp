@@ -503,16 +503,20 @@ diagnosis diagnose(const finding& f, const diagnosis_context& ctx) {
                 : f.role == role::propagator ? diagnose_propagator(f)
                                              : diagnose_producer(f);
   // A domain error (log, sqrt, acos, x/0, a mask) has its own fix whatever
-  // came before; an overflow or an unexplained value after a spike is the
-  // divergence showing.
-  if (d.cause == cause::overflow || d.cause == cause::inf_arithmetic || d.cause == cause::unclassified) {
+  // came before; an overflow or an unexplained value is the divergence
+  // showing after a spike, or under a loss scale the scaled gradients
+  // passing float16's range.
+  const bool overflowed = d.cause == cause::overflow || d.cause == cause::inf_arithmetic || d.cause == cause::unclassified;
+  if (overflowed) {
     const std::string before = divergence_evidence(f, ctx);
     if (!before.empty())
       return make(cause::divergence, d.cause == cause::unclassified ? confidence::medium : confidence::high,
                   before + "; then " + d.evidence, f);
   }
-  if (d.cause == cause::precision_range && ctx.loss_scale > 1 && f.direction == direction::backward)
-    d.evidence += fmt::format("; the gradients were scaled by {}", num(ctx.loss_scale));
+  if (f.direction == direction::backward && ctx.loss_scale > 1 && (overflowed || d.cause == cause::precision_range)) {
+    if (d.cause != cause::precision_range) d = make(cause::precision_range, confidence::medium, d.evidence, f);
+    d.evidence += fmt::format("; the gradients were scaled by {} (loss scaling)", num(ctx.loss_scale));
+  }
   return d;
 }
 

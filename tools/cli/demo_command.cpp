@@ -305,7 +305,7 @@ void print_summary(const std::vector<scenario_result>& results) {
   const auto row = [](const std::string& a, const std::string& b, const std::string& c, const std::string& d,
                       const std::string& e, const std::string& f, const std::string& g, const std::string& h,
                       const std::string& i, const std::string& j) {
-    fmt::print("  {:<17} {:<16} {:<8} {:<9} {:>4}  {:<10} {:<20} {:<18} {:>10}  {}\n", a, b, c, d, e, f, g, h, i, j);
+    fmt::print("  {:<17} {:<16} {:<8} {:<9} {:>4}  {:<10} {:<21} {:<18} {:>10}  {}\n", a, b, c, d, e, f, g, h, i, j);
   };
   row("scenario", "first NaN/Inf op", "module", "direction", "step", "role", "cause", "remedy", "final loss",
       "status");
