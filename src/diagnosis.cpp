@@ -213,8 +213,9 @@ std::optional<diagnosis> nan_from_infinities(const finding& f) {
   }
   if (!with_inf) return std::nullopt;
   const std::string op = base_name(f.op);
-  const bool softmax = one_of(op, {"softmax", "_softmax", "log_softmax", "_log_softmax", "scaled_dot_product_attention",
-                                   "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention_for_cpu"});
+  const bool softmax =
+      one_of(op, {"softmax", "_softmax", "log_softmax", "_log_softmax", "scaled_dot_product_attention",
+                  "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention_for_cpu"});
   if (softmax && with_inf->stats.neg_inf > 0) {
     const int64_t row = out->shape.empty() ? 1 : std::max<int64_t>(out->shape.back(), 1);
     return make(cause::fully_masked_softmax, out->stats.nan % row == 0 ? confidence::high : confidence::medium,
@@ -225,7 +226,8 @@ std::optional<diagnosis> nan_from_infinities(const finding& f) {
                 f);
   }
   const std::string kind = with_zero ? "0 × inf" : "inf - inf";
-  const std::string zeros = with_zero ? fmt::format(", {} holds {} zeros", with_zero->name, with_zero->stats.zeros) : "";
+  const std::string zeros =
+      with_zero ? fmt::format(", {} holds {} zeros", with_zero->name, with_zero->stats.zeros) : "";
   return make(cause::inf_arithmetic, confidence::medium,
               fmt::format("{}: {} made {} NaN from infinities: {} holds {}{}", kind, f.op, out->stats.nan,
                           with_inf->name, nonfinite_counts(with_inf->stats), zeros),
@@ -258,8 +260,8 @@ std::optional<diagnosis> inverse_trig_domain(const finding& f) {
   const tensor_stats& in = f.inputs[0].stats;
   if (!(in.absmax >= 1)) return std::nullopt;
   return make(cause::inverse_trig_at_bound, confidence::high,
-              fmt::format("{} of values at or beyond ±1: the largest |x| of {} inputs is {} (its domain is {})", op,
-                          in.numel, fmt::format("{:.9g}", in.absmax), op == "atanh" ? "(-1, 1)" : "[-1, 1]"),
+              fmt::format("{} of values at or beyond ±1: the largest |x| of {} inputs is {:.9g} (its domain is {})",
+                          op, in.numel, in.absmax, op == "atanh" ? "(-1, 1)" : "[-1, 1]"),
               f);
 }
 
@@ -286,7 +288,8 @@ std::optional<diagnosis> zero_division(const finding& f) {
   const tensor_stats& den = f.inputs[d].stats;
   const bool zero_over_zero = !unary && out && out->stats.nan > 0 && f.inputs[0].stats.zeros > 0;
   std::string note;
-  if (in_normalisation(f)) note += " in a normalisation: a constant feature or a batch of 1 has std 0";
+  if (in_normalisation(f))
+    note += " in a normalisation (a constant feature or a batch of 1 has std 0, a zero vector norm 0)";
   if (low_precision(f.inputs[d].dtype)) note += fmt::format(" ({} flushes tiny values to 0)", f.inputs[d].dtype);
   return make(cause::division_by_zero, confidence::high,
               fmt::format("{}: {} of {} denominators ({}) are exactly 0{}", zero_over_zero ? "0/0" : "x/0", den.zeros,
@@ -307,7 +310,7 @@ std::optional<diagnosis> reduction_of_too_few(const finding& f) {
               spread ? fmt::format("{} over {} element per output with correction 1 divides by n - 1 = 0 (a batch "
                                    "of 1?)",
                                    op, per_output)
-                     : fmt::format("mean of 0 elements is 0/0 (an empty batch or mask?)"),
+                     : std::string("mean of 0 elements is 0/0 (an empty batch or mask?)"),
               f);
 }
 
@@ -419,9 +422,11 @@ diagnosis diagnose_input(const finding& f, const diagnosis_context& ctx) {
     if (r.name == f.culprit || (!bad && !r.stats.all_finite())) bad = &r;
   const std::string counts = bad ? fmt::format("{} of {}", nonfinite_counts(bad->stats), bad->stats.numel) : "NaN/Inf";
   if (names_data(f.culprit, ctx)) {
+    // Rows are along the first dimension, as a batch's samples are.
+    const int64_t per_row = bad && bad->shape.size() >= 2 && bad->shape[0] > 0 ? bad->stats.numel / bad->shape[0] : 0;
     std::string row;
-    if (bad && bad->shape.size() >= 2 && bad->stats.numel > 0 && bad->stats.first_nonfinite_index >= 0)
-      row = fmt::format(", the first in row {}", bad->stats.first_nonfinite_index / (bad->stats.numel / bad->shape[0]));
+    if (per_row > 0 && bad->stats.first_nonfinite_index >= 0)
+      row = fmt::format(", the first in row {}", bad->stats.first_nonfinite_index / per_row);
     return make(cause::bad_data, f.culprit.rfind("input ", 0) == 0 ? confidence::medium : confidence::high,
                 fmt::format("the non-finite values came in with {} ({}){}, not from an op", f.culprit, counts, row),
                 f);
@@ -506,7 +511,8 @@ diagnosis diagnose(const finding& f, const diagnosis_context& ctx) {
   // came before; an overflow or an unexplained value is the divergence
   // showing after a spike, or under a loss scale the scaled gradients
   // passing float16's range.
-  const bool overflowed = d.cause == cause::overflow || d.cause == cause::inf_arithmetic || d.cause == cause::unclassified;
+  const bool overflowed =
+      d.cause == cause::overflow || d.cause == cause::inf_arithmetic || d.cause == cause::unclassified;
   if (overflowed) {
     const std::string before = divergence_evidence(f, ctx);
     if (!before.empty())

@@ -88,8 +88,8 @@ json diagnosis_json(const diagnosis& d) {
 }
 
 diagnosis diagnosis_from(const json& j) {
-  return {cause_from_string(json_field<std::string>(j, "cause", kWhere)), json_field<std::string>(j, "evidence", kWhere),
-          json_field<std::string>(j, "remedy", kWhere),
+  return {cause_from_string(json_field<std::string>(j, "cause", kWhere)),
+          json_field<std::string>(j, "evidence", kWhere), json_field<std::string>(j, "remedy", kWhere),
           confidence_from_string(json_field<std::string>(j, "confidence", kWhere))};
 }
 
@@ -200,7 +200,8 @@ finding finding_from_json(const std::string& text) {
   f.sequence_nr = integer("sequence_nr");
   f.backtrace = text_of("backtrace");
   f.rank = json_field<int64_t>(j, "rank", -1, kWhere);
-  f.diagnosis = j.contains("diagnosis") ? diagnosis_from(json_field<json::object_t>(j, "diagnosis", kWhere)) : diagnose(f);
+  f.diagnosis =
+      j.contains("diagnosis") ? diagnosis_from(json_field<json::object_t>(j, "diagnosis", kWhere)) : diagnose(f);
   return f;
 }
 

@@ -511,10 +511,10 @@ step_event guard::step(const std::vector<at::Tensor>& batch, const step_fn& fn) 
     if (!o.distributed() || e.rank == writer) {
       e.bundle = s.write_repro_bundle(batch, fn, rng_before, e);
       e.remedy += "; repro bundle in " + e.bundle;
-    }
-    else
+    } else {
       e.note += std::string(e.note.empty() ? "" : "; ") + "the repro bundle is written by rank " +
                 std::to_string(writer);
+    }
     s.write(e);
     finding f;
     if (!e.findings.empty()) {

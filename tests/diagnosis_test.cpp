@@ -128,7 +128,8 @@ TEST(diagnosis, exp_beyond_log_of_the_largest_float_is_overflow) {
   EXPECT_EQ("aten::exp", f.op);
   EXPECT_EQ(cause::overflow, f.diagnosis.cause);
   EXPECT_EQ(confidence::high, f.diagnosis.confidence);
-  EXPECT_TRUE(has(f.diagnosis.evidence, "exp of up to 90: beyond 88.72, where exp passes the largest Float (3.403e+38)"))
+  EXPECT_TRUE(
+      has(f.diagnosis.evidence, "exp of up to 90: beyond 88.72, where exp passes the largest Float (3.403e+38)"))
       << f.diagnosis.evidence;
   EXPECT_TRUE(has(f.diagnosis.remedy, "torch::logsumexp(x, -1)")) << f.diagnosis.remedy;
   EXPECT_TRUE(finite(at::logsumexp(scores, 1))) << "the remedy";

@@ -64,7 +64,7 @@ run 3 train --model "$M/norm_net.pt" --data "$M/constant.csv" --target y --task 
 expect "nanguard train: NON-FINITE"
 expect "first non-finite: step 1 forward aten::div in norm: producer"
 expect "likely cause: division_by_zero (high confidence): "
-expect "in a normalisation: a constant feature or a batch of 1 has std 0"
+expect "in a normalisation (a constant feature or a batch of 1 has std 0, a zero vector norm 0)"
 expect "  remedy: put an eps in the denominator"
 summary forward "
 assert f['cause'] == 'division_by_zero' and f['confidence'] == 'high' and 'eps' in f['remedy'], f

@@ -320,7 +320,8 @@ void print_summary(const std::vector<scenario_result>& results) {
       if (!m.finite_and_falling()) status = "FAILED: " + m.name + " not finite and falling";
     row(r.scenario->name, f ? f->op : "-", f ? (f->module.empty() ? "?" : f->module) : "-",
         f ? to_string(f->direction) : "-", f ? std::to_string(f->step) : "-", f ? to_string(f->role) : "-",
-        f ? to_string(f->diagnosis.cause) : "-", r.scenario->remedy_short, show(r.remedies.front().last_loss()), status);
+        f ? to_string(f->diagnosis.cause) : "-", r.scenario->remedy_short, show(r.remedies.front().last_loss()),
+        status);
   }
 }
 
