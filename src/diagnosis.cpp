@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <iterator>
 #include <limits>
 #include <optional>
 #include <tuple>
@@ -17,13 +18,13 @@
 namespace nanguard {
 namespace {
 
-using records = std::vector<tensor_record>;
 using rule = std::optional<diagnosis> (*)(const finding&);
 
+// In the order of enum class cause.
 constexpr const char* kCauseNames[] = {
-    "unclassified",  "log_of_nonpositive", "division_by_zero", "overflow",   "fully_masked_softmax",
-    "sqrt_at_zero", "inverse_trig_at_bound", "inf_arithmetic", "precision_range", "divergence",
-    "bad_data"};
+    "unclassified", "log_of_nonpositive", "division_by_zero", "overflow", "fully_masked_softmax", "sqrt_at_zero",
+    "inverse_trig_at_bound", "inf_arithmetic", "precision_range", "divergence", "bad_data"};
+static_assert(std::size(kCauseNames) == size_t(cause::bad_data) + 1, "a name for every cause");
 constexpr const char* kConfidenceNames[] = {"low", "medium", "high"};
 
 // ------------------------------------------------------------ remedies
@@ -43,7 +44,7 @@ std::string remedy_for(cause c, const finding& f) {
       return "keep the exponent small: subtract the max (C++ `torch::logsumexp(x, -1)`, Python "
              "`torch.logsumexp(x, -1)`), clamp it (C++ `torch::exp(x.clamp_max(80))`, Python "
              "`torch.exp(x.clamp(max=80))`); if the values grew over training, clip and lower the LR "
-             "(guard_options().max_norm(1.0), Python `nanguard.Guard(model, opt, max_norm=1.0)`)";
+             "(C++ `guard_options().max_norm(1.0)`, Python `nanguard.Guard(model, opt, max_norm=1.0)`)";
     case cause::fully_masked_softmax:
       return "give rows with nothing to attend to a defined result: nanguard::masked_softmax(scores, mask) (zeros "
              "for such rows), Python `torch.where(mask.any(-1, keepdim=True), scores.softmax(-1), 0.0)`; or mask "
@@ -81,7 +82,8 @@ std::string remedy_for(cause c, const finding& f) {
     case cause::unclassified: break;
   }
   return "no class fits the evidence: read the census of the inputs and outputs, follow the chain with more "
-         "findings (Python `nanguard.trace(model, max_findings=8)`), or replay the bundle with `nanguard inspect`";
+         "findings (Python `nanguard.trace(model, max_findings=8)`), or examine the repro bundle with "
+         "`nanguard inspect` and `nanguard replay`";
 }
 
 diagnosis make(cause c, confidence k, std::string evidence, const finding& f) {
