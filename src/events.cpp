@@ -49,6 +49,7 @@ std::string to_json(const step_event& e) {
   j["findings"] = findings;
   if (e.rollback_to >= 0) j["rollback_to"] = e.rollback_to;
   if (!e.bundle.empty()) j["bundle"] = e.bundle;
+  if (!e.remedy.empty()) j["remedy"] = e.remedy;
   if (!e.note.empty()) j["note"] = e.note;
   j["guard_ms"] = number(e.guard_ms);
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -86,6 +87,7 @@ step_event step_event_from_json(const std::string& line) {
   for (const json& f : list("findings")) e.findings.push_back(finding_from_json(f.dump()));
   e.rollback_to = json_field<int64_t>(j, "rollback_to", -1, kWhere);
   e.bundle = json_field<std::string>(j, "bundle", "", kWhere);
+  e.remedy = json_field<std::string>(j, "remedy", "", kWhere);
   e.note = json_field<std::string>(j, "note", "", kWhere);
   e.guard_ms = value("guard_ms", 0.0);
   return e;

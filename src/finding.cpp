@@ -80,6 +80,19 @@ std::vector<tensor_record> records_from(const json& j, const char* key) {
   return out;
 }
 
+json diagnosis_json(const diagnosis& d) {
+  return {{"cause", to_string(d.cause)},
+          {"evidence", d.evidence},
+          {"remedy", d.remedy},
+          {"confidence", to_string(d.confidence)}};
+}
+
+diagnosis diagnosis_from(const json& j) {
+  return {cause_from_string(json_field<std::string>(j, "cause", kWhere)),
+          json_field<std::string>(j, "evidence", kWhere), json_field<std::string>(j, "remedy", kWhere),
+          confidence_from_string(json_field<std::string>(j, "confidence", kWhere))};
+}
+
 std::string shape_string(const std::vector<int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
@@ -127,6 +140,10 @@ std::string to_text(const finding& f) {
     for (const auto& r : *group)
       out += fmt::format("  {:<10} {} {}: {}\n", r.name + ":", r.dtype, shape_string(r.shape),
                          to_string(r.stats));
+  const diagnosis& d = f.diagnosis;
+  out += fmt::format("  cause:     {} ({} confidence)\n", to_string(d.cause), to_string(d.confidence));
+  out += fmt::format("  evidence:  {}\n", d.evidence);
+  out += fmt::format("  remedy:    {}\n", d.remedy);
   if (!f.backtrace.empty()) out += "  backtrace:\n" + f.backtrace + "\n";
   return out;
 }
@@ -149,7 +166,8 @@ std::string to_json(const finding& f) {
                   {"thread", f.thread},
                   {"sequence_nr", f.sequence_nr},
                   {"backtrace", f.backtrace},
-                  {"rank", f.rank}};
+                  {"rank", f.rank},
+                  {"diagnosis", diagnosis_json(f.diagnosis)}};
   return j.dump();
 }
 
@@ -182,6 +200,8 @@ finding finding_from_json(const std::string& text) {
   f.sequence_nr = integer("sequence_nr");
   f.backtrace = text_of("backtrace");
   f.rank = json_field<int64_t>(j, "rank", -1, kWhere);
+  f.diagnosis =
+      j.contains("diagnosis") ? diagnosis_from(json_field<json::object_t>(j, "diagnosis", kWhere)) : diagnose(f);
   return f;
 }
 

@@ -11,9 +11,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
 #include <mutex>
 #include <numeric>
 
@@ -22,6 +25,19 @@ namespace nanguard {
 namespace {
 
 using step_clock = std::chrono::steady_clock;
+
+// How findings name the i-th tensor of the batch.
+std::string batch_name(size_t i) { return "batch[" + std::to_string(i) + "]"; }
+
+// What the guard did about a bad step: skipped or rolled back, and how the
+// LR and the loss scale changed.
+std::string applied_remedy(const step_event& e, double lr_after, double scale_after) {
+  std::string r = e.action == "rollback" ? fmt::format("rolled back to the snapshot of step {}", e.rollback_to)
+                                         : "skipped the step";
+  if (lr_after != e.lr) r += fmt::format("; lr {:.6g} -> {:.6g}", e.lr, lr_after);
+  if (scale_after != e.scale) r += fmt::format("; loss scale {:.6g} -> {:.6g}", e.scale, scale_after);
+  return r;
+}
 
 double seconds_since(step_clock::time_point start) {
   return std::chrono::duration<double>(step_clock::now() - start).count();
@@ -96,6 +112,9 @@ struct guard::impl {
   double user_s = 0;                    // its seconds of plain-loop work (see user_time)
   bool snapshot_pending = false;
   int64_t restored_step = -1;  // the snapshot the last rollback restored
+  // Losses and grad norms of the last finite steps (a spike window of
+  // them): what a bad step's diagnosis reads as the steps before.
+  std::deque<double> losses, grad_norms;
 
   at::Tensor rng_state() {
     auto gen = at::detail::getDefaultCPUGenerator();
@@ -106,6 +125,28 @@ struct guard::impl {
     auto gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(s);
+  }
+
+  // Remembers a finite step for the diagnosis of a later bad one.
+  void remember(const step_event& e) {
+    losses.push_back(e.loss);
+    grad_norms.push_back(e.grad_norm);
+    if (int64_t(losses.size()) > options.spikes().window()) {
+      losses.pop_front();
+      grad_norms.pop_front();
+    }
+  }
+
+  // What the guard knows of the bad step `e` besides its findings.
+  diagnosis_context history(const step_event& e, const std::vector<at::Tensor>& batch) const {
+    diagnosis_context c;
+    c.losses.assign(losses.begin(), losses.end());
+    if (std::isfinite(e.loss)) c.losses.push_back(e.loss);  // a finite loss, gradients not
+    c.grad_norms.assign(grad_norms.begin(), grad_norms.end());
+    c.lr = e.lr;
+    c.loss_scale = e.scale;
+    for (size_t i = 0; i < batch.size(); ++i) c.data.push_back(batch_name(i));
+    return c;
   }
 
   // Stamps the guard's own time so far on `e` and logs it.
@@ -127,7 +168,7 @@ struct guard::impl {
       tracer t(tracer_options(options.tracer()).keep_inputs(true));  // the bundle's culprit inputs
       t.name_parameters(model);
       for (size_t i = 0; i < batch.size(); ++i)
-        if (batch[i].defined()) t.name_tensor(batch[i], "batch[" + std::to_string(i) + "]");
+        if (batch[i].defined()) t.name_tensor(batch[i], batch_name(i));
       t.set_step(step);
       try {
         const at::Tensor loss = fn(batch);
@@ -317,6 +358,7 @@ struct guard::impl {
     }
     scaler.update(false);
     bad_in_a_row = 0;
+    remember(e);
     if (options.policy() == policy::rollback) {
       // Only calm steps make a "last good" snapshot: a run that is already
       // diverging (spiking) but still finite is not worth returning to.
@@ -338,6 +380,8 @@ struct guard::impl {
       if (report.nonfinite_counts[i] > 0) e.nonfinite_params.push_back({sentinel.names()[i], report.nonfinite_counts[i]});
     if (options.replay() && !locally_finite) replay(batch, fn, rng_before, e);
     if (options.replay() && options.distributed()) share_findings(e);
+    const diagnosis_context h = history(e, batch);
+    for (finding& f : e.findings) f.diagnosis = diagnose(f, h);
     optimizer.zero_grad();
     e.skipped = true;
     ++skipped;
@@ -366,6 +410,7 @@ struct guard::impl {
       case policy::rollback: roll_back(e); break;
     }
     back_off(e);
+    e.remedy = applied_remedy(e, get_lr(optimizer), scaler.get_scale());
     write(e);
   }
 
@@ -402,19 +447,22 @@ struct guard::impl {
   // Writes the repro bundle (distributed: the first rank that saw it, with
   // its batch), records the event and throws nonfinite_error.
   [[noreturn]] void abort_step(const std::vector<at::Tensor>& batch, const at::Tensor& rng_before, step_event& e) {
+    e.remedy = "stopped training";
     const int64_t writer = e.nonfinite_ranks.empty() ? 0 : e.nonfinite_ranks.front();
-    if (!options.distributed() || e.rank == writer)
+    if (!options.distributed() || e.rank == writer) {
       e.bundle = write_repro_bundle(batch, rng_before, e);
-    else
+      e.remedy += "; repro bundle in " + e.bundle;
+    } else {
       e.note += std::string(e.note.empty() ? "" : "; ") + "the repro bundle is written by rank " +
                 std::to_string(writer);
+    }
     write(e);
-    throw nonfinite_error(thrown_finding(e));
+    throw nonfinite_error(thrown_finding(e, batch));
   }
 
   // What abort throws: the first finding, or one naming the loss or the
   // first bad parameter when the replay named no op.
-  finding thrown_finding(const step_event& e) const {
+  finding thrown_finding(const step_event& e, const std::vector<at::Tensor>& batch) const {
     if (!e.findings.empty()) return e.findings.front();
     finding f;
     f.step = step;
@@ -423,6 +471,7 @@ struct guard::impl {
     f.culprit = e.nonfinite_params.empty() ? "loss" : e.nonfinite_params.front().name;
     f.value = e.nonfinite_params.empty() ? e.loss : std::numeric_limits<double>::quiet_NaN();
     if (options.distributed()) f.rank = e.nonfinite_ranks.empty() ? e.rank : e.nonfinite_ranks.front();
+    f.diagnosis = diagnose(f, history(e, batch));
     return f;
   }
 };

@@ -212,8 +212,11 @@ json timeline_row(const step_event& e) {
   for (const auto& s : e.spikes)
     items.push_back({"spike", s.series + " spike: " + number_text(s.value) + " (z = " + number_text(s.z) + ")"});
   if (!e.verdict.empty()) items.push_back({"verdict", "replay: " + e.verdict});
-  for (const auto& f : e.findings) items.push_back({"finding", to_string(f)});
-  if (e.rollback_to >= 0) items.push_back({"rollback", "rolled back to the snapshot of step " + std::to_string(e.rollback_to)});
+  for (const auto& f : e.findings)
+    items.push_back({"finding", to_string(f) + " (likely cause: " + to_string(f.diagnosis.cause) + ")"});
+  if (!e.remedy.empty()) items.push_back({"remedy", e.remedy});
+  // A log written before the remedy field says only where it rolled back to.
+  if (e.rollback_to >= 0 && e.remedy.empty()) items.push_back({"rollback", "rolled back to the snapshot of step " + std::to_string(e.rollback_to)});
   if (!e.bundle.empty()) items.push_back({"bundle", "repro bundle: " + e.bundle});
   if (!e.note.empty()) items.push_back({"note", e.note});
   return {{"step", e.step}, {"action", e.action}, {"skipped", e.skipped}, {"items", std::move(items)}};

@@ -539,6 +539,7 @@ void mark(tracer_state& st, const at::RecordFunction& fn, const at::Tensor& out,
 void record(tracer_state& st, const at::RecordFunction& fn, finding f, int origin, const at::Tensor& out,
             bool out_holds_nan) {
   const int index = int(st.records.size());
+  f.diagnosis = diagnose(f);
   st.records.push_back({std::move(f), origin < 0 ? index : origin});
   mark(st, fn, out, {index, out_holds_nan});
   publish(st);

@@ -30,8 +30,11 @@ TEST(events, round_trip_keeps_nan_inf_spikes_and_findings) {
   f.value = NAN;
   f.index = 4;
   f.rank = 1;
+  f.diagnosis = {nanguard::cause::division_by_zero, "x/0: 2 of 8 denominators are exactly 0", "add eps",
+                 nanguard::confidence::high};
   e.findings = {f};
   e.rollback_to = 10;
+  e.remedy = "rolled back to the snapshot of step 10; lr 0.0006 -> 0.0003";
   e.top_norms = {{"head.weight", 7.5}, {"encoder.0.weight", NAN}};
   e.rank = 0;
   e.nonfinite_ranks = {1, 3};
@@ -59,6 +62,12 @@ TEST(events, round_trip_keeps_nan_inf_spikes_and_findings) {
   EXPECT_EQ(10, back.rollback_to);
   EXPECT_EQ(0.75, back.guard_ms);
   EXPECT_EQ(1, back.findings[0].rank);
+  EXPECT_EQ(nanguard::cause::division_by_zero, back.findings[0].diagnosis.cause);
+  EXPECT_EQ("x/0: 2 of 8 denominators are exactly 0", back.findings[0].diagnosis.evidence);
+  EXPECT_EQ("add eps", back.findings[0].diagnosis.remedy);
+  EXPECT_EQ(nanguard::confidence::high, back.findings[0].diagnosis.confidence);
+  EXPECT_EQ(e.remedy, back.remedy);
+  EXPECT_EQ("", nanguard::step_event_from_json(R"({"step":1,"action":"step"})").remedy) << "an older line";
   ASSERT_EQ(2u, back.top_norms.size());
   EXPECT_EQ("head.weight", back.top_norms[0].first);
   EXPECT_EQ(7.5, back.top_norms[0].second);

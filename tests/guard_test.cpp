@@ -100,6 +100,23 @@ TEST(guard, rollback_recovers_a_run_that_blows_up_under_a_high_lr) {
   fs::remove_all(dir);
 }
 
+TEST(guard, diagnoses_a_blow_up_under_a_high_lr_as_divergence_and_logs_the_remedy_it_applied) {
+  regression r;
+  torch::optim::SGD opt(r.model->parameters(), torch::optim::SGDOptions(0.1));
+  guard g(r.model, opt, guard_options().policy(policy::rollback).snapshot_every(10));
+  step_event e;
+  while (g.steps() < 200 && e.action != "rollback") e = r.step(g, opt);
+  ASSERT_EQ("rollback", e.action);
+  ASSERT_FALSE(e.findings.empty());
+  const nanguard::diagnosis& d = e.findings.front().diagnosis;
+  EXPECT_EQ(nanguard::cause::divergence, d.cause) << to_string(d);
+  EXPECT_NE(std::string::npos, d.evidence.find("in the steps before")) << d.evidence;
+  EXPECT_NE(std::string::npos, d.evidence.find("at lr 1.5")) << d.evidence;
+  EXPECT_NE(std::string::npos, d.remedy.find("max_norm(1.0)")) << d.remedy;
+  EXPECT_EQ(fmt::format("rolled back to the snapshot of step {}; lr 1.5 -> 0.75", e.rollback_to), e.remedy);
+  EXPECT_EQ(e.remedy, nanguard::step_event_from_json(nanguard::to_json(e)).remedy);
+}
+
 TEST(guard, times_its_own_work_but_not_the_users) {
   regression r;
   torch::optim::SGD opt(r.model->parameters(), 0.1);
@@ -190,6 +207,11 @@ TEST(guard, backoff_handles_an_fp16_overflow) {
   EXPECT_EQ("reproduced", events[0].verdict);
   ASSERT_FALSE(events[0].findings.empty());
   EXPECT_EQ(nanguard::direction::backward, events[0].findings[0].direction);
+  EXPECT_EQ(nanguard::cause::precision_range, events[0].findings[0].diagnosis.cause)
+      << to_string(events[0].findings[0].diagnosis);
+  EXPECT_NE(std::string::npos, events[0].findings[0].diagnosis.evidence.find("the gradients were scaled by 6.554e+04"))
+      << events[0].findings[0].diagnosis.evidence;
+  EXPECT_EQ("skipped the step; loss scale 65536 -> 32768", events[0].remedy);
   int backoffs = 0;
   while (backoffs < 40 && events[backoffs].action == "backoff") ++backoffs;
   EXPECT_LT(backoffs, 20);

@@ -167,6 +167,8 @@ TEST(report, summary_timeline_and_findings) {
   events[9].nonfinite_params = {{"encoder.weight", 7}};
   events[9].verdict = "reproduced";
   events[9].findings.push_back(sample_finding("encoder.norm"));
+  events[9].findings.back().diagnosis = nanguard::diagnose(events[9].findings.back());
+  events[9].remedy = "skipped the step; loss scale 65536 -> 32768";
   events[19].skipped = true;
   events[19].action = "rollback";
   events[19].rollback_to = 15;
@@ -192,6 +194,13 @@ TEST(report, summary_timeline_and_findings) {
   ASSERT_EQ(a.at("param_norms").size(), 2u);
   EXPECT_EQ(a.at("param_norms").at(0).at("name"), "encoder.weight");
   EXPECT_EQ(a.at("findings").at(0).at("outputs").at(0).at("stats").at("nan"), 4);
+  // Each finding with its cause and remedy; the bad step with the remedy applied.
+  EXPECT_EQ(a.at("findings").at(0).at("diagnosis").at("cause"), "division_by_zero");
+  EXPECT_NE(a.at("findings").at(0).at("diagnosis").at("remedy").get<std::string>().find("eps"), std::string::npos);
+  const json& bad_step = a.at("timeline").at(0).at("items");
+  EXPECT_NE(bad_step.dump().find("(likely cause: division_by_zero)"), std::string::npos) << bad_step.dump();
+  EXPECT_NE(bad_step.dump().find("[\"remedy\",\"skipped the step; loss scale 65536 -> 32768\"]"), std::string::npos)
+      << bad_step.dump();
   const json& empty = data.at("runs").at(1);
   EXPECT_EQ(empty.at("events"), 0);
   EXPECT_FALSE(empty.contains("series"));

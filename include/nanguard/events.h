@@ -49,6 +49,10 @@ struct step_event {
   std::vector<finding> findings;  ///< the tracer's findings from the replay
   int64_t rollback_to = -1;     ///< rollback: the step of the restored snapshot
   std::string bundle;           ///< abort: the repro bundle's directory
+  /// The remedy the guard applied to a bad step, e.g. "skipped the step;
+  /// loss scale 65536 -> 32768" or "rolled back to step 40; lr 0.1 -> 0.05"
+  /// ("" on a healthy step). Why the step went bad: its findings' diagnosis.
+  std::string remedy;
   std::string note;             ///< free text: an error, or on rollback the parameters that moved most
   /// Milliseconds the guard itself spent on this step: all of guard::step
   /// but the user's forward, the backward and the optimizer step (which a

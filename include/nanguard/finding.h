@@ -1,8 +1,10 @@
 // finding.h — what the tracer reports about a non-finite value: which op
-// made it, where, when, and what its inputs and outputs looked like.
+// made it, where, when, what its inputs and outputs looked like, and its
+// likely cause and fix (diagnosis.h).
 #pragma once
 
 #include <nanguard/census.h>
+#include <nanguard/diagnosis.h>
 
 #include <ATen/core/Tensor.h>
 
@@ -56,6 +58,7 @@ struct finding {
   int64_t sequence_nr = -1;              ///< autograd sequence number linking forward and backward
   std::string backtrace;                 ///< C++ call site, when captured
   int64_t rank = -1;                     ///< distributed: the rank that saw it (-1: single process)
+  nanguard::diagnosis diagnosis;         ///< the likely cause, its evidence and the remedy
   /// With tracer_options::keep_inputs: copies of the op's inputs (those of
   /// `inputs`) as they were when it started. Not part of the JSON.
   std::vector<at::Tensor> input_values;
@@ -63,11 +66,13 @@ struct finding {
 
 /// One line: `step 3 forward aten::div in norm: producer, output 0 [12] = nan`.
 std::string to_string(const finding& f);
-/// Several lines, with the census of every input and output.
+/// Several lines, with the census of every input and output, then the
+/// diagnosis (cause, evidence, remedy).
 std::string to_text(const finding& f);
 /// A JSON object with every field (census included).
 std::string to_json(const finding& f);
-/// Reads a finding back from `to_json`'s output.
+/// Reads a finding back from `to_json`'s output. A finding written before
+/// diagnoses existed (no "diagnosis" field) is diagnosed on reading.
 finding finding_from_json(const std::string& json);
 
 /// Thrown when a non-finite value must stop the caller; carries the finding.

@@ -11,12 +11,13 @@ log and bundle writer, so that ``nanguard report``, ``inspect`` and
 import copy
 import json
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
 from . import _nanguard
-from ._trace import NonFiniteError, trace
+from ._trace import Finding, NonFiniteError, trace
 
 POLICIES = ("skip", "backoff", "rollback", "abort")
 
@@ -33,6 +34,9 @@ class StepResult:
     held any, ``top_norms`` (name, norm) of the largest per-parameter
     gradient norms; ``bundle`` is the repro bundle an abort wrote and
     ``rollback_to`` the snapshot a rollback restored (steps done then).
+    The finding is diagnosed with the steps before (``finding.cause``,
+    ``finding.remedy``); ``remedy`` is what the guard did about a bad step,
+    e.g. "skipped the step; loss scale 65536 -> 32768" ("" on a healthy step).
     """
 
     step: int
@@ -52,6 +56,7 @@ class StepResult:
     clip_coef: float = 1.0
     bundle: str = ""
     rollback_to: int = -1
+    remedy: str = ""
 
     def to_dict(self):
         """The result as the event log holds it: the C++ guard's step event
@@ -64,7 +69,8 @@ class StepResult:
              "top_norms": [{"name": n, "norm": _num(v)} for n, v in self.top_norms],
              "findings": [json.loads(self.finding.to_json())] if self.finding is not None else []}
         for key, value, unset in (("verdict", self.verdict, ""), ("note", self.reason, ""),
-                                  ("bundle", self.bundle, ""), ("rollback_to", self.rollback_to, -1)):
+                                  ("bundle", self.bundle, ""), ("rollback_to", self.rollback_to, -1),
+                                  ("remedy", self.remedy, "")):
             if value != unset:
                 d[key] = value
         return d
@@ -180,6 +186,10 @@ class Guard:
         self.rollbacks = 0
         self.lr_factor = 1.0
         self._bad_in_a_row = 0
+        # Losses and grad norms of the last finite steps: what a bad step's
+        # diagnosis reads as the steps before.
+        self._losses = deque(maxlen=spike_window)
+        self._grad_norms = deque(maxlen=spike_window)
         self._snapshots = []  # (steps done, model state, optimizer state)
         self._log = None
         if event_log:
@@ -220,6 +230,8 @@ class Guard:
             self.optimizer.step()
             self.scaler.update(False)
             self._bad_in_a_row = 0
+            self._losses.append(loss_value)
+            self._grad_norms.append(norm)
             spikes = self.sentinel.observe(loss_value, norm)
             return self._emit(StepResult(step, loss_value, norm, "step", False, scale, lr, spikes=spikes,
                                          clip_coef=clip_coef, **per_parameter))
@@ -230,6 +242,8 @@ class Guard:
         finding, verdict = None, ""
         if self.replay:
             finding, verdict = self._replay(step, rng, closure, args, kwargs)
+        if finding is not None:
+            finding = self._diagnose(finding, loss_value)
         self.optimizer.zero_grad(set_to_none=True)
         action = self.policy
         if self.max_bad_steps and self._bad_in_a_row >= self.max_bad_steps:
@@ -242,6 +256,7 @@ class Guard:
             result.rollback_to = self._rollback()
         if action == "abort":
             result.bundle = self._bundle(result, rng, args, kwargs)
+        result.remedy = self._applied_remedy(result)
         self._emit(result)
         if action == "abort":
             if finding is None:
@@ -259,6 +274,28 @@ class Guard:
         key = lambda item: math.inf if math.isnan(item[1]) else item[1]  # NaN first, as the C++ guard
         top = sorted(zip(names, report.norms), key=key, reverse=True)[:max(self.log_top_norms, 0)]
         return {"nonfinite_params": bad, "top_norms": top}
+
+    def _diagnose(self, finding, loss_value):
+        """The finding diagnosed again with the steps before (a finite loss of
+        this step last: its gradients were the bad ones)."""
+        losses = list(self._losses) + ([loss_value] if math.isfinite(loss_value) else [])
+        return Finding(_nanguard.diagnose_finding(finding.to_json(), losses, list(self._grad_norms), self._lr(),
+                                                  self.scaler.get_scale(), []))
+
+    def _applied_remedy(self, result):
+        """What the guard did about the bad step of ``result``, as the C++
+        guard's events say it."""
+        if result.action == "abort":
+            return "stopped training" + (f"; repro bundle in {result.bundle}" if result.bundle else "")
+        if result.action == "rollback":
+            done = f"rolled back to the snapshot of step {result.rollback_to}"
+        else:
+            done = "skipped the step"
+        if self._lr() != result.lr:
+            done += f"; lr {result.lr:.6g} -> {self._lr():.6g}"
+        if self.scaler.get_scale() != result.scale:
+            done += f"; loss scale {result.scale:.6g} -> {self.scaler.get_scale():.6g}"
+        return done
 
     def _replay(self, step, rng, closure, args, kwargs):
         """Re-runs the step under the tracer from the step's RNG state."""

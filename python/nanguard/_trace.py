@@ -47,6 +47,11 @@ class Finding:
     ``f.direction``, ``f.node``, ``f.forward_op``, ``f.role``, ``f.module``,
     ``f.culprit``, ``f.step``, ``f.index``, ``f.value``, ``f.inputs``,
     ``f.outputs``.
+
+    Its diagnosis (``nanguard::diagnose``): ``f.cause`` (e.g.
+    "log_of_nonpositive", "unclassified"), ``f.evidence`` (one sentence with
+    the numbers), ``f.remedy`` (what to change) and ``f.confidence``
+    ("low", "medium", "high").
     """
 
     def __init__(self, json_text):
@@ -71,6 +76,26 @@ class Finding:
 
     def __repr__(self):
         return f"<nanguard.Finding {self}>"
+
+    @property
+    def cause(self):
+        """The likely cause, a class of docs/diagnosis.md ("unclassified" when none fits)."""
+        return self._dict["diagnosis"]["cause"]
+
+    @property
+    def evidence(self):
+        """The evidence for the cause, with its numbers."""
+        return self._dict["diagnosis"]["evidence"]
+
+    @property
+    def remedy(self):
+        """What to change, with C++ and Python one-liners."""
+        return self._dict["diagnosis"]["remedy"]
+
+    @property
+    def confidence(self):
+        """How far the evidence goes: "low", "medium" or "high"."""
+        return self._dict["diagnosis"]["confidence"]
 
     def __getattr__(self, name):
         d = self.__dict__.get("_dict")

@@ -191,6 +191,13 @@ PYBIND11_MODULE(_nanguard, m) {
   m.def("finding_to_text", [](const std::string& json) {
     return nanguard::to_text(nanguard::finding_from_json(json));
   });
+  m.def("diagnose_finding", [](const std::string& json, std::vector<double> losses, std::vector<double> grad_norms,
+                               double lr, double loss_scale, std::vector<std::string> data) {
+    nanguard::finding f = nanguard::finding_from_json(json);
+    f.diagnosis = nanguard::diagnose(f, {std::move(losses), std::move(grad_norms), lr, loss_scale, std::move(data)});
+    return nanguard::to_json(f);
+  }, py::arg("finding_json"), py::arg("losses"), py::arg("grad_norms"), py::arg("lr"), py::arg("loss_scale"),
+     py::arg("data"), "The finding (JSON) diagnosed again with the steps before it (nanguard::diagnose).");
 
   // ------------------------------------------------------------ scope
   m.def("scope_push", [](const std::string& name) {

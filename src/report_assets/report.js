@@ -417,12 +417,26 @@
     return table;
   }
 
+  // The finding's likely cause, its evidence and the remedy (diagnosis.h).
+  function diagnosisBlock(d) {
+    var box = el('div', 'diagnosis');
+    [['cause', d.cause + ' (' + d.confidence + ' confidence)'], ['evidence', d.evidence],
+      ['remedy', d.remedy]].forEach(function (row) {
+      var p = el('p', row[0]);
+      p.appendChild(el('span', 'k', row[0]));
+      p.appendChild(el('span', null, row[1]));
+      box.appendChild(p);
+    });
+    return box;
+  }
+
   function findingCard(f) {
     var card = el('div', 'finding ' + f.role);
     card.setAttribute('data-op', f.op);
     var title = 'step ' + f.step + ' \u00B7 ' + f.direction + ' \u00B7 ' + f.op + (f.module ? ' in ' + f.module : '') +
       ' \u00B7 ' + f.role;
     card.appendChild(el('div', 'finding-title', title));
+    if (f.diagnosis) card.appendChild(diagnosisBlock(f.diagnosis));
     var kv = el('div', 'kv');
     var fields = [['op', f.op], ['module', f.module || '(unknown)'], ['direction', f.direction], ['role', f.role],
       ['step', f.step]];

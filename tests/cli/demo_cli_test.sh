@@ -10,10 +10,11 @@ NANGUARD=$(realpath -- "$1")
 WORK=$2
 [ -x "$NANGUARD" ] || { echo "FAIL: no nanguard binary at '$1'"; exit 1; }
 rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK" || exit 1
-# expect_row NAME OP MODULE DIRECTION ROLE REMEDY: the scenario's summary row, status ok.
+# expect_row NAME OP MODULE DIRECTION ROLE CAUSE REMEDY: the scenario's summary row, status ok
+# (the finding's diagnosis is CAUSE).
 expect_row() {
-  grep -qE "^  $1 +$2 +$3 +$4 +[0-9]+ +$5 +$6 +[0-9.e+-]+ +ok\$" <<<"$out" ||
-    fail "expected the summary row '$1 $2 $3 $4 <step> $5 $6 <loss> ok' in:
+  grep -qE "^  $1 +$2 +$3 +$4 +[0-9]+ +$5 +$6 +$7 +[0-9.e+-]+ +ok\$" <<<"$out" ||
+    fail "expected the summary row '$1 $2 $3 $4 <step> $5 $6 $7 <loss> ok' in:
 $out"
 }
 
@@ -26,18 +27,21 @@ for s in $SCENARIOS; do expect "$s"; done
 run 0 "$NANGUARD" demo --out demo
 demo_out=$out
 expect "nanguard demo: 6 scenarios"
-expect_row zero-std 'aten::div' norm forward producer 'standardize \(eps\)'
-expect_row lr-too-high 'aten::mse_loss' loss forward producer 'clip \+ warmup'
-expect_row bad-data 'aten::addmm' fc1 forward input firewall
-expect_row log-softmax 'aten::log' loss forward producer cross_entropy
-expect_row fp16-overflow 'aten::_to_copy' fc2 backward producer 'loss scaling'
-expect_row masked-attention 'aten::_softmax' attn forward producer masked_softmax
+expect_row zero-std 'aten::div' norm forward producer division_by_zero 'standardize \(eps\)'
+expect_row lr-too-high 'aten::mse_loss' loss forward producer divergence 'clip \+ warmup'
+expect_row bad-data 'aten::addmm' fc1 forward input bad_data firewall
+expect_row log-softmax 'aten::log' loss forward producer log_of_nonpositive cross_entropy
+expect_row fp16-overflow 'aten::_to_copy' fc2 backward producer precision_range 'loss scaling'
+expect_row masked-attention 'aten::_softmax' attn forward producer fully_masked_softmax masked_softmax
 expect "every remedy trained to a finite, falling loss"
 grep -qE "in [0-9.]+ s \([0-9]+ threads\)" <<<"$out" || fail "no time taken at the end:
 $out"
-# Each scenario block shows the tracer's finding and the remedy's losses.
+# Each scenario block shows the tracer's finding, its diagnosis and the remedy's losses.
 [ "$(grep -c 'the tracer.s first finding' <<<"$out")" -eq 6 ] || fail "expected 6 findings in:
 $out"
+[ "$(grep -cE '^    \|   remedy: +[a-z]' <<<"$out")" -eq 6 ] || fail "expected 6 diagnosed remedies in:
+$out"
+expect "log_of_nonpositive (high confidence)"
 [ "$(grep -cE 'loss [0-9.e+-]+ -> [0-9.e+-]+: finite, falling' <<<"$out")" -eq 7 ] ||
   fail "expected 7 remedy runs (6 + rollback) finite and falling in:
 $out"
@@ -71,7 +75,7 @@ grep -q 'zero-std/unguarded' demo/report.html || fail "report.html does not name
 # left by the previous run would look like this run's).
 run 0 "$NANGUARD" demo --scenario log-softmax --out demo
 expect "nanguard demo: 1 scenario,"
-expect_row log-softmax 'aten::log' loss forward producer cross_entropy
+expect_row log-softmax 'aten::log' loss forward producer log_of_nonpositive cross_entropy
 grep -q "zero-std" <<<"$out" && fail "--scenario log-softmax ran zero-std too:
 $out"
 [ -s demo/log-softmax/remedy/events.jsonl ] || fail "no event log after --scenario"

@@ -56,7 +56,8 @@ with open("baseline/events.jsonl", "w") as f:
         e = ev(s, scale=scale)
         if s == 120:
             e.update(loss="nan", grad_norm="nan", skipped=True, action="backoff", verdict="reproduced",
-                     findings=[finding], nonfinite_params=[{"name": "encoder.layers.0.weight", "nonfinite": 7}])
+                     findings=[finding], nonfinite_params=[{"name": "encoder.layers.0.weight", "nonfinite": 7}],
+                     remedy="skipped the step; loss scale 65536 -> 32768")
             scale /= 2
         if s == 180:
             e["spikes"] = [{"series": "grad_norm", "value": 40.0, "z": 9.1}]
@@ -119,6 +120,12 @@ grep -q '<path class="skipband"' dom.html || fail "skipped steps are not marked"
 grep -q '<line class="rollback"' dom.html || fail "the rollback is not marked"
 grep -q 'data-op="aten::div"' dom.html || fail "the forward finding is missing"
 grep -q 'SqrtBackward0' dom.html || fail "the backward finding's node is missing"
+# Findings logged without a diagnosis are diagnosed on reading; each card shows cause and remedy.
+[[ $(grep -o '<div class="diagnosis">' dom.html | wc -l) -eq 2 ]] || fail "expected 2 findings with a diagnosis"
+grep -q 'division_by_zero (low confidence)' dom.html || fail "the forward finding's cause is missing"
+grep -q 'sqrt_at_zero (high confidence)' dom.html || fail "the backward finding's cause is missing"
+grep -q 'torch::sqrt(x + 1e-12)' dom.html || fail "the backward finding's remedy is missing"
+grep -q 'skipped the step; loss scale 65536 -&gt; 32768' dom.html || fail "the remedy the guard applied is missing"
 grep -q 'encoder.layers.0.weight' dom.html || fail "the per-parameter grad norms are missing"
 grep -q 'Plots show [0-9]* of 100000 steps' dom.html || fail "the long run does not say it was downsampled"
 grep -q 'No steps logged.' dom.html || fail "the empty run is not listed"

@@ -63,7 +63,11 @@ run 3 train --model "$M/norm_net.pt" --data "$M/constant.csv" --target y --task 
   --out forward
 expect "nanguard train: NON-FINITE"
 expect "first non-finite: step 1 forward aten::div in norm: producer"
+expect "likely cause: division_by_zero (high confidence): "
+expect "in a normalisation (a constant feature or a batch of 1 has std 0, a zero vector norm 0)"
+expect "  remedy: put an eps in the denominator"
 summary forward "
+assert f['cause'] == 'division_by_zero' and f['confidence'] == 'high' and 'eps' in f['remedy'], f
 assert s['status'] == 'nonfinite' and s['steps'] == 5 and s['final_loss'] is None, s
 assert f['step'] == 1 and f['direction'] == 'forward' and f['op'] == 'aten::div', f
 assert f['module'] == 'norm' and f['role'] == 'producer' and f['verdict'] == 'reproduced', f
@@ -73,8 +77,10 @@ assert s['skipped_steps'] == 5, s"
 # ---- a backward-only Inf: sqrt(h - min h) is finite forward, 1/(2 sqrt 0) = inf backward
 run 3 train --model "$M/sqrt_net.pt" --data "$M/reg.csv" --target y --task regress --steps 4 --batch 16 --out backward
 expect "first non-finite: step 1 backward aten::div (in SqrtBackward0, the backward of aten::sqrt) in root: producer"
+expect "likely cause: sqrt_at_zero (high confidence): backward of aten::sqrt (SqrtBackward0)"
 summary backward "
 assert s['status'] == 'nonfinite', s
+assert f['cause'] == 'sqrt_at_zero' and 'sqrt(x + 1e-12)' in f['remedy'], f
 assert f['direction'] == 'backward' and f['node'] == 'SqrtBackward0' and f['forward_op'] == 'aten::sqrt', f
 assert f['module'] == 'root' and f['role'] == 'producer', f
 assert 'lin.weight' in f['parameters'], f"
@@ -160,9 +166,11 @@ expect "aten::div"
 expect "batch[0]"
 expect "parameters: lin.weight"
 expect "culprit_inputs[0]"
+expect "cause:     division_by_zero (high confidence)"
 run 3 "$NANGUARD" replay "$B" --model "$M/norm_net.pt"
 expect "reproduced: loss nan"
 expect "aten::div"
+expect "remedy:    put an eps in the denominator"
 expect "matches the bundle's finding"
 # The same step with the fixed model (std + eps): finite
 run 0 "$NANGUARD" replay "$B" --model "$M/norm_net_eps.pt"

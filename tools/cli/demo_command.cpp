@@ -256,7 +256,7 @@ struct scenario_result {
   run_result unguarded;
   std::vector<run_result> remedies;  // the remedy, then the extra one if any
   bool ok() const {
-    if (!unguarded.first) return false;
+    if (!unguarded.first || unguarded.first->diagnosis.cause != scenario->expected) return false;
     for (const run_result& r : remedies)
       if (!r.finite_and_falling()) return false;
     return true;
@@ -267,7 +267,6 @@ scenario_result run_scenario(const demo_scenario& s, const fs::path& out, size_t
   const fs::path dir = out / s.name;
   scenario_result result{&s, {}, {}};
   fmt::print("\n[{}/{}] {}: {}\n", index, count, s.name, s.title);
-  fmt::print("  cause: {}\n", s.cause);
 
   if (s.mode == unguarded_mode::guard_abort) {
     demo_setup setup = s.make(false);
@@ -280,14 +279,15 @@ scenario_result run_scenario(const demo_scenario& s, const fs::path& out, size_t
   }
   const run_result& u = result.unguarded;
   if (u.first) {
-    fmt::print("    went non-finite at step {} of the run; the tracer's first finding:\n", u.first->step);
+    fmt::print("    went non-finite at step {} of the run; the tracer's first finding and its diagnosis:\n",
+               u.first->step);
     print_indented(to_text(*u.first), "    | ");
   } else {
     fmt::print("    NO NaN/Inf in {} steps (the scenario did not reproduce its failure)\n", u.events.size());
   }
   if (!u.bundle.empty()) fmt::print("    repro bundle: {}\n", u.bundle);
 
-  fmt::print("  remedy: {}\n", s.remedy);
+  fmt::print("  remedy run: {}\n", s.remedy);
   result.remedies.push_back(run_guarded(s.make(true), s.name + "/remedy", dir / "remedy"));
   print_remedy_run(result.remedies.back());
   if (!s.extra_name.empty()) {
@@ -304,19 +304,24 @@ void print_summary(const std::vector<scenario_result>& results) {
   fmt::print("\nsummary\n");
   const auto row = [](const std::string& a, const std::string& b, const std::string& c, const std::string& d,
                       const std::string& e, const std::string& f, const std::string& g, const std::string& h,
-                      const std::string& i) {
-    fmt::print("  {:<17} {:<16} {:<8} {:<9} {:>4}  {:<10} {:<18} {:>10}  {}\n", a, b, c, d, e, f, g, h, i);
+                      const std::string& i, const std::string& j) {
+    fmt::print("  {:<17} {:<16} {:<8} {:<9} {:>4}  {:<10} {:<21} {:<18} {:>10}  {}\n", a, b, c, d, e, f, g, h, i, j);
   };
-  row("scenario", "first NaN/Inf op", "module", "direction", "step", "role", "remedy", "final loss", "status");
+  row("scenario", "first NaN/Inf op", "module", "direction", "step", "role", "cause", "remedy", "final loss",
+      "status");
   for (const scenario_result& r : results) {
     const auto& f = r.unguarded.first;
     std::string status = "ok";
     if (!f) status = "FAILED: no NaN/Inf without the remedy";
+    else if (f->diagnosis.cause != r.scenario->expected)
+      status = fmt::format("FAILED: diagnosed {}, expected {}", to_string(f->diagnosis.cause),
+                           to_string(r.scenario->expected));
     for (const run_result& m : r.remedies)
       if (!m.finite_and_falling()) status = "FAILED: " + m.name + " not finite and falling";
     row(r.scenario->name, f ? f->op : "-", f ? (f->module.empty() ? "?" : f->module) : "-",
         f ? to_string(f->direction) : "-", f ? std::to_string(f->step) : "-", f ? to_string(f->role) : "-",
-        r.scenario->remedy_short, show(r.remedies.front().last_loss()), status);
+        f ? to_string(f->diagnosis.cause) : "-", r.scenario->remedy_short, show(r.remedies.front().last_loss()),
+        status);
   }
 }
 

@@ -276,7 +276,7 @@ std::vector<demo_scenario> demo_scenarios() {
   demo_scenario* s = out.data();
   s->name = "zero-std";
   s->title = "normalisation with std = 0";
-  s->cause = "(x - mean) / std over the batch, and one input feature never changes: 0 / 0";
+  s->expected = cause::division_by_zero;
   s->remedy = "epsilon normalisation: nanguard::standardize, (x - mean) / sqrt(var + 1e-5)";
   s->remedy_short = "standardize (eps)";
   s->make = zero_std;
@@ -284,7 +284,7 @@ std::vector<demo_scenario> demo_scenarios() {
   ++s;
   s->name = "lr-too-high";
   s->title = "learning rate too high";
-  s->cause = "SGD at lr 0.5 on an MLP: every step overshoots further until the values overflow";
+  s->expected = cause::divergence;
   s->remedy = "clipping + warmup: guard_options().max_norm(1.0).schedule(warmup 10 steps, then cosine)";
   s->remedy_short = "clip + warmup";
   s->mode = unguarded_mode::guard_abort;
@@ -296,7 +296,7 @@ std::vector<demo_scenario> demo_scenarios() {
   ++s;
   s->name = "bad-data";
   s->title = "NaN and extreme outliers in the data";
-  s->cause = "two samples hold a NaN, two a value of 1e8: the first NaN enters the first layer";
+  s->expected = cause::bad_data;
   s->remedy = "the data firewall: drop samples with NaN/Inf, clip outliers to robust-z bounds (fitted)";
   s->remedy_short = "firewall";
   s->make = bad_data;
@@ -304,7 +304,7 @@ std::vector<demo_scenario> demo_scenarios() {
   ++s;
   s->name = "log-softmax";
   s->title = "hand-written log(softmax(x))";
-  s->cause = "confident logits: softmax underflows to 0 for the trailing classes, log(0) = -inf";
+  s->expected = cause::log_of_nonpositive;
   s->remedy = "stable cross-entropy: nanguard::cross_entropy (log_softmax with the max subtracted)";
   s->remedy_short = "cross_entropy";
   s->make = log_of_softmax;
@@ -312,7 +312,7 @@ std::vector<demo_scenario> demo_scenarios() {
   ++s;
   s->name = "fp16-overflow";
   s->title = "float16 overflow";
-  s->cause = "layer outputs rounded to float16 and a fixed loss scale of 2^16: gradients above 65504 are inf";
+  s->expected = cause::precision_range;
   s->remedy = "dynamic loss scaling: guard with the loss scaler on, policy backoff (skip the step, halve the scale)";
   s->remedy_short = "loss scaling";
   s->make = fp16_overflow;
@@ -320,7 +320,7 @@ std::vector<demo_scenario> demo_scenarios() {
   ++s;
   s->name = "masked-attention";
   s->title = "attention whose mask blanks a whole row";
-  s->cause = "causal mask over left-padded sequences: a padding query sees no key, softmax of all -inf = 0/0";
+  s->expected = cause::fully_masked_softmax;
   s->remedy = "safe softmax: nanguard::masked_softmax (a fully masked row gives zeros)";
   s->remedy_short = "masked_softmax";
   s->make = masked_attention;

@@ -3,6 +3,7 @@
 // NaN, built either with the bug (the unguarded run) or with its remedy.
 #pragma once
 
+#include <nanguard/diagnosis.h>
 #include <nanguard/firewall.h>
 #include <nanguard/guard.h>
 
@@ -46,7 +47,8 @@ enum class unguarded_mode {
 struct demo_scenario {
   std::string name;    ///< what --scenario takes, e.g. "zero-std"
   std::string title;   ///< e.g. "normalisation with std = 0"
-  std::string cause;   ///< why the unguarded run goes non-finite
+  /// The diagnosis the unguarded run's first finding must get (why it goes non-finite).
+  nanguard::cause expected = cause::unclassified;
   std::string remedy;  ///< what the remedy run changes
   std::string remedy_short;  ///< the remedy in a few words, for the summary table
   unguarded_mode mode = unguarded_mode::traced_loop;

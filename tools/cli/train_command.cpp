@@ -114,7 +114,8 @@ json first_json(const step_event& e, const std::vector<int64_t>& rows) {
   json j;
   j["step"] = e.step;
   if (e.findings.empty()) {
-    for (const char* k : {"direction", "op", "module", "role"}) j[k] = nullptr;
+    for (const char* k : {"direction", "op", "module", "role", "cause", "evidence", "remedy", "confidence"})
+      j[k] = nullptr;
   } else {
     const finding& f = e.findings.front();
     j["direction"] = to_string(f.direction);
@@ -130,6 +131,10 @@ json first_json(const step_event& e, const std::vector<int64_t>& rows) {
     j["value"] = std::isnan(f.value)   ? json("nan")
                  : std::isinf(f.value) ? json(f.value > 0 ? "inf" : "-inf")
                                        : json(f.value);
+    j["cause"] = to_string(f.diagnosis.cause);
+    j["evidence"] = f.diagnosis.evidence;
+    j["remedy"] = f.diagnosis.remedy;
+    j["confidence"] = to_string(f.diagnosis.confidence);
   }
   // The CSV lines of the step's rows holding a NaN/Inf: the data's share,
   // whatever the role (the tracer names a value that flowed through a
@@ -448,6 +453,9 @@ int run_train(const train_args& a) {
     } else {
       const finding& f = first_bad->findings.front();
       fmt::print("  first non-finite: {}\n", describe(f));
+      fmt::print("  likely cause: {} ({} confidence): {}\n", to_string(f.diagnosis.cause),
+                 to_string(f.diagnosis.confidence), f.diagnosis.evidence);
+      fmt::print("  remedy: {}\n", f.diagnosis.remedy);
     }
     if (!first_rows.empty())
       fmt::print("  the NaN/Inf came from the data: {} line{} {}\n", a.data, first_rows.size() > 1 ? "s" : "",

@@ -1,0 +1,86 @@
+// diagnosis.h — why a NaN or Inf was born, and what to change: the likely
+// cause of a finding, decided from the evidence it carries (the op, the
+// direction, the census of its inputs and outputs, the dtype) and from what
+// the guard knows of the steps before (gradient norms, losses, LR, loss
+// scale, which tensors are the input batch).
+//
+// The tracer diagnoses every finding it makes; the guard diagnoses its
+// findings again with its history. docs/diagnosis.md has the taxonomy.
+//
+//   for (const nanguard::finding& f : tracer.findings())
+//     std::cerr << to_string(f.diagnosis) << "\n";
+//   // log_of_nonpositive (high): log of 0: 3 of 64 inputs are exactly 0 ...
+//   //   remedy: log_softmax instead of log(softmax(x)) ...
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace nanguard {
+
+struct finding;
+
+/// The likely cause of a non-finite value (docs/diagnosis.md).
+enum class cause {
+  unclassified,           ///< no class fits: the evidence is given raw
+  log_of_nonpositive,     ///< log / log2 / log10 / log1p of 0 or a negative
+  division_by_zero,       ///< 0/0 or x/0, typically a normalisation by a zero std, var, norm or sum
+  overflow,               ///< exp / pow / cosh (or a sum, a product) beyond the dtype's largest value
+  fully_masked_softmax,   ///< softmax of a row with no finite entry
+  sqrt_at_zero,           ///< the backward of sqrt, a fractional pow or a norm at 0
+  inverse_trig_at_bound,  ///< acos / asin / atanh at or beyond ±1
+  inf_arithmetic,         ///< inf − inf or 0 × inf: the infinity came first
+  precision_range,        ///< beyond float16 / bfloat16 range, or flushed to 0 by it
+  divergence,             ///< the gradient norm or the loss spiked in the steps before
+  bad_data,               ///< the non-finite value came in with the input batch
+};
+
+/// How far the evidence goes: `high` when the op and its numbers agree,
+/// `low` when the class is a guess (and for `unclassified`).
+enum class confidence { low, medium, high };
+
+/// A finding's likely cause, the evidence for it, and the fix.
+struct diagnosis {
+  nanguard::cause cause = cause::unclassified;  ///< the class
+  std::string evidence;  ///< one sentence with the numbers it rests on
+  std::string remedy;    ///< what to change: C++ and Python one-liners, the nanguard option
+  nanguard::confidence confidence = confidence::low;  ///< how sure
+};
+
+/// What the guard knows besides the finding; every field may stay empty.
+struct diagnosis_context {
+  /// Losses of the steps before (finite ones), oldest first; the bad step's
+  /// own loss last when it was finite (its gradients were not).
+  std::vector<double> losses;
+  /// Global gradient norms of the finite steps before, oldest first.
+  std::vector<double> grad_norms;
+  double lr = 0;          ///< learning rate at the bad step (0: unknown)
+  double loss_scale = 1;  ///< loss scale at the bad step
+  /// Names of the tensors that are the input batch ("batch[0]"). A finding
+  /// whose culprit is unnamed ("input 0") or named "batch..." counts as data too.
+  std::vector<std::string> data;
+};
+
+/// The likely cause of `f` from its evidence (and `context`'s history).
+///
+/// Decided from the numbers, not from the op name alone: a div is x/0 only
+/// when its denominator holds zeros, an exp overflows only when its input
+/// passes log(largest value of the dtype). What no class fits is
+/// `unclassified`, with the raw evidence.
+///
+///   nanguard::diagnosis d = nanguard::diagnose(finding, {/*losses*/ {}, /*grad_norms*/ norms});
+///   if (d.cause == nanguard::cause::divergence) { /* lower the LR */ }
+diagnosis diagnose(const finding& f, const diagnosis_context& context = {});
+
+/// "log_of_nonpositive", "division_by_zero", ... (the enum's name).
+const char* to_string(cause c);
+/// The cause named `name`. Throws c10::Error listing the names for another.
+cause cause_from_string(const std::string& name);
+/// "low" / "medium" / "high".
+const char* to_string(confidence c);
+/// The confidence named `name`. Throws c10::Error for another.
+confidence confidence_from_string(const std::string& name);
+/// Two lines: `cause (confidence): evidence` and `  remedy: ...`.
+std::string to_string(const diagnosis& d);
+
+}  // namespace nanguard

@@ -1,0 +1,553 @@
+#include "nanguard/diagnosis.h"
+
+#include "nanguard/finding.h"
+#include "nanguard/sentinel.h"
+
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <iterator>
+#include <limits>
+#include <optional>
+#include <tuple>
+#include <utility>
+
+namespace nanguard {
+namespace {
+
+using rule = std::optional<diagnosis> (*)(const finding&);
+
+// In the order of enum class cause.
+constexpr const char* kCauseNames[] = {
+    "unclassified", "log_of_nonpositive", "division_by_zero", "overflow", "fully_masked_softmax", "sqrt_at_zero",
+    "inverse_trig_at_bound", "inf_arithmetic", "precision_range", "divergence", "bad_data"};
+static_assert(std::size(kCauseNames) == size_t(cause::bad_data) + 1, "a name for every cause");
+constexpr const char* kConfidenceNames[] = {"low", "medium", "high"};
+
+// ------------------------------------------------------------ remedies
+
+std::string remedy_for(cause c, const finding& f) {
+  switch (c) {
+    case cause::log_of_nonpositive:
+      return "take the log in log space: log_softmax / logsigmoid instead of log(softmax(x)) / log(sigmoid(x)) "
+             "(C++ `torch::log_softmax(x, -1)`, Python `torch.log_softmax(x, -1)`; nanguard::cross_entropy), "
+             "or clamp first (C++ `torch::log(p.clamp_min(1e-12))`, Python `torch.log(p.clamp_min(1e-12))`; "
+             "nanguard::safe_log)";
+    case cause::division_by_zero:
+      return "put an eps in the denominator (C++ `x / (x.std(0) + 1e-5)` or nanguard::standardize(x, 0), "
+             "Python `x / (x.std(0) + 1e-5)`; nanguard::safe_div); look for zero-variance features (a constant "
+             "column) and batches of 1";
+    case cause::overflow:
+      return "keep the exponent small: subtract the max (C++ `torch::logsumexp(x, -1)`, Python "
+             "`torch.logsumexp(x, -1)`), clamp it (C++ `torch::exp(x.clamp_max(80))`, Python "
+             "`torch.exp(x.clamp(max=80))`); if the values grew over training, clip and lower the LR "
+             "(C++ `guard_options().max_norm(1.0)`, Python `nanguard.Guard(model, opt, max_norm=1.0)`)";
+    case cause::fully_masked_softmax:
+      return "give rows with nothing to attend to a defined result: nanguard::masked_softmax(scores, mask) (zeros "
+             "for such rows), Python `torch.where(mask.any(-1, keepdim=True), scores.softmax(-1), 0.0)`; or mask "
+             "with a large finite value (C++ `scores.masked_fill(mask, -1e9)`, Python "
+             "`scores.masked_fill(mask, -1e9)`)";
+    case cause::sqrt_at_zero:
+      return "keep the argument away from 0: C++ `torch::sqrt(x + 1e-12)` or nanguard::safe_sqrt(x), Python "
+             "`torch.sqrt(x + 1e-12)`; a safe norm: `(x * x).sum(-1).add(1e-12).sqrt()`";
+    case cause::inverse_trig_at_bound:
+      return "clamp into the open interval: C++ `torch::acos(x.clamp(-1 + 1e-6, 1 - 1e-6))`, Python "
+             "`torch.acos(x.clamp(-1 + 1e-6, 1 - 1e-6))` (the same for asin, atanh)";
+    case cause::inf_arithmetic:
+      return "find the earlier infinity: trace with more findings to follow the chain (C++ "
+             "`tracer_options().max_findings(8)`, Python `nanguard.trace(model, max_findings=8)`); mask with a "
+             "large finite value instead of inf (C++ `x.masked_fill(mask, -1e9)`, Python "
+             "`x.masked_fill(mask, -1e9)`) or select with where instead of multiplying by 0";
+    case cause::precision_range: {
+      const std::string module = f.module.empty() ? "the module" : f.module;
+      return fmt::format(
+          "dynamic loss scaling (C++ `guard_options().scaler(loss_scaler_options().enabled(true))"
+          ".policy(policy::backoff)`, Python `nanguard.Guard(model, opt, loss_scale=True, policy=\"backoff\")`), "
+          "bfloat16 instead of float16, or keep {} in float32 (C++ `{}->to(torch::kFloat)`, Python "
+          "`{}.float()`)",
+          module, module, module);
+    }
+    case cause::divergence:
+      return "clip the gradients and lower the LR or warm up longer (C++ `guard_options().max_norm(1.0)`, Python "
+             "`nanguard.Guard(model, opt, max_norm=1.0)`); the rollback policy restores the last good snapshot "
+             "and multiplies the LR by rollback_lr_factor (C++ `guard_options().policy(policy::rollback)`, "
+             "Python `policy=\"rollback\"`)";
+    case cause::bad_data:
+      return "validate the data: the firewall drops or repairs rows with NaN/Inf (C++ "
+             "`nanguard::firewall(firewall_options().nonfinite(nonfinite_policy::drop))`, Python "
+             "`nanguard.Firewall(nonfinite=\"drop\")`); `nanguard scan data.csv` names the CSV line";
+    case cause::unclassified: break;
+  }
+  return "no class fits the evidence: read the census of the inputs and outputs, follow the chain with more "
+         "findings (Python `nanguard.trace(model, max_findings=8)`), or examine the repro bundle with "
+         "`nanguard inspect` and `nanguard replay`";
+}
+
+diagnosis make(cause c, confidence k, std::string evidence, const finding& f) {
+  return {c, std::move(evidence), remedy_for(c, f), k};
+}
+
+// ------------------------------------------------------------ evidence helpers
+
+std::string num(double v) { return std::isnan(v) ? "nan" : fmt::format("{:.4g}", v); }
+
+// "aten::log_" → "log": the op without namespace and in-place mark.
+std::string base_name(const std::string& op) {
+  std::string name = op.substr(op.rfind(':') == std::string::npos ? 0 : op.rfind(':') + 1);
+  if (name.size() > 1 && name.back() == '_') name.pop_back();
+  return name;
+}
+
+bool one_of(const std::string& name, std::initializer_list<const char*> names) {
+  return std::any_of(names.begin(), names.end(), [&](const char* n) { return name == n; });
+}
+
+double largest_finite(const std::string& dtype) {
+  if (dtype == "Half") return 65504.0;
+  if (dtype == "BFloat16") return 3.3895313892515355e38;
+  if (dtype == "Double") return std::numeric_limits<double>::max();
+  return double(std::numeric_limits<float>::max());
+}
+
+bool low_precision(const std::string& dtype) { return dtype == "Half" || dtype == "BFloat16"; }
+
+// The output that holds the reported value (the first non-finite one otherwise).
+const tensor_record* bad_output(const finding& f) {
+  if (f.output >= 0 && size_t(f.output) < f.outputs.size()) return &f.outputs[f.output];
+  for (const auto& r : f.outputs)
+    if (!r.stats.all_finite()) return &r;
+  return nullptr;
+}
+
+bool inputs_finite(const finding& f) {
+  return std::all_of(f.inputs.begin(), f.inputs.end(), [](const tensor_record& r) { return r.stats.all_finite(); });
+}
+
+// The largest |x| over the inputs.
+double input_absmax(const finding& f) {
+  double m = 0;
+  for (const auto& r : f.inputs) m = std::max(m, r.stats.absmax);
+  return m;
+}
+
+// "3 NaN, 1 +Inf" (the kinds present).
+std::string nonfinite_counts(const tensor_stats& s) {
+  std::string out;
+  const auto add = [&](int64_t n, const char* what) {
+    if (n > 0) out += fmt::format("{}{} {}", out.empty() ? "" : ", ", n, what);
+  };
+  add(s.nan, "NaN");
+  add(s.pos_inf, "+Inf");
+  add(s.neg_inf, "-Inf");
+  return out.empty() ? "no non-finite value" : out;
+}
+
+std::string census_line(const tensor_record& r) {
+  return fmt::format("{} {}: min {} max {}, {} zeros, {} of {}", r.name, r.dtype, num(r.stats.min),
+                     num(r.stats.max), r.stats.zeros, nonfinite_counts(r.stats), r.stats.numel);
+}
+
+// True when a name is a parameter's (not an op's input, the batch, a gradient).
+bool names_parameter(const std::string& name, const diagnosis_context& ctx) {
+  for (const char* prefix : {"input ", "output ", "gradient ", "batch", "written", "loss"})
+    if (name.rfind(prefix, 0) == 0) return false;
+  return std::find(ctx.data.begin(), ctx.data.end(), name) == ctx.data.end() && !name.empty();
+}
+
+bool names_data(const std::string& name, const diagnosis_context& ctx) {
+  return std::find(ctx.data.begin(), ctx.data.end(), name) != ctx.data.end() || name.rfind("batch", 0) == 0 ||
+         name.rfind("input ", 0) == 0;
+}
+
+// ------------------------------------------------------------ producer rules
+
+// The backward of an op at its singular point: d sqrt(x) = 1/(2 sqrt(x)) at
+// 0, d acos(x) = -1/sqrt(1 - x^2) at ±1, d log(x) = 1/x at 0. The node's
+// own ops see the point as a zero in what they divide by (x, 1 - x^2).
+std::optional<diagnosis> backward_at_singularity(const finding& f) {
+  struct singular {
+    std::initializer_list<const char*> forward_ops;
+    cause c;
+    const char* what;
+  };
+  static const singular table[] = {
+      {{"sqrt", "pow", "float_power", "norm", "linalg_vector_norm", "linalg_norm", "frobenius_norm", "cdist",
+        "_cdist_forward", "pairwise_distance", "_euclidean_dist"},
+       cause::sqrt_at_zero,
+       "its derivative (1/(2 sqrt(x)), x^(p-1)) is inf where the forward input is 0"},
+      {{"acos", "asin", "atanh"}, cause::inverse_trig_at_bound,
+       "its derivative (1/sqrt(1 - x^2), 1/(1 - x^2)) is inf where the forward input reaches ±1"},
+      {{"log", "log2", "log10", "log1p"}, cause::log_of_nonpositive,
+       "its derivative (1/x) is inf where the forward input is 0"},
+  };
+  if (f.direction != direction::backward) return std::nullopt;
+  const std::string forward = base_name(f.forward_op);
+  for (const singular& s : table) {
+    if (!one_of(forward, s.forward_ops)) continue;
+    // What the node divides by: the input with the most zeros.
+    const tensor_record* at_zero = nullptr;
+    for (const auto& r : f.inputs)
+      if (r.stats.zeros > 0 && (!at_zero || r.stats.zeros > at_zero->stats.zeros)) at_zero = &r;
+    if (!at_zero)
+      return make(s.c, confidence::medium,
+                  fmt::format("backward of {} ({}) made a non-finite gradient: {}", f.forward_op, f.node, s.what), f);
+    return make(s.c, confidence::high,
+                fmt::format("backward of {} ({}): {} of {} values it divides by are 0 ({} in {}); {}", f.forward_op,
+                            f.node, at_zero->stats.zeros, at_zero->stats.numel, at_zero->name, f.op, s.what),
+                f);
+  }
+  return std::nullopt;
+}
+
+// A NaN made from infinities: a softmax row with nothing but -inf, or
+// inf - inf / 0 × inf in arithmetic.
+std::optional<diagnosis> nan_from_infinities(const finding& f) {
+  const tensor_record* out = bad_output(f);
+  if (!out || out->stats.nan == 0) return std::nullopt;
+  const tensor_record* with_inf = nullptr;
+  const tensor_record* with_zero = nullptr;
+  for (const auto& r : f.inputs) {
+    if (!with_inf && r.stats.pos_inf + r.stats.neg_inf > 0) with_inf = &r;
+    else if (!with_zero && r.stats.zeros > 0) with_zero = &r;
+  }
+  if (!with_inf) return std::nullopt;
+  const std::string op = base_name(f.op);
+  const bool softmax =
+      one_of(op, {"softmax", "_softmax", "log_softmax", "_log_softmax", "scaled_dot_product_attention",
+                  "_scaled_dot_product_attention_math", "_scaled_dot_product_flash_attention_for_cpu"});
+  if (softmax && with_inf->stats.neg_inf > 0) {
+    const int64_t row = out->shape.empty() ? 1 : std::max<int64_t>(out->shape.back(), 1);
+    return make(cause::fully_masked_softmax, out->stats.nan % row == 0 ? confidence::high : confidence::medium,
+                fmt::format("{} of {} row(s) with no finite entry: {} holds {} -inf (a mask) and {} of {} outputs "
+                            "are NaN (rows of {})",
+                            f.op, out->stats.nan / row, with_inf->name, with_inf->stats.neg_inf, out->stats.nan,
+                            out->stats.numel, row),
+                f);
+  }
+  const std::string kind = with_zero ? "0 × inf" : "inf - inf";
+  const std::string zeros =
+      with_zero ? fmt::format(", {} holds {} zeros", with_zero->name, with_zero->stats.zeros) : "";
+  return make(cause::inf_arithmetic, confidence::medium,
+              fmt::format("{}: {} made {} NaN from infinities: {} holds {}{}", kind, f.op, out->stats.nan,
+                          with_inf->name, nonfinite_counts(with_inf->stats), zeros),
+              f);
+}
+
+std::optional<diagnosis> log_domain(const finding& f) {
+  const std::string op = base_name(f.op);
+  if (!one_of(op, {"log", "log2", "log10", "log1p"}) || f.inputs.empty()) return std::nullopt;
+  const tensor_stats& in = f.inputs[0].stats;
+  const double pole = op == "log1p" ? -1 : 0;
+  if (!(in.min <= pole)) return std::nullopt;
+  if (op != "log1p" && in.min == 0) {
+    const bool probabilities = in.max <= 1;
+    return make(cause::log_of_nonpositive, confidence::high,
+                fmt::format("{} of 0: {} of {} inputs are exactly 0 (smallest {}, largest {}){}", op, in.zeros,
+                            in.numel, num(in.min), num(in.max),
+                            probabilities ? ": probabilities that underflowed to 0 (a softmax or sigmoid)" : ""),
+                f);
+  }
+  return make(cause::log_of_nonpositive, confidence::high,
+              fmt::format("{} of a value at or below {}: the smallest of {} inputs is {}", op, num(pole), in.numel,
+                          num(in.min)),
+              f);
+}
+
+std::optional<diagnosis> inverse_trig_domain(const finding& f) {
+  const std::string op = base_name(f.op);
+  if (!one_of(op, {"acos", "asin", "atanh"}) || f.inputs.empty()) return std::nullopt;
+  const tensor_stats& in = f.inputs[0].stats;
+  if (!(in.absmax >= 1)) return std::nullopt;
+  return make(cause::inverse_trig_at_bound, confidence::high,
+              fmt::format("{} of values at or beyond ±1: the largest |x| of {} inputs is {:.9g} (its domain is {})",
+                          op, in.numel, in.absmax, op == "atanh" ? "(-1, 1)" : "[-1, 1]"),
+              f);
+}
+
+bool in_normalisation(const finding& f) {
+  for (const std::string* where : {&f.module, &f.caller, &f.forward_op, &f.node})
+    for (const char* word : {"norm", "std", "var"})
+      if (where->find(word) != std::string::npos) return true;
+  return false;
+}
+
+std::optional<diagnosis> zero_division(const finding& f) {
+  const std::string op = base_name(f.op);
+  const bool unary = one_of(op, {"reciprocal", "rsqrt"});
+  if (!unary && !one_of(op, {"div", "true_divide", "divide"})) return std::nullopt;
+  const tensor_record* out = bad_output(f);
+  if (!unary && f.inputs.size() == 1) {  // a scalar divisor: not recorded
+    return make(cause::division_by_zero, confidence::low,
+                fmt::format("{} by a scalar made {} from {}: the divisor is not recorded; it is 0 or tiny", f.op,
+                            out ? nonfinite_counts(out->stats) : "a non-finite value", census_line(f.inputs[0])),
+                f);
+  }
+  const size_t d = unary ? 0 : 1;
+  if (f.inputs.size() <= d || f.inputs[d].stats.zeros == 0) return std::nullopt;
+  const tensor_stats& den = f.inputs[d].stats;
+  const bool zero_over_zero = !unary && out && out->stats.nan > 0 && f.inputs[0].stats.zeros > 0;
+  std::string note;
+  if (in_normalisation(f))
+    note += " in a normalisation (a constant feature or a batch of 1 has std 0, a zero vector norm 0)";
+  if (low_precision(f.inputs[d].dtype)) note += fmt::format(" ({} flushes tiny values to 0)", f.inputs[d].dtype);
+  return make(cause::division_by_zero, confidence::high,
+              fmt::format("{}: {} of {} denominators ({}) are exactly 0{}", zero_over_zero ? "0/0" : "x/0", den.zeros,
+                          den.numel, f.inputs[d].name, note),
+              f);
+}
+
+// mean of nothing, var / std of one element (n - 1 = 0): 0/0 inside a reduction.
+std::optional<diagnosis> reduction_of_too_few(const finding& f) {
+  const std::string op = base_name(f.op);
+  if (!one_of(op, {"mean", "var", "std", "var_mean", "std_mean"}) || f.inputs.empty()) return std::nullopt;
+  const tensor_record* out = bad_output(f);
+  if (!out || out->stats.nan == 0) return std::nullopt;
+  const int64_t per_output = f.inputs[0].stats.numel / std::max<int64_t>(out->stats.numel, 1);
+  const bool spread = op != "mean";
+  if (per_output > (spread ? 1 : 0)) return std::nullopt;
+  return make(cause::division_by_zero, confidence::high,
+              spread ? fmt::format("{} over {} element per output with correction 1 divides by n - 1 = 0 (a batch "
+                                   "of 1?)",
+                                   op, per_output)
+                     : std::string("mean of 0 elements is 0/0 (an empty batch or mask?)"),
+              f);
+}
+
+// pow of 0 to a negative power (x/0), or of large bases. The exponent is
+// not recorded when it is a scalar: medium confidence.
+std::optional<diagnosis> power_overflow(const finding& f) {
+  const std::string op = base_name(f.op);
+  const tensor_record* out = bad_output(f);
+  if (!one_of(op, {"pow", "float_power"}) || !out || f.inputs.empty() || out->stats.pos_inf + out->stats.neg_inf == 0)
+    return std::nullopt;
+  const tensor_stats& base = f.inputs[0].stats;
+  if (base.zeros > 0)
+    return make(cause::division_by_zero, confidence::medium,
+                fmt::format("{} of 0 to a negative power: {} of {} bases are 0", op, base.zeros, base.numel), f);
+  return make(cause::overflow, confidence::medium,
+              fmt::format("{} of bases up to |x| = {} made {} (the largest {} is {})", op, num(base.absmax),
+                          nonfinite_counts(out->stats), out->dtype, num(largest_finite(out->dtype))),
+              f);
+}
+
+// The input beyond which `op` (exp, exp2, expm1, cosh, sinh) overflows a
+// dtype whose largest value is `largest`.
+double overflow_point(const std::string& op, double largest) {
+  if (op == "exp2") return std::log2(largest);
+  if (op == "cosh" || op == "sinh") return std::log(largest) + std::log(2.0);
+  return std::log(largest);
+}
+
+// exp and friends past the dtype's largest value. In float16 / bfloat16 a
+// value float32 holds is a precision problem, not an overflow.
+std::optional<diagnosis> exponential_overflow(const finding& f) {
+  const std::string op = base_name(f.op);
+  const tensor_record* out = bad_output(f);
+  if (!one_of(op, {"exp", "exp2", "expm1", "cosh", "sinh"}) || !out || f.inputs.empty()) return std::nullopt;
+  const tensor_stats& in = f.inputs[0].stats;
+  const double x = (op == "cosh" || op == "sinh") ? in.absmax : in.max;
+  const double reach = overflow_point(op, largest_finite(out->dtype));
+  if (!(x > reach)) return std::nullopt;
+  if (low_precision(out->dtype) && x <= overflow_point(op, largest_finite("Float")))
+    return make(cause::precision_range, confidence::high,
+                fmt::format("{} of up to {} is beyond {}'s largest value {} ({} > {}); float32 holds it", op, num(x),
+                            out->dtype, num(largest_finite(out->dtype)), num(x), num(reach)),
+                f);
+  return make(cause::overflow, confidence::high,
+              fmt::format("{} of up to {}: beyond {}, where {} passes the largest {} ({}); {} of {} outputs "
+                          "overflowed",
+                          op, num(x), num(reach), op, out->dtype, num(largest_finite(out->dtype)),
+                          out->stats.pos_inf + out->stats.neg_inf, out->stats.numel),
+              f);
+}
+
+// A value past float16 / bfloat16's range: a cast down, or arithmetic in it.
+std::optional<diagnosis> low_precision_overflow(const finding& f) {
+  const tensor_record* out = bad_output(f);
+  if (!out || !low_precision(out->dtype) || out->stats.pos_inf + out->stats.neg_inf == 0) return std::nullopt;
+  const bool half = out->dtype == "Half";
+  for (const auto& r : f.inputs) {
+    const int64_t beyond = half ? r.stats.fp16_overflow : r.stats.bf16_overflow;
+    if (r.dtype != out->dtype && beyond > 0)
+      return make(cause::precision_range, confidence::high,
+                  fmt::format("cast to {}: {} of {} values of {} ({}) are beyond {} (largest |x| {})", out->dtype,
+                              beyond, r.stats.numel, r.name, r.dtype, num(largest_finite(out->dtype)),
+                              num(r.stats.absmax)),
+                  f);
+  }
+  return make(cause::precision_range, confidence::medium,
+              fmt::format("{} in {} made {} from finite inputs (largest |x| {}): the result passes {}'s largest "
+                          "value {}",
+                          f.op, out->dtype, nonfinite_counts(out->stats), num(input_absmax(f)), out->dtype,
+                          num(largest_finite(out->dtype))),
+              f);
+}
+
+// Any other op whose finite float32 / float64 inputs gave an infinity.
+std::optional<diagnosis> float_overflow(const finding& f) {
+  const tensor_record* out = bad_output(f);
+  if (!out || out->stats.pos_inf + out->stats.neg_inf == 0 || f.inputs.empty()) return std::nullopt;
+  return make(cause::overflow, confidence::medium,
+              fmt::format("{} made {} from finite inputs up to |x| = {} (the largest {} is {})", f.op,
+                          nonfinite_counts(out->stats), num(input_absmax(f)), out->dtype,
+                          num(largest_finite(out->dtype))),
+              f);
+}
+
+diagnosis unclassified(const finding& f, const std::string& lead) {
+  std::string evidence = lead;
+  for (const auto* group : {&f.inputs, &f.outputs})
+    for (const auto& r : *group) evidence += "; " + census_line(r);
+  return make(cause::unclassified, confidence::low, evidence, f);
+}
+
+diagnosis diagnose_producer(const finding& f) {
+  static const rule rules[] = {backward_at_singularity, nan_from_infinities, log_domain,
+                               inverse_trig_domain,     zero_division,       reduction_of_too_few,
+                               power_overflow,          exponential_overflow,  low_precision_overflow};
+  for (const rule& r : rules)
+    if (auto d = r(f)) return *d;
+  if (inputs_finite(f))
+    if (auto d = float_overflow(f)) return *d;
+  return unclassified(f, fmt::format("{} ({}) made {} and no class fits", f.op, to_string(f.direction),
+                                     bad_output(f) ? nonfinite_counts(bad_output(f)->stats) : "a non-finite value"));
+}
+
+// A non-finite tensor that entered from outside the ops traced: the batch,
+// or a parameter already bad.
+diagnosis diagnose_input(const finding& f, const diagnosis_context& ctx) {
+  const tensor_record* bad = nullptr;
+  for (const auto& r : f.inputs)
+    if (r.name == f.culprit || (!bad && !r.stats.all_finite())) bad = &r;
+  const std::string counts = bad ? fmt::format("{} of {}", nonfinite_counts(bad->stats), bad->stats.numel) : "NaN/Inf";
+  if (names_data(f.culprit, ctx)) {
+    // Rows are along the first dimension, as a batch's samples are.
+    const int64_t per_row = bad && bad->shape.size() >= 2 && bad->shape[0] > 0 ? bad->stats.numel / bad->shape[0] : 0;
+    std::string row;
+    if (per_row > 0 && bad->stats.first_nonfinite_index >= 0)
+      row = fmt::format(", the first in row {}", bad->stats.first_nonfinite_index / per_row);
+    return make(cause::bad_data, f.culprit.rfind("input ", 0) == 0 ? confidence::medium : confidence::high,
+                fmt::format("the non-finite values came in with {} ({}){}, not from an op", f.culprit, counts, row),
+                f);
+  }
+  return unclassified(f, fmt::format("{} already held {} when {} read it (made before the traced ops, or written "
+                                     "outside them)",
+                                     f.culprit.empty() ? "an input" : f.culprit, counts, f.op));
+}
+
+// Values that flowed on from an earlier finding.
+diagnosis diagnose_propagator(const finding& f) {
+  if (auto d = nan_from_infinities(f)) return *d;
+  return unclassified(f, fmt::format("{} carries non-finite values of {} from an earlier op: the first finding of "
+                                     "the chain names where they were born",
+                                     f.op, f.culprit.empty() ? "an input" : f.culprit));
+}
+
+// ------------------------------------------------------------ history
+
+double median(std::vector<double> v) {
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// A spike in the last few values of a series against those before them,
+// scored as the sentinel scores its spikes (robust z); "" when none.
+std::string spike_in(const std::vector<double>& series, const char* name) {
+  constexpr size_t recent = 3, least = 5;
+  if (series.size() < least + recent) return "";
+  const spike_options defaults;
+  spike_detector scores(spike_options().window(int64_t(series.size())).min_samples(int64_t(least)));
+  double z = 0, value = 0;
+  for (size_t i = 0; i < series.size(); ++i) {
+    const double zi = scores.observe(series[i]);
+    if (i + recent >= series.size() && zi > z) std::tie(z, value) = std::pair{zi, series[i]};
+  }
+  if (z <= defaults.threshold()) return "";
+  return fmt::format("the {} rose to {} in the steps before (median {}, robust z {})", name, num(value),
+                     num(median({series.begin(), series.end() - recent})), num(z));
+}
+
+// Steady growth at the end of a series, too short for a spike's window: at
+// least 3 rises in a row that multiplied it by 10 or more; "" when none.
+std::string growth_in(const std::vector<double>& series, const char* name) {
+  size_t rises = 0;
+  while (rises + 1 < series.size() && series[series.size() - 1 - rises] > series[series.size() - 2 - rises]) ++rises;
+  if (rises < 3) return "";
+  const double from = series[series.size() - 1 - rises], to = series.back();
+  if (!(to >= 10 * from)) return "";
+  return fmt::format("the {} grew in each of the {} steps before, from {} to {}", name, rises, num(from), num(to));
+}
+
+// A parameter among the op's inputs grown past what training leaves a
+// weight at: the weights diverged.
+const tensor_record* huge_parameter(const finding& f, const diagnosis_context& ctx) {
+  constexpr double kDiverged = 1e4;
+  for (const auto& r : f.inputs)
+    if (names_parameter(r.name, ctx) && r.stats.absmax > kDiverged) return &r;
+  return nullptr;
+}
+
+// Evidence of divergence before the step: a gradient-norm or loss spike or
+// steady growth, or a weight grown huge. "" when there is none.
+std::string divergence_evidence(const finding& f, const diagnosis_context& ctx) {
+  const std::string lr = ctx.lr > 0 ? fmt::format(" at lr {}", num(ctx.lr)) : "";
+  for (const auto& [series, name] : {std::pair{&ctx.grad_norms, "grad norm"}, std::pair{&ctx.losses, "loss"}})
+    for (const auto& rose : {spike_in, growth_in})
+      if (std::string before = rose(*series, name); !before.empty()) return before + lr;
+  if (const tensor_record* p = huge_parameter(f, ctx))
+    return fmt::format("parameter {} reached |x| = {}{}: the weights diverged", p->name, num(p->stats.absmax), lr);
+  return "";
+}
+
+}  // namespace
+
+diagnosis diagnose(const finding& f, const diagnosis_context& ctx) {
+  diagnosis d = f.role == role::input        ? diagnose_input(f, ctx)
+                : f.role == role::propagator ? diagnose_propagator(f)
+                                             : diagnose_producer(f);
+  // A domain error (log, sqrt, acos, x/0, a mask) has its own fix whatever
+  // came before; an overflow or an unexplained value is the divergence
+  // showing after a spike, or under a loss scale the scaled gradients
+  // passing float16's range.
+  const bool overflowed =
+      d.cause == cause::overflow || d.cause == cause::inf_arithmetic || d.cause == cause::unclassified;
+  if (overflowed) {
+    const std::string before = divergence_evidence(f, ctx);
+    if (!before.empty())
+      return make(cause::divergence, d.cause == cause::unclassified ? confidence::medium : confidence::high,
+                  before + "; then " + d.evidence, f);
+  }
+  if (f.direction == direction::backward && ctx.loss_scale > 1 && (overflowed || d.cause == cause::precision_range)) {
+    if (d.cause != cause::precision_range) d = make(cause::precision_range, confidence::medium, d.evidence, f);
+    d.evidence += fmt::format("; the gradients were scaled by {} (loss scaling)", num(ctx.loss_scale));
+  }
+  return d;
+}
+
+const char* to_string(cause c) { return kCauseNames[static_cast<int>(c)]; }
+
+cause cause_from_string(const std::string& name) {
+  for (size_t i = 0; i < std::size(kCauseNames); ++i)
+    if (name == kCauseNames[i]) return static_cast<cause>(i);
+  std::string known;
+  for (const char* n : kCauseNames) known += std::string(known.empty() ? "" : ", ") + n;
+  TORCH_CHECK(false, "nanguard::cause_from_string: unknown cause '", name, "'; one of: ", known);
+}
+
+const char* to_string(confidence c) { return kConfidenceNames[static_cast<int>(c)]; }
+
+confidence confidence_from_string(const std::string& name) {
+  for (size_t i = 0; i < std::size(kConfidenceNames); ++i)
+    if (name == kConfidenceNames[i]) return static_cast<confidence>(i);
+  TORCH_CHECK(false, "nanguard::confidence_from_string: unknown confidence '", name, "'; one of: low, medium, high");
+}
+
+std::string to_string(const diagnosis& d) {
+  return fmt::format("{} ({}): {}\n  remedy: {}", to_string(d.cause), to_string(d.confidence), d.evidence, d.remedy);
+}
+
+}  // namespace nanguard
