@@ -3,7 +3,7 @@
 # remedy (the tracer names the expected op) and trains to a finite, falling
 # loss with it; the event logs, a repro bundle and report.html are written;
 # --scenario, --list and a bad scenario name.
-# Usage: demo_cli_test.sh path/to/nanguard WORK_DIR
+# Usage: demo_cli_test.sh path/to/nanguard WORK_DIR  (CLI_CASE=NAME runs one case)
 set -u
 source "$(dirname -- "${BASH_SOURCE[0]}")/check.sh"
 NANGUARD=$(realpath -- "$1")
@@ -20,73 +20,80 @@ $out"
 
 SCENARIOS="zero-std lr-too-high bad-data log-softmax fp16-overflow masked-attention"
 
-run 0 "$NANGUARD" demo --list
-for s in $SCENARIOS; do expect "$s"; done
+# The whole demo, its files, then one scenario into the same directory.
+case_the_demo() {
+  run 0 "$NANGUARD" demo --list
+  for s in $SCENARIOS; do expect "$s"; done
 
-# The whole demo.
-run 0 "$NANGUARD" demo --out demo
-demo_out=$out
-expect "nanguard demo: 6 scenarios"
-expect_row zero-std 'aten::div' norm forward producer division_by_zero 'standardize \(eps\)'
-expect_row lr-too-high 'aten::mse_loss' loss forward producer divergence 'clip \+ warmup'
-expect_row bad-data 'aten::addmm' fc1 forward input bad_data firewall
-expect_row log-softmax 'aten::log' loss forward producer log_of_nonpositive cross_entropy
-expect_row fp16-overflow 'aten::_to_copy' fc2 backward producer precision_range 'loss scaling'
-expect_row masked-attention 'aten::_softmax' attn forward producer fully_masked_softmax masked_softmax
-expect "every remedy trained to a finite, falling loss"
-grep -qE "in [0-9.]+ s \([0-9]+ threads\)" <<<"$out" || fail "no time taken at the end:
+  # The whole demo.
+  run 0 "$NANGUARD" demo --out demo
+  demo_out=$out
+  expect "nanguard demo: 6 scenarios"
+  expect_row zero-std 'aten::div' norm forward producer division_by_zero 'standardize \(eps\)'
+  expect_row lr-too-high 'aten::mse_loss' loss forward producer divergence 'clip \+ warmup'
+  expect_row bad-data 'aten::addmm' fc1 forward input bad_data firewall
+  expect_row log-softmax 'aten::log' loss forward producer log_of_nonpositive cross_entropy
+  expect_row fp16-overflow 'aten::_to_copy' fc2 backward producer precision_range 'loss scaling'
+  expect_row masked-attention 'aten::_softmax' attn forward producer fully_masked_softmax masked_softmax
+  expect "every remedy trained to a finite, falling loss"
+  grep -qE "in [0-9.]+ s \([0-9]+ threads\)" <<<"$out" || fail "no time taken at the end:
 $out"
-# Each scenario block shows the tracer's finding, its diagnosis and the remedy's losses.
-[ "$(grep -c 'the tracer.s first finding' <<<"$out")" -eq 6 ] || fail "expected 6 findings in:
+  # Each scenario block shows the tracer's finding, its diagnosis and the remedy's losses.
+  [ "$(grep -c 'the tracer.s first finding' <<<"$out")" -eq 6 ] || fail "expected 6 findings in:
 $out"
-[ "$(grep -cE '^    \|   remedy: +[a-z]' <<<"$out")" -eq 6 ] || fail "expected 6 diagnosed remedies in:
+  [ "$(grep -cE '^    \|   remedy: +[a-z]' <<<"$out")" -eq 6 ] || fail "expected 6 diagnosed remedies in:
 $out"
-expect "log_of_nonpositive (high confidence)"
-[ "$(grep -cE 'loss [0-9.e+-]+ -> [0-9.e+-]+: finite, falling' <<<"$out")" -eq 7 ] ||
-  fail "expected 7 remedy runs (6 + rollback) finite and falling in:
+  expect "log_of_nonpositive (high confidence)"
+  [ "$(grep -cE 'loss [0-9.e+-]+ -> [0-9.e+-]+: finite, falling' <<<"$out")" -eq 7 ] ||
+    fail "expected 7 remedy runs (6 + rollback) finite and falling in:
 $out"
-expect "firewall: 4 rows dropped (NaN/Inf), 4 outlier values clipped"
-expect "rollback: "
-grep -qE '[1-9][0-9]* rollbacks?' <<<"$out" || fail "the rollback run did not roll back:
+  expect "firewall: 4 rows dropped (NaN/Inf), 4 outlier values clipped"
+  expect "rollback: "
+  grep -qE '[1-9][0-9]* rollbacks?' <<<"$out" || fail "the rollback run did not roll back:
 $out"
-grep -qE '[1-9][0-9]* skipped, loss scale 65536 -> ' <<<"$out" || fail "the loss scale did not back off:
+  grep -qE '[1-9][0-9]* skipped, loss scale 65536 -> ' <<<"$out" || fail "the loss scale did not back off:
 $out"
 
-# Files: an event log per run, the unguarded one ending on the NaN/Inf.
-for s in $SCENARIOS; do
-  for r in unguarded remedy; do
-    [ -s "demo/$s/$r/events.jsonl" ] || fail "no event log demo/$s/$r/events.jsonl"
+  # Files: an event log per run, the unguarded one ending on the NaN/Inf.
+  for s in $SCENARIOS; do
+    for r in unguarded remedy; do
+      [ -s "demo/$s/$r/events.jsonl" ] || fail "no event log demo/$s/$r/events.jsonl"
+    done
+    tail -n 1 "demo/$s/unguarded/events.jsonl" | grep -q '"action":"abort"' ||
+      fail "demo/$s/unguarded/events.jsonl does not end on the abort"
+    tail -n 1 "demo/$s/unguarded/events.jsonl" | grep -q '"findings":\[{' ||
+      fail "demo/$s/unguarded/events.jsonl has no finding"
   done
-  tail -n 1 "demo/$s/unguarded/events.jsonl" | grep -q '"action":"abort"' ||
-    fail "demo/$s/unguarded/events.jsonl does not end on the abort"
-  tail -n 1 "demo/$s/unguarded/events.jsonl" | grep -q '"findings":\[{' ||
-    fail "demo/$s/unguarded/events.jsonl has no finding"
-done
-[ -s demo/lr-too-high/rollback/events.jsonl ] || fail "no event log of the rollback run"
-grep -q '"action":"rollback"' demo/lr-too-high/rollback/events.jsonl || fail "no rollback event logged"
-bundle=$(find demo -name meta.json | head -n 1)
-[ -n "$bundle" ] || fail "no repro bundle (meta.json) under demo/"
-[ -n "$bundle" ] && { grep -q '"policy"' "$bundle" || fail "$bundle has no policy"; }
-grep -qF "repro bundle: " <<<"$demo_out" || fail "the bundle's path is not printed"
-[ -s demo/report.html ] || fail "no demo/report.html"
-grep -q 'zero-std/unguarded' demo/report.html || fail "report.html does not name the runs"
+  [ -s demo/lr-too-high/rollback/events.jsonl ] || fail "no event log of the rollback run"
+  grep -q '"action":"rollback"' demo/lr-too-high/rollback/events.jsonl || fail "no rollback event logged"
+  bundle=$(find demo -name meta.json | head -n 1)
+  [ -n "$bundle" ] || fail "no repro bundle (meta.json) under demo/"
+  [ -n "$bundle" ] && { grep -q '"policy"' "$bundle" || fail "$bundle has no policy"; }
+  grep -qF "repro bundle: " <<<"$demo_out" || fail "the bundle's path is not printed"
+  [ -s demo/report.html ] || fail "no demo/report.html"
+  grep -q 'zero-std/unguarded' demo/report.html || fail "report.html does not name the runs"
 
-# One scenario: the directory holds this run only (another scenario's folder
-# left by the previous run would look like this run's).
-run 0 "$NANGUARD" demo --scenario log-softmax --out demo
-expect "nanguard demo: 1 scenario,"
-expect_row log-softmax 'aten::log' loss forward producer log_of_nonpositive cross_entropy
-grep -q "zero-std" <<<"$out" && fail "--scenario log-softmax ran zero-std too:
+  # One scenario: the directory holds this run only (another scenario's folder
+  # left by the previous run would look like this run's).
+  run 0 "$NANGUARD" demo --scenario log-softmax --out demo
+  expect "nanguard demo: 1 scenario,"
+  expect_row log-softmax 'aten::log' loss forward producer log_of_nonpositive cross_entropy
+  grep -q "zero-std" <<<"$out" && fail "--scenario log-softmax ran zero-std too:
 $out"
-[ -s demo/log-softmax/remedy/events.jsonl ] || fail "no event log after --scenario"
-[ -e demo/zero-std ] && fail "--scenario left the previous run's zero-std folder"
+  [ -s demo/log-softmax/remedy/events.jsonl ] || fail "no event log after --scenario"
+  [ -e demo/zero-std ] && fail "--scenario left the previous run's zero-std folder"
+}
 
 # Bad usage: exit 2, one line naming what and how to fix it.
-run 2 "$NANGUARD" demo --scenario nope --out demo
-expect "no scenario 'nope'; choose one of: zero-std, lr-too-high, bad-data, log-softmax, fp16-overflow, masked-attention"
-touch afile
-run 2 "$NANGUARD" demo --scenario zero-std --out afile/sub
-expect "cannot create the output directory 'afile/sub'"
+case_bad_usage() {
+  run 2 "$NANGUARD" demo --scenario nope --out demo
+  expect "no scenario 'nope'; choose one of: zero-std, lr-too-high, bad-data, log-softmax, fp16-overflow, masked-attention"
+  touch afile
+  run 2 "$NANGUARD" demo --scenario zero-std --out afile/sub
+  expect "cannot create the output directory 'afile/sub'"
+}
+
+run_cases the_demo bad_usage
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures check(s) failed"

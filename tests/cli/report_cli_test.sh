@@ -4,15 +4,16 @@
 # run, an empty log), the HTML page opened in a real headless Chromium, and
 # the DOM checked: every plot drawn, no script or console error. A screenshot
 # lands in OUT/report.png. Then the bad inputs and their exit codes.
-#   usage: report_cli_test.sh NANGUARD OUT
+#   usage: report_cli_test.sh NANGUARD OUT  (CLI_CASE=NAME runs one case)
 set -euo pipefail
+source "$(dirname -- "${BASH_SOURCE[0]}")/check.sh"  # run_cases; this script fails at the first check
 NANGUARD=$1
 OUT=$2
 rm -rf "$OUT"
 mkdir -p "$OUT"
 cd "$OUT"
 
-fail() { echo "FAIL: $*" >&2; exit 1; }
+fail() { echo "FAIL${current_case:+ [$current_case]}: $*" >&2; exit 1; }
 # expect CODE CMD...: runs CMD, checks its exit code, keeps stdout/stderr.
 expect() {
   local want=$1; shift
@@ -77,94 +78,99 @@ with open("long.jsonl", "w") as f:
 EOF
 : >empty.jsonl
 
-# ---------------------------------------------------------------- the report
-start=$(date +%s%N)
-expect 0 "$NANGUARD" report baseline/events.jsonl long.jsonl empty.jsonl -o report.html --title "report test"
-ms=$((($(date +%s%N) - start) / 1000000))
-grep -q "wrote report.html (3 runs, 100300 steps" out.txt || { cat out.txt; fail "unexpected summary line"; }
-echo "report of 100300 steps written in ${ms} ms, $(($(stat -c %s report.html) / 1024)) KiB"
-[[ $(stat -c %s report.html) -lt 3000000 ]] || fail "report.html is $(stat -c %s report.html) bytes: downsampling failed?"
-# Self-contained: nothing is loaded from elsewhere.
-if grep -Eq '<(link|img|iframe)\b|<script[^>]+src=' report.html; then fail "report.html loads an external resource"; fi
-# Runs are named after their directory (events.jsonl) or file.
-for name in '"name":"baseline"' '"name":"long"' '"name":"empty"'; do
-  grep -q "$name" report.html || fail "no run $name in the page"
-done
-# The finding's module cannot close the data's <script> element.
-[[ $(grep -o '</script>' report.html | wc -l) -eq 3 ]] || fail "a string in the data closed a <script> element"
+# The report: written, self-contained, and opened in a real headless Chromium.
+case_the_report_in_a_browser() {
+  start=$(date +%s%N)
+  expect 0 "$NANGUARD" report baseline/events.jsonl long.jsonl empty.jsonl -o report.html --title "report test"
+  ms=$((($(date +%s%N) - start) / 1000000))
+  grep -q "wrote report.html (3 runs, 100300 steps" out.txt || { cat out.txt; fail "unexpected summary line"; }
+  echo "report of 100300 steps written in ${ms} ms, $(($(stat -c %s report.html) / 1024)) KiB"
+  [[ $(stat -c %s report.html) -lt 3000000 ]] || fail "report.html is $(stat -c %s report.html) bytes: downsampling failed?"
+  # Self-contained: nothing is loaded from elsewhere.
+  if grep -Eq '<(link|img|iframe)\b|<script[^>]+src=' report.html; then fail "report.html loads an external resource"; fi
+  # Runs are named after their directory (events.jsonl) or file.
+  for name in '"name":"baseline"' '"name":"long"' '"name":"empty"'; do
+    grep -q "$name" report.html || fail "no run $name in the page"
+  done
+  # The finding's module cannot close the data's <script> element.
+  [[ $(grep -o '</script>' report.html | wc -l) -eq 3 ]] || fail "a string in the data closed a <script> element"
 
-# ---------------------------------------------------------------- in Chromium
-# One browser profile per run (several tests may run at once).
-browse() {
-  local profile
-  profile=$(mktemp -d "$OUT/profile.XXXXXX")
-  timeout 180 "$CHROMIUM" --headless=new --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run \
-    --user-data-dir="$profile" --virtual-time-budget=5000 "$@"
+  # ---------------------------------------------------------------- in Chromium
+  # One browser profile per run (several tests may run at once).
+  browse() {
+    local profile
+    profile=$(mktemp -d "$OUT/profile.XXXXXX")
+    timeout 180 "$CHROMIUM" --headless=new --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run \
+      --user-data-dir="$profile" --virtual-time-budget=5000 "$@"
+  }
+  browse --enable-logging=stderr --v=0 --dump-dom "file://$OUT/report.html" >dom.html 2>chromium.log ||
+    { tail -20 chromium.log >&2; fail "chromium could not load report.html"; }
+  grep -q 'data-rendered="8"' dom.html ||
+    fail "expected 8 plots drawn (4 per run with steps), got: $(grep -o 'data-rendered="[0-9]*"' dom.html)"
+  grep -q 'data-runs="3"' dom.html || fail "the page did not render its 3 runs"
+  if grep -q 'data-errors=' dom.html; then
+    fail "the page reported script errors: $(grep -o '<div class="error-line">[^<]*' dom.html | head -5)"
+  fi
+  grep -q '<div id="errors" class="errors" hidden=""></div>' dom.html || fail "the #errors box is not empty"
+  # The page logs nothing to the console: any console line (Chromium logs
+  # console.error at INFO level) or uncaught exception is a failure.
+  if grep -E ':CONSOLE[:(]|Uncaught' chromium.log; then fail "console messages or errors while loading the page"; fi
+  [[ $(grep -o '<svg class="chart"' dom.html | wc -l) -eq 8 ]] || fail "expected 8 <svg> charts"
+  [[ $(grep -o '<path class="line"' dom.html | wc -l) -ge 12 ]] || fail "too few plotted lines"
+  grep -q '<path class="nonfinite"' dom.html || fail "NaN/Inf points are not marked"
+  grep -q '<path class="skipband"' dom.html || fail "skipped steps are not marked"
+  grep -q '<line class="rollback"' dom.html || fail "the rollback is not marked"
+  grep -q 'data-op="aten::div"' dom.html || fail "the forward finding is missing"
+  grep -q 'SqrtBackward0' dom.html || fail "the backward finding's node is missing"
+  # Findings logged without a diagnosis are diagnosed on reading; each card shows cause and remedy.
+  [[ $(grep -o '<div class="diagnosis">' dom.html | wc -l) -eq 2 ]] || fail "expected 2 findings with a diagnosis"
+  grep -q 'division_by_zero (low confidence)' dom.html || fail "the forward finding's cause is missing"
+  grep -q 'sqrt_at_zero (high confidence)' dom.html || fail "the backward finding's cause is missing"
+  grep -q 'torch::sqrt(x + 1e-12)' dom.html || fail "the backward finding's remedy is missing"
+  grep -q 'skipped the step; loss scale 65536 -&gt; 32768' dom.html || fail "the remedy the guard applied is missing"
+  grep -q 'encoder.layers.0.weight' dom.html || fail "the per-parameter grad norms are missing"
+  grep -q 'Plots show [0-9]* of 100000 steps' dom.html || fail "the long run does not say it was downsampled"
+  grep -q 'No steps logged.' dom.html || fail "the empty run is not listed"
+  grep -q '<title>report test</title>' dom.html || fail "the page title changed: the finding's module ran as script"
+  grep -q "enc&lt;/script&gt;&lt;script&gt;document.title" dom.html || fail "the finding's module is not shown as text"
+
+  browse --screenshot="$OUT/report.png" --window-size=1400,2000 "file://$OUT/report.html" >/dev/null 2>screenshot.log ||
+    { tail -20 screenshot.log >&2; fail "chromium could not take a screenshot"; }
+  [[ -f report.png && $(stat -c %s report.png) -gt 30000 ]] || fail "report.png is missing or blank"
+
+  # The DOM checks can fail: a page whose data is broken reports its error.
+  sed 's/"series":{/"series_broken":{/' report.html >broken.html
+  browse --dump-dom "file://$OUT/broken.html" >broken_dom.html 2>/dev/null || fail "chromium could not load broken.html"
+  grep -q 'data-errors="1"' broken_dom.html || fail "a render error in the page was not captured in #errors"
+  grep -q 'render failed' broken_dom.html || fail "the captured error does not say the render failed"
 }
-browse --enable-logging=stderr --v=0 --dump-dom "file://$OUT/report.html" >dom.html 2>chromium.log ||
-  { tail -20 chromium.log >&2; fail "chromium could not load report.html"; }
-grep -q 'data-rendered="8"' dom.html ||
-  fail "expected 8 plots drawn (4 per run with steps), got: $(grep -o 'data-rendered="[0-9]*"' dom.html)"
-grep -q 'data-runs="3"' dom.html || fail "the page did not render its 3 runs"
-if grep -q 'data-errors=' dom.html; then
-  fail "the page reported script errors: $(grep -o '<div class="error-line">[^<]*' dom.html | head -5)"
-fi
-grep -q '<div id="errors" class="errors" hidden=""></div>' dom.html || fail "the #errors box is not empty"
-# The page logs nothing to the console: any console line (Chromium logs
-# console.error at INFO level) or uncaught exception is a failure.
-if grep -E ':CONSOLE[:(]|Uncaught' chromium.log; then fail "console messages or errors while loading the page"; fi
-[[ $(grep -o '<svg class="chart"' dom.html | wc -l) -eq 8 ]] || fail "expected 8 <svg> charts"
-[[ $(grep -o '<path class="line"' dom.html | wc -l) -ge 12 ]] || fail "too few plotted lines"
-grep -q '<path class="nonfinite"' dom.html || fail "NaN/Inf points are not marked"
-grep -q '<path class="skipband"' dom.html || fail "skipped steps are not marked"
-grep -q '<line class="rollback"' dom.html || fail "the rollback is not marked"
-grep -q 'data-op="aten::div"' dom.html || fail "the forward finding is missing"
-grep -q 'SqrtBackward0' dom.html || fail "the backward finding's node is missing"
-# Findings logged without a diagnosis are diagnosed on reading; each card shows cause and remedy.
-[[ $(grep -o '<div class="diagnosis">' dom.html | wc -l) -eq 2 ]] || fail "expected 2 findings with a diagnosis"
-grep -q 'division_by_zero (low confidence)' dom.html || fail "the forward finding's cause is missing"
-grep -q 'sqrt_at_zero (high confidence)' dom.html || fail "the backward finding's cause is missing"
-grep -q 'torch::sqrt(x + 1e-12)' dom.html || fail "the backward finding's remedy is missing"
-grep -q 'skipped the step; loss scale 65536 -&gt; 32768' dom.html || fail "the remedy the guard applied is missing"
-grep -q 'encoder.layers.0.weight' dom.html || fail "the per-parameter grad norms are missing"
-grep -q 'Plots show [0-9]* of 100000 steps' dom.html || fail "the long run does not say it was downsampled"
-grep -q 'No steps logged.' dom.html || fail "the empty run is not listed"
-grep -q '<title>report test</title>' dom.html || fail "the page title changed: the finding's module ran as script"
-grep -q "enc&lt;/script&gt;&lt;script&gt;document.title" dom.html || fail "the finding's module is not shown as text"
 
-browse --screenshot="$OUT/report.png" --window-size=1400,2000 "file://$OUT/report.html" >/dev/null 2>screenshot.log ||
-  { tail -20 screenshot.log >&2; fail "chromium could not take a screenshot"; }
-[[ -f report.png && $(stat -c %s report.png) -gt 30000 ]] || fail "report.png is missing or blank"
+# Bad input: exit 2 and one line saying what.
+case_bad_input() {
+  expect 2 "$NANGUARD" report missing.jsonl -o x.html
+  grep -q "cannot open event log 'missing.jsonl'" err.txt || fail "missing log: $(cat err.txt)"
+  [[ $(wc -l <err.txt) -eq 1 ]] || fail "the error should be one line: $(cat err.txt)"
+  head -3 baseline/events.jsonl >bad.jsonl
+  echo '{"step": 4, "loss": 1.0' >>bad.jsonl
+  expect 2 "$NANGUARD" report baseline/events.jsonl bad.jsonl -o x.html
+  grep -q "bad.jsonl:4: not a step event" err.txt || fail "malformed log: $(cat err.txt)"
+  [[ $(wc -l <err.txt) -eq 1 ]] || fail "the error should be one line: $(cat err.txt)"
+  echo '{"step": 1, "loss": "lots", "action": "step"}' >badnum.jsonl
+  expect 2 "$NANGUARD" report badnum.jsonl -o x.html
+  grep -q "badnum.jsonl:1:.*'loss' should be a number.*(\"lots\")" err.txt || fail "bad number: $(cat err.txt)"
+  expect 2 "$NANGUARD" report baseline -o x.html
+  grep -q "'baseline' is a directory" err.txt || fail "directory as log: $(cat err.txt)"
+  expect 2 "$NANGUARD" report baseline/events.jsonl
+  grep -q -- "--output is required" err.txt || fail "missing -o: $(cat err.txt)"
+  expect 2 "$NANGUARD" report baseline/events.jsonl -o no/such/dir/x.html
+  grep -q "no/such/dir/x.html" err.txt || fail "unwritable output: $(cat err.txt)"
+  [[ ! -e x.html ]] || fail "a failed report left x.html behind"
+  # The page must not replace a log it reads (also through another path).
+  cp baseline/events.jsonl keep.jsonl
+  expect 2 "$NANGUARD" report baseline/events.jsonl keep.jsonl -o ./keep.jsonl
+  grep -q "the output ./keep.jsonl is the event log keep.jsonl" err.txt || fail "output onto a log: $(cat err.txt)"
+  cmp -s keep.jsonl baseline/events.jsonl || fail "report -o onto its own log changed the log"
+}
 
-# The DOM checks can fail: a page whose data is broken reports its error.
-sed 's/"series":{/"series_broken":{/' report.html >broken.html
-browse --dump-dom "file://$OUT/broken.html" >broken_dom.html 2>/dev/null || fail "chromium could not load broken.html"
-grep -q 'data-errors="1"' broken_dom.html || fail "a render error in the page was not captured in #errors"
-grep -q 'render failed' broken_dom.html || fail "the captured error does not say the render failed"
-
-# ---------------------------------------------------------------- bad input
-expect 2 "$NANGUARD" report missing.jsonl -o x.html
-grep -q "cannot open event log 'missing.jsonl'" err.txt || fail "missing log: $(cat err.txt)"
-[[ $(wc -l <err.txt) -eq 1 ]] || fail "the error should be one line: $(cat err.txt)"
-head -3 baseline/events.jsonl >bad.jsonl
-echo '{"step": 4, "loss": 1.0' >>bad.jsonl
-expect 2 "$NANGUARD" report baseline/events.jsonl bad.jsonl -o x.html
-grep -q "bad.jsonl:4: not a step event" err.txt || fail "malformed log: $(cat err.txt)"
-[[ $(wc -l <err.txt) -eq 1 ]] || fail "the error should be one line: $(cat err.txt)"
-echo '{"step": 1, "loss": "lots", "action": "step"}' >badnum.jsonl
-expect 2 "$NANGUARD" report badnum.jsonl -o x.html
-grep -q "badnum.jsonl:1:.*'loss' should be a number.*(\"lots\")" err.txt || fail "bad number: $(cat err.txt)"
-expect 2 "$NANGUARD" report baseline -o x.html
-grep -q "'baseline' is a directory" err.txt || fail "directory as log: $(cat err.txt)"
-expect 2 "$NANGUARD" report baseline/events.jsonl
-grep -q -- "--output is required" err.txt || fail "missing -o: $(cat err.txt)"
-expect 2 "$NANGUARD" report baseline/events.jsonl -o no/such/dir/x.html
-grep -q "no/such/dir/x.html" err.txt || fail "unwritable output: $(cat err.txt)"
-[[ ! -e x.html ]] || fail "a failed report left x.html behind"
-# The page must not replace a log it reads (also through another path).
-cp baseline/events.jsonl keep.jsonl
-expect 2 "$NANGUARD" report baseline/events.jsonl keep.jsonl -o ./keep.jsonl
-grep -q "the output ./keep.jsonl is the event log keep.jsonl" err.txt || fail "output onto a log: $(cat err.txt)"
-cmp -s keep.jsonl baseline/events.jsonl || fail "report -o onto its own log changed the log"
-
+run_cases the_report_in_a_browser bad_input
 echo "report_cli: ok"

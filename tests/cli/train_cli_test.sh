@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CLI test of `nanguard train`, `nanguard inspect` and `nanguard replay`:
 # summary.json, exit codes, bundles and bad input.
-# Usage: train_cli_test.sh path/to/nanguard MODELS_DIR WORK_DIR
+# Usage: train_cli_test.sh path/to/nanguard MODELS_DIR WORK_DIR  (CLI_CASE=NAME runs one case)
 # (MODELS_DIR holds the models and CSV files of tests/models/make_train_models.py).
 set -u
 source "$(dirname -- "${BASH_SOURCE[0]}")/check.sh"
@@ -27,17 +27,18 @@ $(cat "$1/summary.json" 2>/dev/null)"
 train() { "$NANGUARD" train "$@"; }
 M=$MODELS
 
-# ---- a finite run: a classifier with nested modules
-run 0 train --model "$M/mlp_clf.pt" --data "$M/clf.csv" --target y --task classify --steps 60 --batch 16 \
-  --lr 0.01 --warmup 10 --clip 0.3 --out finite
-expect "nanguard train: finite"
-expect "steps: 60 of 60; final loss"
-expect "train step 60/60"  # the progress lines (stderr is not a TTY here)
-summary finite "
+# a finite run: a classifier with nested modules
+case_a_finite_run() {
+  run 0 train --model "$M/mlp_clf.pt" --data "$M/clf.csv" --target y --task classify --steps 60 --batch 16 \
+    --lr 0.01 --warmup 10 --clip 0.3 --out finite
+  expect "nanguard train: finite"
+  expect "steps: 60 of 60; final loss"
+  expect "train step 60/60"  # the progress lines (stderr is not a TTY here)
+  summary finite "
 assert s['status'] == 'finite' and s['steps'] == 60 and f is None, s
 assert isinstance(s['final_loss'], float) and s['final_loss'] < 1.0, s['final_loss']
 assert s['data'] == {'rows': 90, 'rows_dropped': 0, 'rows_repaired': 0, 'firewall': 'off'}, s['data']"
-python3 -c "
+  python3 -c "
 import json, sys
 ev = [json.loads(l) for l in open('finite/events.jsonl')]
 assert len(ev) == 60 and ev[0]['step'] == 1 and ev[-1]['step'] == 60, len(ev)
@@ -48,191 +49,213 @@ assert abs(ev[0]['lr'] - 0.001) < 1e-9 and abs(ev[-1]['lr'] - 0.01) < 1e-9, (ev[
 clipped = [e for e in ev if e['grad_norm'] > 0.3]
 assert clipped and all(abs(e['clip_coef'] - 0.3 / e['grad_norm']) < 1e-4 for e in clipped), clipped[:1]
 " || fail "events.jsonl of the finite run: $(head -c 600 finite/events.jsonl)"
-grep -qF "<html" finite/report.html 2>/dev/null || fail "the finite run wrote no report.html"
+  grep -qF "<html" finite/report.html 2>/dev/null || fail "the finite run wrote no report.html"
 
-# On a terminal the progress line is redrawn in place (\r), not repeated.
-if command -v script >/dev/null; then
-  tty_out=$(script -qec "$(printf '%q ' "$NANGUARD" train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y \
+  # On a terminal the progress line is redrawn in place (\r), not repeated.
+  if command -v script >/dev/null; then
+    tty_out=$(script -qec "$(printf '%q ' "$NANGUARD" train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y \
     --task regress --steps 30 --batch 16 --out tty)" /dev/null 2>&1)
-  grep -q $'\r'"train step 30/30" <<<"$tty_out" || fail "no redrawn progress line on a TTY: $tty_out"
-  [ "$(grep -c "train step" <<<"$tty_out")" -le 2 ] || fail "progress lines repeated on a TTY: $tty_out"
-fi
+    grep -q $'\r'"train step 30/30" <<<"$tty_out" || fail "no redrawn progress line on a TTY: $tty_out"
+    [ "$(grep -c "train step" <<<"$tty_out")" -le 2 ] || fail "progress lines repeated on a TTY: $tty_out"
+  fi
+}
 
-# ---- a producer in forward: the batch std is 0, (x - mean) / 0 = NaN in norm
-run 3 train --model "$M/norm_net.pt" --data "$M/constant.csv" --target y --task regress --steps 5 --batch 8 \
-  --out forward
-expect "nanguard train: NON-FINITE"
-expect "first non-finite: step 1 forward aten::div in norm: producer"
-expect "likely cause: division_by_zero (high confidence): "
-expect "in a normalisation (a constant feature or a batch of 1 has std 0, a zero vector norm 0)"
-expect "  remedy: put an eps in the denominator"
-summary forward "
+# a producer in forward: the batch std is 0, (x - mean) / 0 = NaN in norm
+case_a_producer_in_forward() {
+  run 3 train --model "$M/norm_net.pt" --data "$M/constant.csv" --target y --task regress --steps 5 --batch 8 \
+    --out forward
+  expect "nanguard train: NON-FINITE"
+  expect "first non-finite: step 1 forward aten::div in norm: producer"
+  expect "likely cause: division_by_zero (high confidence): "
+  expect "in a normalisation (a constant feature or a batch of 1 has std 0, a zero vector norm 0)"
+  expect "  remedy: put an eps in the denominator"
+  summary forward "
 assert f['cause'] == 'division_by_zero' and f['confidence'] == 'high' and 'eps' in f['remedy'], f
 assert s['status'] == 'nonfinite' and s['steps'] == 5 and s['final_loss'] is None, s
 assert f['step'] == 1 and f['direction'] == 'forward' and f['op'] == 'aten::div', f
 assert f['module'] == 'norm' and f['role'] == 'producer' and f['verdict'] == 'reproduced', f
 assert 'node' not in f and 'rows' not in f, f
 assert s['skipped_steps'] == 5, s"
+}
 
-# ---- a backward-only Inf: sqrt(h - min h) is finite forward, 1/(2 sqrt 0) = inf backward
-run 3 train --model "$M/sqrt_net.pt" --data "$M/reg.csv" --target y --task regress --steps 4 --batch 16 --out backward
-expect "first non-finite: step 1 backward aten::div (in SqrtBackward0, the backward of aten::sqrt) in root: producer"
-expect "likely cause: sqrt_at_zero (high confidence): backward of aten::sqrt (SqrtBackward0)"
-summary backward "
+# a backward-only Inf: sqrt(h - min h) is finite forward, 1/(2 sqrt 0) = inf backward
+case_a_backward_only_inf() {
+  run 3 train --model "$M/sqrt_net.pt" --data "$M/reg.csv" --target y --task regress --steps 4 --batch 16 --out backward
+  expect "first non-finite: step 1 backward aten::div (in SqrtBackward0, the backward of aten::sqrt) in root: producer"
+  expect "likely cause: sqrt_at_zero (high confidence): backward of aten::sqrt (SqrtBackward0)"
+  summary backward "
 assert s['status'] == 'nonfinite', s
 assert f['cause'] == 'sqrt_at_zero' and 'sqrt(x + 1e-12)' in f['remedy'], f
 assert f['direction'] == 'backward' and f['node'] == 'SqrtBackward0' and f['forward_op'] == 'aten::sqrt', f
 assert f['module'] == 'root' and f['role'] == 'producer', f
 assert 'lin.weight' in f['parameters'], f"
 
-# The same Inf masked by relu's backward: the weights' gradients stay finite,
-# so it did no harm. The guard never notices, and a tracer on every step
-# judges it by its consequence: no finding, and the run is finite.
-run 0 train --model "$M/masked_sqrt_net.pt" --data "$M/reg.csv" --target y --task regress --steps 5 --batch 16 \
-  --out masked_guard
-summary masked_guard "assert s['status'] == 'finite' and f is None, s"
-run 0 train --model "$M/masked_sqrt_net.pt" --data "$M/reg.csv" --target y --task regress --steps 5 --batch 16 \
-  --trace always --out masked_always
-expect "nanguard train: finite"
-summary masked_always "assert s['status'] == 'finite' and s['skipped_steps'] == 0 and f is None, s"
+  # The same Inf masked by relu's backward: the weights' gradients stay finite,
+  # so it did no harm. The guard never notices, and a tracer on every step
+  # judges it by its consequence: no finding, and the run is finite.
+  run 0 train --model "$M/masked_sqrt_net.pt" --data "$M/reg.csv" --target y --task regress --steps 5 --batch 16 \
+    --out masked_guard
+  summary masked_guard "assert s['status'] == 'finite' and f is None, s"
+  run 0 train --model "$M/masked_sqrt_net.pt" --data "$M/reg.csv" --target y --task regress --steps 5 --batch 16 \
+    --trace always --out masked_always
+  expect "nanguard train: finite"
+  summary masked_always "assert s['status'] == 'finite' and s['skipped_steps'] == 0 and f is None, s"
+}
 
-# ---- a NaN and an Inf in the data: lines 12 and 42 of reg_nan.csv
-run 0 train --model "$M/linear_reg.pt" --data "$M/reg_nan.csv" --target y --task regress --steps 40 --batch 16 \
-  --lr 0.05 --out data_off
-expect "nanguard train: recovered"
-expect "in lin: input (batch[0])"
-expect "the NaN/Inf came from the data: $M/reg_nan.csv line"
-summary data_off "
+# a NaN and an Inf in the data: lines 12 and 42 of reg_nan.csv
+case_nan_and_inf_in_the_data() {
+  run 0 train --model "$M/linear_reg.pt" --data "$M/reg_nan.csv" --target y --task regress --steps 40 --batch 16 \
+    --lr 0.05 --out data_off
+  expect "nanguard train: recovered"
+  expect "in lin: input (batch[0])"
+  expect "the NaN/Inf came from the data: $M/reg_nan.csv line"
+  summary data_off "
 assert s['status'] == 'recovered' and isinstance(s['final_loss'], float), s
 assert f['role'] == 'input' and f['direction'] == 'forward' and f['module'] == 'lin', f
 assert f['culprit'] == 'batch[0]', f
 assert f['rows'] and set(f['rows']) <= {12, 42}, f
 assert s['skipped_steps'] >= 2, s"
-# A NaN in the target (line 22) reaches the loss: the summary names its line.
-{ head -21 "$M/reg.csv"; echo "0.1,0.2,0.3,0.4,"; tail -n +22 "$M/reg.csv" | head -20; } > target_nan.csv
-run 0 train --model "$M/linear_reg.pt" --data target_nan.csv --target y --task regress --steps 20 --batch 8 \
-  --out target_nan
-expect "the NaN/Inf came from the data: target_nan.csv line 22"
-summary target_nan "assert s['status'] == 'recovered' and f['rows'] == [22] and f['op'] == 'aten::mse_loss' and f['role'] == 'input', f"
-# --trace always names the same input
-run 0 train --model "$M/linear_reg.pt" --data "$M/reg_nan.csv" --target y --task regress --steps 8 --batch 16 \
-  --trace always --out data_always
-summary data_always "assert f['role'] == 'input' and set(f['rows']) <= {12, 42} and f['rows'], f"
-# --trace off: the step is still caught (the sentinel), but no op is named
-run 0 train --model "$M/linear_reg.pt" --data "$M/reg_nan.csv" --target y --task regress --steps 8 --batch 16 \
-  --trace off --out data_trace_off
-expect "(no op named: --trace off)"
-summary data_trace_off "assert s['status'] == 'recovered' and f['op'] is None and f['step'] >= 1, s"
-run 0 train --model "$M/linear_reg.pt" --data "$M/reg_nan.csv" --target y --task regress --steps 40 --batch 16 \
-  --lr 0.05 --firewall drop --out data_drop
-expect "nanguard train: finite"
-expect "data firewall (drop): 2 rows dropped, 0 rows repaired"
-summary data_drop "
+  # A NaN in the target (line 22) reaches the loss: the summary names its line.
+  { head -21 "$M/reg.csv"; echo "0.1,0.2,0.3,0.4,"; tail -n +22 "$M/reg.csv" | head -20; } > target_nan.csv
+  run 0 train --model "$M/linear_reg.pt" --data target_nan.csv --target y --task regress --steps 20 --batch 8 \
+    --out target_nan
+  expect "the NaN/Inf came from the data: target_nan.csv line 22"
+  summary target_nan "assert s['status'] == 'recovered' and f['rows'] == [22] and f['op'] == 'aten::mse_loss' and f['role'] == 'input', f"
+  # --trace always names the same input
+  run 0 train --model "$M/linear_reg.pt" --data "$M/reg_nan.csv" --target y --task regress --steps 8 --batch 16 \
+    --trace always --out data_always
+  summary data_always "assert f['role'] == 'input' and set(f['rows']) <= {12, 42} and f['rows'], f"
+  # --trace off: the step is still caught (the sentinel), but no op is named
+  run 0 train --model "$M/linear_reg.pt" --data "$M/reg_nan.csv" --target y --task regress --steps 8 --batch 16 \
+    --trace off --out data_trace_off
+  expect "(no op named: --trace off)"
+  summary data_trace_off "assert s['status'] == 'recovered' and f['op'] is None and f['step'] >= 1, s"
+  run 0 train --model "$M/linear_reg.pt" --data "$M/reg_nan.csv" --target y --task regress --steps 40 --batch 16 \
+    --lr 0.05 --firewall drop --out data_drop
+  expect "nanguard train: finite"
+  expect "data firewall (drop): 2 rows dropped, 0 rows repaired"
+  summary data_drop "
 assert s['status'] == 'finite' and f is None, s
 assert s['data']['rows_dropped'] == 2 and s['data']['rows_repaired'] == 0, s['data']"
-run 0 train --model "$M/linear_reg.pt" --data "$M/reg_nan.csv" --target y --task regress --steps 40 --batch 16 \
-  --firewall repair --out data_repair
-summary data_repair "assert s['status'] == 'finite' and s['data']['rows_repaired'] == 2 and s['data']['rows_dropped'] == 0, s"
+  run 0 train --model "$M/linear_reg.pt" --data "$M/reg_nan.csv" --target y --task regress --steps 40 --batch 16 \
+    --firewall repair --out data_repair
+  summary data_repair "assert s['status'] == 'finite' and s['data']['rows_repaired'] == 2 and s['data']['rows_dropped'] == 0, s"
+}
 
-# ---- an LR that blows up: SGD on large features diverges to Inf
-run 3 train --model "$M/linear_reg.pt" --data "$M/big.csv" --target y --task regress --steps 150 --batch 16 \
-  --optimizer sgd --lr 0.05 --out blowup_skip
-summary blowup_skip "assert s['status'] == 'nonfinite' and f is not None and s['skipped_steps'] > 0, s"
-run 0 train --model "$M/linear_reg.pt" --data "$M/big.csv" --target y --task regress --steps 150 --batch 16 \
-  --optimizer sgd --lr 0.05 --policy rollback --out rollback
-expect "nanguard train: recovered"
-expect "rollbacks (LR x"
-summary rollback "
+# an LR that blows up: SGD on large features diverges to Inf
+case_an_lr_that_blows_up() {
+  run 3 train --model "$M/linear_reg.pt" --data "$M/big.csv" --target y --task regress --steps 150 --batch 16 \
+    --optimizer sgd --lr 0.05 --out blowup_skip
+  summary blowup_skip "assert s['status'] == 'nonfinite' and f is not None and s['skipped_steps'] > 0, s"
+  run 0 train --model "$M/linear_reg.pt" --data "$M/big.csv" --target y --task regress --steps 150 --batch 16 \
+    --optimizer sgd --lr 0.05 --policy rollback --out rollback
+  expect "nanguard train: recovered"
+  expect "rollbacks (LR x"
+  summary rollback "
 assert s['status'] == 'recovered' and s['rollbacks'] >= 1 and s['lr_factor'] < 1, s
 assert isinstance(s['final_loss'], float), s['final_loss']
 assert f is not None and f['step'] >= 2, f"
+}
 
-# ---- abort: exit 3 and a bundle; inspect and replay it
-run 3 train --model "$M/norm_net.pt" --data "$M/constant.csv" --target y --task regress --steps 5 --batch 8 \
-  --policy abort --out abort
-expect "repro bundle: abort/bundles/step-000001"
-summary abort "
+# abort: exit 3 and a bundle; inspect and replay it
+case_abort_inspect_replay() {
+  run 3 train --model "$M/norm_net.pt" --data "$M/constant.csv" --target y --task regress --steps 5 --batch 8 \
+    --policy abort --out abort
+  expect "repro bundle: abort/bundles/step-000001"
+  summary abort "
 assert s['status'] == 'nonfinite' and s['steps'] == 1 and s['bundle'] == 'abort/bundles/step-000001', s
 assert f['op'] == 'aten::div' and f['module'] == 'norm', f"
-[ "$(wc -l < abort/events.jsonl)" -eq 1 ] || fail "abort: events.jsonl should hold one step"
-grep -qF '"action":"abort"' abort/events.jsonl || fail "abort: the event's action should be abort: $(cat abort/events.jsonl)"
-B=abort/bundles/step-000001
-run 0 "$NANGUARD" inspect "$B"
-expect "repro bundle $B"
-expect "step 1, loss nan"
-expect "policy abort, verdict reproduced"
-expect "task: regress"
-expect "aten::div"
-expect "batch[0]"
-expect "parameters: lin.weight"
-expect "culprit_inputs[0]"
-expect "cause:     division_by_zero (high confidence)"
-run 3 "$NANGUARD" replay "$B" --model "$M/norm_net.pt"
-expect "reproduced: loss nan"
-expect "aten::div"
-expect "remedy:    put an eps in the denominator"
-expect "matches the bundle's finding"
-# The same step with the fixed model (std + eps): finite
-run 0 "$NANGUARD" replay "$B" --model "$M/norm_net_eps.pt"
-expect "not reproduced: the step ran finite"
-# A bundle of data with a NaN names the CSV line on replay too
-run 3 train --model "$M/linear_reg.pt" --data "$M/reg_nan.csv" --target y --task regress --steps 40 --batch 16 \
-  --policy abort --out abort_data
-run 3 "$NANGUARD" replay "$(ls -d abort_data/bundles/step-*)" --model "$M/linear_reg.pt"
-expect "the NaN/Inf came from the data: $M/reg_nan.csv, line"
+  [ "$(wc -l < abort/events.jsonl)" -eq 1 ] || fail "abort: events.jsonl should hold one step"
+  grep -qF '"action":"abort"' abort/events.jsonl || fail "abort: the event's action should be abort: $(cat abort/events.jsonl)"
+  B=abort/bundles/step-000001
+  run 0 "$NANGUARD" inspect "$B"
+  expect "repro bundle $B"
+  expect "step 1, loss nan"
+  expect "policy abort, verdict reproduced"
+  expect "task: regress"
+  expect "aten::div"
+  expect "batch[0]"
+  expect "parameters: lin.weight"
+  expect "culprit_inputs[0]"
+  expect "cause:     division_by_zero (high confidence)"
+  run 3 "$NANGUARD" replay "$B" --model "$M/norm_net.pt"
+  expect "reproduced: loss nan"
+  expect "aten::div"
+  expect "remedy:    put an eps in the denominator"
+  expect "matches the bundle's finding"
+  # The same step with the fixed model (std + eps): finite
+  run 0 "$NANGUARD" replay "$B" --model "$M/norm_net_eps.pt"
+  expect "not reproduced: the step ran finite"
+  # A bundle of data with a NaN names the CSV line on replay too
+  run 3 train --model "$M/linear_reg.pt" --data "$M/reg_nan.csv" --target y --task regress --steps 40 --batch 16 \
+    --policy abort --out abort_data
+  run 3 "$NANGUARD" replay "$(ls -d abort_data/bundles/step-*)" --model "$M/linear_reg.pt"
+  expect "the NaN/Inf came from the data: $M/reg_nan.csv, line"
+  # The bundle replayed with a missing model, and with a model it was not written from: exit 2.
+  run 2 "$NANGUARD" replay "$B" --model missing.pt
+  expect "cannot open model 'missing.pt'"
+  run 2 "$NANGUARD" replay "$B" --model "$M/mlp_clf.pt"
+  expect "is not in '$M/mlp_clf.pt'"
+}
 
-# ---- bad input: exit 2 and one line saying what
-run 2 train --model missing.pt --data "$M/reg.csv" --target y --task regress
-expect "cannot open model 'missing.pt': no such file"
-echo "not a model" > junk.pt
-run 2 train --model junk.pt --data "$M/reg.csv" --target y --task regress
-expect "'junk.pt' is not a TorchScript model"
-run 2 train --model "$M/linear_reg.pt" --data missing.csv --target y --task regress
-expect "missing.csv"
-run 2 train --model "$M/linear_reg.pt" --data "$M/wide.csv" --target y --task regress
-expect "the model expects 4 input features (its first weight 'lin.weight' is [1, 4]) but '$M/wide.csv' has 5 feature columns"
-run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target label --task regress
-expect "no column 'label' in '$M/reg.csv'; its columns are: a, b, c, d, y"
-run 2 train --model "$M/mlp_clf.pt" --data "$M/reg.csv" --target y --task classify
-expect "--task classify needs integer class labels"
-run 2 train --model "$M/linear_reg.pt" --data "$M/clf.csv" --target y --task classify
-expect "--task classify needs [rows, classes] logits"
-run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task sort
-expect "--task"
-run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --steps 0
-expect "--steps must be at least 1, got 0"
-run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --lr -1
-expect "--lr must be a finite number > 0, got -1"
-run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --batch 0
-expect "--batch must be at least 1, got 0"
-run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --clip -1
-expect "--clip must be a finite number >= 0 (0: no clipping), got -1"
-run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --steps many
-expect "--steps"
-run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --warmup 10 --steps 5
-expect "--warmup must be in [0, --steps)"
-run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --policy explode
-expect "--policy"
-run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --firewall on
-expect "--firewall"
-run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --trace sometimes
-expect "--trace"
-run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --optimizer lbfgs
-expect "--optimizer"
-run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --task regress
-expect "--target is required"
-run 2 "$NANGUARD" inspect no-such-bundle
-expect "no bundle at 'no-such-bundle'"
-mkdir -p not_a_bundle
-run 2 "$NANGUARD" inspect not_a_bundle
-expect "'not_a_bundle' is not a repro bundle"
-expect "meta.json"
-run 2 "$NANGUARD" replay "$B" --model missing.pt
-expect "cannot open model 'missing.pt'"
-run 2 "$NANGUARD" replay "$B" --model "$M/mlp_clf.pt"
-expect "is not in '$M/mlp_clf.pt'"
-run 2 "$NANGUARD" replay not_a_bundle --model "$M/norm_net.pt"
-expect "is not a repro bundle"
+# bad input: exit 2 and one line saying what
+case_bad_input() {
+  run 2 train --model missing.pt --data "$M/reg.csv" --target y --task regress
+  expect "cannot open model 'missing.pt': no such file"
+  echo "not a model" > junk.pt
+  run 2 train --model junk.pt --data "$M/reg.csv" --target y --task regress
+  expect "'junk.pt' is not a TorchScript model"
+  run 2 train --model "$M/linear_reg.pt" --data missing.csv --target y --task regress
+  expect "missing.csv"
+  run 2 train --model "$M/linear_reg.pt" --data "$M/wide.csv" --target y --task regress
+  expect "the model expects 4 input features (its first weight 'lin.weight' is [1, 4]) but '$M/wide.csv' has 5 feature columns"
+  run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target label --task regress
+  expect "no column 'label' in '$M/reg.csv'; its columns are: a, b, c, d, y"
+  run 2 train --model "$M/mlp_clf.pt" --data "$M/reg.csv" --target y --task classify
+  expect "--task classify needs integer class labels"
+  run 2 train --model "$M/linear_reg.pt" --data "$M/clf.csv" --target y --task classify
+  expect "--task classify needs [rows, classes] logits"
+  run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task sort
+  expect "--task"
+  run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --steps 0
+  expect "--steps must be at least 1, got 0"
+  run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --lr -1
+  expect "--lr must be a finite number > 0, got -1"
+  run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --batch 0
+  expect "--batch must be at least 1, got 0"
+  run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --clip -1
+  expect "--clip must be a finite number >= 0 (0: no clipping), got -1"
+  run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --steps many
+  expect "--steps"
+  run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --warmup 10 --steps 5
+  expect "--warmup must be in [0, --steps)"
+  run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --policy explode
+  expect "--policy"
+  run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --firewall on
+  expect "--firewall"
+  run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --trace sometimes
+  expect "--trace"
+  run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --optimizer lbfgs
+  expect "--optimizer"
+  run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --task regress
+  expect "--target is required"
+  run 2 "$NANGUARD" inspect no-such-bundle
+  expect "no bundle at 'no-such-bundle'"
+  mkdir -p not_a_bundle
+  run 2 "$NANGUARD" inspect not_a_bundle
+  expect "'not_a_bundle' is not a repro bundle"
+  expect "meta.json"
+  run 2 "$NANGUARD" replay not_a_bundle --model "$M/norm_net.pt"
+  expect "is not a repro bundle"
+}
+
+run_cases a_finite_run \
+  a_producer_in_forward \
+  a_backward_only_inf \
+  nan_and_inf_in_the_data \
+  an_lr_that_blows_up \
+  abort_inspect_replay \
+  bad_input
 
 if [ "$failures" -ne 0 ]; then echo "$failures check(s) failed"; exit 1; fi
 echo "train_cli: all checks passed"
