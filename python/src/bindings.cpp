@@ -9,6 +9,7 @@
 #include <nanguard/firewall.h>
 #include <nanguard/isolation_forest.h>
 #include <nanguard/loss_scaler.h>
+#include <nanguard/nonfinite_record.h>
 #include <nanguard/scope.h>
 #include <nanguard/sentinel.h>
 #include <nanguard/tracer.h>
@@ -176,6 +177,28 @@ PYBIND11_MODULE(_nanguard, m) {
         "One vectorised pass: NaN/Inf/zero/subnormal counts, min/max/mean/std, norms, headroom.");
   m.def("has_nonfinite", &nanguard::has_nonfinite, py::arg("tensor"),
         py::call_guard<py::gil_scoped_release>(), "True when the tensor holds a NaN or an Inf.");
+  py::class_<nanguard::record_verdict>(m, "RecordVerdict",
+                                       "What check_many found over a list of tensors (nonfinite_record).")
+      .def_readonly("tensors", &nanguard::record_verdict::tensors)
+      .def_readonly("nan", &nanguard::record_verdict::nan)
+      .def_readonly("pos_inf", &nanguard::record_verdict::pos_inf)
+      .def_readonly("neg_inf", &nanguard::record_verdict::neg_inf)
+      .def_readonly("first_tensor", &nanguard::record_verdict::first_tensor)
+      .def_readonly("first_index", &nanguard::record_verdict::first_index)
+      .def_readonly("first_value", &nanguard::record_verdict::first_value)
+      .def_property_readonly("nonfinite", &nanguard::record_verdict::nonfinite, "NaN and Inf elements.")
+      .def("all_finite", &nanguard::record_verdict::all_finite, "True when every element is finite.")
+      .def("__repr__", [](const nanguard::record_verdict& v) {
+        return "<nanguard.RecordVerdict tensors=" + std::to_string(v.tensors) + " nonfinite=" +
+               std::to_string(v.nonfinite()) + " first=" + std::to_string(v.first_tensor) + "[" +
+               std::to_string(v.first_index) + "]>";
+      });
+  m.def("census_many", [](const std::vector<at::Tensor>& xs) { return nanguard::census_many(xs); },
+        py::arg("tensors"), py::call_guard<py::gil_scoped_release>(),
+        "The census of each tensor; on CUDA many per kernel launch and one host sync for all.");
+  m.def("check_many", [](const std::vector<at::Tensor>& xs) { return nanguard::check_many(xs); },
+        py::arg("tensors"), py::call_guard<py::gil_scoped_release>(),
+        "Whether any tensor holds a NaN or Inf, and the first that does; on CUDA one host sync for all.");
   m.def("mark_written", &nanguard::mark_written, py::arg("tensor"),
         "Tells tracers the tensor changed outside a recorded op (bumps its version).");
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import nanguard
+from conftest import cuda_only
 
 FIELDS = ["numel", "nan", "pos_inf", "neg_inf", "finite", "zeros", "subnormal", "min", "max",
           "mean", "std", "l2_norm", "absmax", "fp16_overflow", "fp16_underflow", "bf16_overflow",
@@ -120,3 +121,21 @@ def test_trace_over_every_kind_of_tensor(kind, capfd):
     assert len(t.findings) == (1 if kind in ("zero_dim", "complex") else 0), [str(f) for f in t.findings]
     assert "Exception in RecordFunction callback" not in capfd.readouterr().err
     assert y.shape == x.shape
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_census_on_cuda_equals_the_cpu_census(dtype):
+    x = torch.randn(3 * 70000, dtype=torch.float64) * 3
+    x[[5, 70001, 140002, 9]] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0], dtype=torch.float64)
+    x = x.to(dtype)
+    for view in (x, x.view(3, -1).t(), x[1:]):
+        cpu, gpu = nanguard.census(view).to_dict(), nanguard.census(view.cuda()).to_dict()
+        for k in FIELDS:
+            if k in ("mean", "std", "l2_norm"):
+                assert gpu[k] == pytest.approx(cpu[k], rel=1e-6), k
+            elif isinstance(cpu[k], float) and math.isnan(cpu[k]):
+                assert math.isnan(gpu[k]), k
+            else:
+                assert gpu[k] == cpu[k], k
+        assert nanguard.has_nonfinite(view.cuda())
