@@ -62,7 +62,7 @@ step_start=$SECONDS
   > "$out/record_test.log" 2>&1 || rc=1
 grep -ahE "^\[  (PASSED|FAILED|SKIPPED) \] [0-9]+ test|^\[  FAILED  \] [a-z]|Failure$" "$out/cuda_test.log" \
   "$out/record_test.log" | head -40
-grep -aho "no CUDA device found[^(]*" "$out/cuda_test.log" | sort -u | sed 's/^/run.sh: skipped: /'
+grep -ah "^no CUDA device found" "$out/cuda_test.log" | sort -u | sed 's/^/run.sh: skipped: /'
 PYTHONPATH=$build/python "${runner[@]}" "$python" -m pytest -q -p no:cacheprovider -rs \
   python/tests/test_trace.py python/tests/test_census.py > "$out/pytest.log" 2>&1 || rc=1
 grep -aE "passed|failed|error" "$out/pytest.log" | tail -5

@@ -139,3 +139,15 @@ def test_census_on_cuda_equals_the_cpu_census(dtype):
             else:
                 assert gpu[k] == cpu[k], k
         assert nanguard.has_nonfinite(view.cuda())
+
+
+def test_census_many_and_check_many_name_the_first_bad_tensor():
+    xs = [torch.ones(3), torch.tensor([1.0, float("inf")]), torch.tensor([float("nan")], dtype=torch.float64)]
+    stats = nanguard.census_many(xs)
+    assert [s.nonfinite for s in stats] == [0, 1, 1]
+    v = nanguard.check_many(xs)
+    assert (v.tensors, v.first_tensor, v.first_index, v.first_value) == (3, 1, 1, math.inf)
+    assert (v.nan, v.pos_inf, v.nonfinite) == (1, 1, 2) and not v.all_finite()
+    assert nanguard.check_many([]).all_finite()
+    with pytest.raises(TypeError, match="list of torch.Tensor"):
+        nanguard.check_many([1.0])
