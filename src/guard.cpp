@@ -5,6 +5,8 @@
 #include "nanguard/clip.h"
 #include "nanguard/distributed.h"
 
+#include "detail/generator_states.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/record_function.h>
@@ -172,17 +174,6 @@ struct guard::impl {
   bool snapshot_pending = false;
   int64_t restored_step = -1;  // the snapshot the last rollback restored
 
-  at::Tensor rng_state() {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    return gen.get_state();
-  }
-  void set_rng_state(const at::Tensor& s) {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(s);
-  }
-
   // Stamps the guard's own time so far on `e` and logs it.
   void write(step_event& e) {
     e.guard_ms = (seconds_since(step_started) - user_s) * 1e3;
@@ -192,11 +183,11 @@ struct guard::impl {
   // Runs the step again from the same RNG state, under the tracer; fills the
   // event's findings and verdict. Leaves gradients zeroed and the RNG where
   // the original step left it.
-  void replay(const std::vector<at::Tensor>& batch, const step_fn& fn, const at::Tensor& rng_before,
+  void replay(const std::vector<at::Tensor>& batch, const step_fn& fn, const detail::generator_states& rng_before,
               step_event& e) {
-    const at::Tensor rng_after = rng_state();
+    const detail::generator_states rng_after = detail::capture_generators();
     optimizer.zero_grad();
-    set_rng_state(rng_before);
+    detail::restore_generators(rng_before);
     bool reproduced = false, failed = false;
     try {
       tracer t(options.tracer());
@@ -231,7 +222,7 @@ struct guard::impl {
     }
     e.verdict = failed ? "replay failed" : reproduced ? "reproduced" : "not reproduced";
     optimizer.zero_grad();
-    set_rng_state(rng_after);
+    detail::restore_generators(rng_after);
   }
 
   // Distributed: the consensus after the local sentinel pass. Fills the
@@ -317,7 +308,7 @@ struct guard::impl {
 
   // Writes the repro bundle of a bad step; returns its directory.
   std::string write_repro_bundle(const std::vector<at::Tensor>& batch, const step_fn& fn,
-                                 const at::Tensor& rng_before, const step_event& e) {
+                                 const detail::generator_states& rng_before, const step_event& e) {
     bundle b;
     b.step = e.step;
     b.lr = e.lr;
@@ -326,14 +317,15 @@ struct guard::impl {
     b.policy = to_string(options.policy());
     b.verdict = e.verdict;
     b.batch = batch;
-    b.rng_state = rng_before;
+    b.rng_state = rng_before.cpu;
+    b.cuda_rng_states = rng_before.cuda;
     if (!e.findings.empty()) b.finding = e.findings.front();
     if (options.bundle_parameters())
       for (const auto& item : model.named_parameters()) b.parameters.emplace_back(item.key(), item.value());
     if (b.finding && b.finding->role == role::producer && !b.finding->op.empty()) {
       // One more replay, watching only the producer's op, to keep its inputs.
-      const at::Tensor rng_after = rng_state();
-      set_rng_state(rng_before);
+      const detail::generator_states rng_after = detail::capture_generators();
+      detail::restore_generators(rng_before);
       try {
         b.culprit_inputs = detail::capture_producer_inputs(b.finding->op, [&] {
           const at::Tensor loss = fn(batch);
@@ -343,7 +335,7 @@ struct guard::impl {
         // The bundle is still useful without the culprit's inputs.
       }
       optimizer.zero_grad();
-      set_rng_state(rng_after);
+      detail::restore_generators(rng_after);
     }
     return write_bundle(options.bundle_dir(), b);
   }
@@ -384,7 +376,7 @@ step_event guard::step(const std::vector<at::Tensor>& batch, const step_fn& fn) 
   if (s.schedule) s.schedule->apply(s.optimizer, s.step - 1, s.lr_factor);
   e.lr = get_lr(s.optimizer);
   e.scale = s.scaler.get_scale();
-  const at::Tensor rng_before = s.rng_state();
+  const detail::generator_states rng_before = detail::capture_generators();
 
   grad_report report;
   bool finite;

@@ -71,6 +71,19 @@ def _trainable_loss(loss):
     return loss
 
 
+def _rng_states():
+    """The CPU generator's state and, once CUDA is in use, each CUDA
+    device's: a replay draws the same dropout masks on either."""
+    return torch.get_rng_state(), (torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [])
+
+
+def _set_rng_states(states):
+    cpu, cuda = states
+    torch.set_rng_state(cpu)
+    if cuda:
+        torch.cuda.set_rng_state_all(cuda)
+
+
 class Guard:
     """Guards the training steps of ``model`` stepped by ``optimizer``.
 
@@ -162,7 +175,7 @@ class Guard:
         Returns a :class:`StepResult`."""
         step = self.steps
         self.steps += 1
-        rng = torch.get_rng_state()
+        rng = _rng_states()
         self.optimizer.zero_grad(set_to_none=True)
         loss = _trainable_loss(closure(*args, **kwargs))
         finite_loss, loss_value = self.sentinel.check_loss(loss)
@@ -215,9 +228,9 @@ class Guard:
 
     def _replay(self, step, rng, closure, args, kwargs):
         """Re-runs the step under the tracer from the step's RNG state."""
-        state = torch.get_rng_state()
+        state = _rng_states()
         self.optimizer.zero_grad(set_to_none=True)
-        torch.set_rng_state(rng)
+        _set_rng_states(rng)
         try:
             with trace(self.model, step=step, inside_kernels=True) as t:
                 loss = closure(*args, **kwargs)
@@ -226,7 +239,7 @@ class Guard:
                 if not _nanguard.has_nonfinite(loss.detach()):
                     self.scaler.scale(loss).backward()
         finally:
-            torch.set_rng_state(state)
+            _set_rng_states(state)
         f = t.findings
         return (f[0], "reproduced") if f else (None, "not reproduced")
 
@@ -266,7 +279,7 @@ class Guard:
         path = os.path.join(self.bundle_dir, f"step-{step}.pt")
         tmp = f"{path}.tmp-{os.getpid()}"  # renamed into place: never a half-written bundle
         try:
-            torch.save({"step": step, "rng_state": rng, "args": args, "kwargs": kwargs,
+            torch.save({"step": step, "rng_state": rng[0], "cuda_rng_state": rng[1], "args": args, "kwargs": kwargs,
                         "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                         "finding": finding.to_dict() if finding is not None else None}, tmp)
             os.replace(tmp, path)
