@@ -43,12 +43,12 @@ if ((dry_run)); then
 else
   build=build-device/build
   python=$(command -v python3)
-  if ! nvidia-smi -L > /dev/null 2>&1 || ! "$python" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())'; then
-    say "no CUDA GPU found here (nvidia-smi, torch.cuda.is_available()): run it on the GPU machine" \
+  if ! "$python" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2> /dev/null; then
+    say "no CUDA GPU found here (in python3, torch.cuda.is_available() is not true): run it on the GPU machine" \
         "(run(command=\"bench/gpu/run.sh\", carry=[\"build-device\"])), or bench/gpu/run.sh --dry-run for the CPU"
     exit 2
   fi
-  say "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader), torch $("$python" -c 'import torch; print(torch.__version__)')"
+  say "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2> /dev/null), torch $("$python" -c 'import torch; print(torch.__version__)')"
   scripts/device-build "$out" "${targets[@]}" || exit 1
   bench_args=()
   runner=()
