@@ -7,7 +7,7 @@
 #    (scripts/device-build, into build-device/build: about a minute on 16 cores);
 # 2. runs the CUDA tests: tests/cuda_test.cpp (census, record and tracer on
 #    CUDA against the CPU) and the Python suites parametrised over devices
-#    (every tracer case on CUDA, the census), and the record's CPU tests;
+#    (every tracer case on CUDA, the census, the guard), and the record's CPU tests;
 # 3. runs bench/gpu/overhead.py: step-time ratios of the checking tools on
 #    the reference and large workloads, interleaved rounds, medians, and the
 #    census throughput at 2^26 against x.sum().
@@ -64,7 +64,7 @@ grep -ahE "^\[  (PASSED|FAILED|SKIPPED) \] [0-9]+ test|^\[  FAILED  \] [a-z]|Fai
   "$out/record_test.log" | head -40
 grep -ah "^no CUDA device found" "$out/cuda_test.log" | sort -u | sed 's/^/run.sh: skipped: /'
 PYTHONPATH=$build/python "${runner[@]}" "$python" -m pytest -q -p no:cacheprovider -rs \
-  python/tests/test_trace.py python/tests/test_census.py > "$out/pytest.log" 2>&1 || rc=1
+  python/tests/test_trace.py python/tests/test_census.py python/tests/test_guard.py > "$out/pytest.log" 2>&1 || rc=1
 grep -aE "passed|failed|error" "$out/pytest.log" | tail -5
 grep -acE "^SKIPPED.*no CUDA device" "$out/pytest.log" | sed 's/^/run.sh: pytest cases skipped for want of a GPU: /'
 say "tests in $(elapsed) (exit $rc; logs in $out)"
