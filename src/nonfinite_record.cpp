@@ -69,8 +69,8 @@ int64_t nonfinite_record::add(at::TensorList xs) {
   state& st = *state_;
   const int64_t first = st.size;
   TORCH_CHECK(first + int64_t(xs.size()) <= (int64_t(1) << 20), "nanguard::nonfinite_record::add: a record holds "
-              "at most 2^20 tensors between reads and got ", first + int64_t(xs.size()), "; read it and clear() it "
-              "more often");
+              "at most 2^20 tensors between clear()s and got ", first + int64_t(xs.size()), "; read it and "
+              "clear() it more often, or use one record per list");
   for (const at::Tensor& x : xs) check_addable(x);
 #ifdef NANGUARD_WITH_CUDA
   // CUDA tensors grouped by device, one enqueue each; the rest checked now.
