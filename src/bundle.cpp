@@ -149,12 +149,13 @@ std::string write_bundle(const std::string& parent, const bundle& b) {
   meta["finding"] = b.finding ? json::parse(to_json(*b.finding)) : json(nullptr);
   meta["tags"] = json::object();
   for (const auto& [key, value] : b.tags) meta["tags"][key] = value;
-  meta["files"] = {"batch.pt", "rng_state.pt", "culprit_inputs.pt", "parameters.pt"};
+  meta["files"] = {"batch.pt", "rng_state.pt", "cuda_rng_state.pt", "culprit_inputs.pt", "parameters.pt"};
   const std::string text = meta.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
   write_file(tmp / "meta.json", text.data(), text.size());
 
   save(tmp / "batch.pt", tensor_list(b.batch));
   save(tmp / "rng_state.pt", b.rng_state.defined() ? b.rng_state : at::empty({0}, at::kByte));
+  save(tmp / "cuda_rng_state.pt", tensor_list(b.cuda_rng_states));
   save(tmp / "culprit_inputs.pt", tensor_list(b.culprit_inputs));
   c10::Dict<std::string, at::Tensor> params;
   for (const auto& [name, t] : b.parameters) params.insert(name, t.detach().cpu());
@@ -206,6 +207,9 @@ bundle read_bundle(const std::string& dir) {
   const c10::IValue rng = load(d / "rng_state.pt");
   TORCH_CHECK(rng.isTensor(), "nanguard::read_bundle: '", (d / "rng_state.pt").string(), "' should hold a tensor");
   b.rng_state = rng.toTensor();
+  // Bundles written before CUDA generators were kept have no such file.
+  if (fs::exists(d / "cuda_rng_state.pt"))
+    b.cuda_rng_states = from_list(load(d / "cuda_rng_state.pt"), d / "cuda_rng_state.pt");
   b.culprit_inputs = from_list(load(d / "culprit_inputs.pt"), d / "culprit_inputs.pt");
   const c10::IValue params = load(d / "parameters.pt");
   const std::string params_path = (d / "parameters.pt").string();

@@ -1,5 +1,7 @@
 #include "nanguard/census.h"
 
+#include "nanguard/nonfinite_record.h"
+
 #include "detail/census_kernels.h"
 #include "detail/chunked_parallel.h"
 #include "detail/value_range.h"
@@ -23,6 +25,17 @@ using detail::census_partial;
 constexpr int64_t kChunk = int64_t(1) << 16;
 // float16/bfloat16 are widened to float in stack buffers of this size.
 constexpr int64_t kWidenBlock = 4096;
+
+// CUDA tensors are read by nanguard's kernel where it is built (one pass,
+// one host sync: nonfinite_record); tensors on other devices with ATen ops.
+constexpr bool kCudaKernels =
+#ifdef NANGUARD_WITH_CUDA
+    true;
+#else
+    false;
+#endif
+
+bool on_cuda_kernel(const at::Tensor& x) { return kCudaKernels && x.is_cuda(); }
 
 // A tensor whose values can be read: defined, strided, not on the meta device.
 void check_has_data(const at::Tensor& x, const char* fn) {
@@ -144,7 +157,7 @@ bool scan_for_nonfinite(const at::Tensor& x, bool parallel, const char* caller) 
   check_has_data(x, caller);
   if (x.is_complex()) return scan_for_nonfinite(at::view_as_real(x), parallel, caller);
   if (!x.is_floating_point()) return false;
-  if (!x.is_cpu()) return !at::isfinite(x).all().item<bool>();
+  if (!x.is_cpu()) return on_cuda_kernel(x) ? !check_many(x).all_finite() : !at::isfinite(x).all().item<bool>();
   const at::Tensor c = x.contiguous();
   const int64_t n = c.numel();
   switch (c.scalar_type()) {
@@ -180,7 +193,7 @@ double smallest_normal(at::ScalarType t) {
 
 tensor_stats census(const at::Tensor& x) {
   check_floating(x, "census");
-  if (!x.is_cpu()) return detail::census_aten(x);
+  if (!x.is_cpu()) return on_cuda_kernel(x) ? census_many(x)[0] : detail::census_aten(x);
   if (x.numel() == 0) return tensor_stats{};
   const at::Tensor c = x.contiguous();  // views are measured in logical order
   census_partial p;
@@ -229,6 +242,11 @@ value_range value_range_on_this_thread(const at::Tensor& x) {
               "floating-point tensor but got ", x.defined() ? c10::toString(x.scalar_type()) : "an undefined one",
               "; integer and bool tensors hold no NaN or Inf (callers filter them with measurable())");
   if (x.numel() == 0) return {};
+  if (on_cuda_kernel(x)) {
+    // As range_from: zero bounds a side no value lies on.
+    const tensor_stats s = census_many(x)[0];
+    return s.all_finite() ? value_range{std::min(s.min, 0.0), std::max(s.max, 0.0)} : value_range{NAN, NAN};
+  }
   if (!x.is_cpu()) return range_by_aten(x);
   if (!x.is_contiguous()) return value_range_on_this_thread(x.contiguous());
   const int64_t n = x.numel();

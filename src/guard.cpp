@@ -4,6 +4,8 @@
 #include "nanguard/clip.h"
 #include "nanguard/distributed.h"
 
+#include "detail/generator_states.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/nn/module.h>
@@ -116,17 +118,6 @@ struct guard::impl {
   // them): what a bad step's diagnosis reads as the steps before.
   std::deque<double> losses, grad_norms;
 
-  at::Tensor rng_state() {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    return gen.get_state();
-  }
-  void set_rng_state(const at::Tensor& s) {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(s);
-  }
-
   // Remembers a finite step for the diagnosis of a later bad one.
   void remember(const step_event& e) {
     losses.push_back(e.loss);
@@ -158,11 +149,11 @@ struct guard::impl {
   // Runs the step again from the same RNG state, under the tracer; fills the
   // event's findings and verdict. Leaves gradients zeroed and the RNG where
   // the original step left it.
-  void replay(const std::vector<at::Tensor>& batch, const step_fn& fn, const at::Tensor& rng_before,
+  void replay(const std::vector<at::Tensor>& batch, const step_fn& fn, const detail::generator_states& rng_before,
               step_event& e) {
-    const at::Tensor rng_after = rng_state();
+    const detail::generator_states rng_after = detail::capture_generators();
     optimizer.zero_grad();
-    set_rng_state(rng_before);
+    detail::restore_generators(rng_before);
     bool reproduced = false, failed = false;
     try {
       tracer t(tracer_options(options.tracer()).keep_inputs(true));  // the bundle's culprit inputs
@@ -197,7 +188,7 @@ struct guard::impl {
     }
     e.verdict = failed ? "replay failed" : reproduced ? "reproduced" : "not reproduced";
     optimizer.zero_grad();
-    set_rng_state(rng_after);
+    detail::restore_generators(rng_after);
   }
 
   // Distributed: the consensus after the local sentinel pass. Fills the
@@ -289,7 +280,7 @@ struct guard::impl {
 
   // Writes the repro bundle of a bad step; returns its directory.
   // The culprit's inputs are those the replay's tracer kept.
-  std::string write_repro_bundle(const std::vector<at::Tensor>& batch, const at::Tensor& rng_before,
+  std::string write_repro_bundle(const std::vector<at::Tensor>& batch, const detail::generator_states& rng_before,
                                  const step_event& e) {
     bundle b;
     b.step = e.step;
@@ -299,7 +290,8 @@ struct guard::impl {
     b.policy = to_string(options.policy());
     b.verdict = e.verdict;
     b.batch = batch;
-    b.rng_state = rng_before;
+    b.rng_state = rng_before.cpu;
+    b.cuda_rng_states = rng_before.cuda;
     if (!e.findings.empty()) b.finding = e.findings.front();
     if (options.bundle_parameters())
       for (const auto& item : model.named_parameters()) b.parameters.emplace_back(item.key(), item.value());
@@ -374,7 +366,7 @@ struct guard::impl {
   // A bad step: which parameters, and the replay that names the op (where
   // the problem was seen; distributed, its finding reaches every rank).
   // Nothing is stepped.
-  void localize(const std::vector<at::Tensor>& batch, const step_fn& fn, const at::Tensor& rng_before,
+  void localize(const std::vector<at::Tensor>& batch, const step_fn& fn, const detail::generator_states& rng_before,
                 const grad_report& report, bool locally_finite, step_event& e) {
     for (size_t i = 0; i < report.nonfinite_counts.size(); ++i)
       if (report.nonfinite_counts[i] > 0) e.nonfinite_params.push_back({sentinel.names()[i], report.nonfinite_counts[i]});
@@ -399,7 +391,8 @@ struct guard::impl {
 
   // Applies `p` and records the event. The loss scaler backs off on every
   // non-finite step (GradScaler semantics). Abort writes the bundle and throws.
-  void act(policy p, const std::vector<at::Tensor>& batch, const at::Tensor& rng_before, step_event& e) {
+  void act(policy p, const std::vector<at::Tensor>& batch, const detail::generator_states& rng_before,
+           step_event& e) {
     e.action = to_string(p);
     switch (p) {
       case policy::abort: abort_step(batch, rng_before, e);
@@ -446,7 +439,8 @@ struct guard::impl {
 
   // Writes the repro bundle (distributed: the first rank that saw it, with
   // its batch), records the event and throws nonfinite_error.
-  [[noreturn]] void abort_step(const std::vector<at::Tensor>& batch, const at::Tensor& rng_before, step_event& e) {
+  [[noreturn]] void abort_step(const std::vector<at::Tensor>& batch, const detail::generator_states& rng_before,
+                               step_event& e) {
     e.remedy = "stopped training";
     const int64_t writer = e.nonfinite_ranks.empty() ? 0 : e.nonfinite_ranks.front();
     if (!options.distributed() || e.rank == writer) {
@@ -508,7 +502,7 @@ step_event guard::step(const std::vector<at::Tensor>& batch, const step_fn& fn) 
   // A rollback that keeps the batch (rollback_skip_batch false) runs it once more.
   for (bool again = false;; again = true) {
     step_event e = s.begin();
-    const at::Tensor rng_before = s.rng_state();
+    const detail::generator_states rng_before = detail::capture_generators();
     grad_report report;
     const bool locally_finite = s.measure(batch, fn, report, e);
     const bool finite = s.options.distributed() ? s.agree(e, report, locally_finite) : locally_finite;

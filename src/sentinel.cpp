@@ -1,5 +1,7 @@
 #include "nanguard/sentinel.h"
 
+#include "nanguard/nonfinite_record.h"
+
 #include "nanguard/census.h"
 
 #include "detail/census_kernels.h"
@@ -106,9 +108,12 @@ grad_report sentinel::inspect_grads(double inv_scale) const {
   std::vector<double> sumsq(n, 0.0);
 
   // Contiguous float32/float64 CPU gradients go through the fused kernel;
-  // anything else (float16, bfloat16, strided, other devices) through census.
+  // anything else (float16, bfloat16, strided, other devices) through one
+  // census_many: on CUDA, many gradients per launch and one host sync.
   std::vector<work_item> items;
   std::vector<at::Tensor> grads(n);
+  std::vector<at::Tensor> others;
+  std::vector<int64_t> other_params;
   for (int64_t i = 0; i < n; ++i) {
     const at::Tensor& g = params_[i].grad();
     if (!g.defined() || g.numel() == 0) continue;
@@ -118,9 +123,8 @@ grad_report sentinel::inspect_grads(double inv_scale) const {
                       (g.scalar_type() == at::kFloat || g.scalar_type() == at::kDouble);
     if (!fast) {
       // Sparse gradients (Embedding(sparse=true)) are measured by their values.
-      const tensor_stats s = census(strided ? g : g.is_sparse() ? g.coalesce().values() : g.to_dense());
-      sumsq[i] = s.l2_norm * s.l2_norm;
-      r.nonfinite_counts[i] = s.nonfinite();
+      others.push_back(strided ? g : g.is_sparse() ? g.coalesce().values() : g.to_dense());
+      other_params.push_back(i);
       continue;
     }
     for (int64_t s = 0; s < g.numel(); s += kItem)
@@ -139,6 +143,11 @@ grad_report sentinel::inspect_grads(double inv_scale) const {
   for (size_t k = 0; k < items.size(); ++k) {
     sumsq[items[k].param] += parts[k].sumsq;
     r.nonfinite_counts[items[k].param] += parts[k].nonfinite;
+  }
+  const std::vector<tensor_stats> other_stats = census_many(others);
+  for (size_t k = 0; k < others.size(); ++k) {
+    sumsq[other_params[k]] = other_stats[k].l2_norm * other_stats[k].l2_norm;
+    r.nonfinite_counts[other_params[k]] = other_stats[k].nonfinite();
   }
   double total = 0;
   for (int64_t i = 0; i < n; ++i) {

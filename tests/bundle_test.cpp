@@ -40,6 +40,7 @@ nanguard::bundle sample() {
   b.finding = f;
   b.batch = {torch::randn({4, 3}), torch::arange(4)};
   b.rng_state = at::detail::getDefaultCPUGenerator().get_state();
+  b.cuda_rng_states = {torch::arange(16, torch::kUInt8)};  // a CUDA generator's seed and offset, as bytes
   b.culprit_inputs = {torch::full({5}, 100.0)};
   b.parameters = {{"head.weight", torch::randn({2, 3})}, {"head.bias", torch::zeros({2})}};
   return b;
@@ -50,7 +51,7 @@ TEST(bundle, round_trip) {
   const auto b = sample();
   const std::string path = nanguard::write_bundle(dir.string(), b);
   EXPECT_EQ((dir / "step-000042").string(), path);
-  for (const char* f : {"meta.json", "batch.pt", "rng_state.pt", "culprit_inputs.pt", "parameters.pt"})
+  for (const char* f : {"meta.json", "batch.pt", "rng_state.pt", "cuda_rng_state.pt", "culprit_inputs.pt", "parameters.pt"})
     EXPECT_TRUE(fs::exists(fs::path(path) / f)) << f;
   const auto back = nanguard::read_bundle(path);
   EXPECT_EQ(42, back.step);
@@ -68,6 +69,8 @@ TEST(bundle, round_trip) {
   EXPECT_TRUE(at::equal(b.batch[0], back.batch[0]));
   EXPECT_TRUE(at::equal(b.batch[1], back.batch[1]));
   EXPECT_TRUE(at::equal(b.rng_state, back.rng_state));
+  ASSERT_EQ(1u, back.cuda_rng_states.size());
+  EXPECT_TRUE(at::equal(b.cuda_rng_states[0], back.cuda_rng_states[0]));
   ASSERT_EQ(1u, back.culprit_inputs.size());
   EXPECT_TRUE(at::equal(b.culprit_inputs[0], back.culprit_inputs[0]));
   ASSERT_EQ(2u, back.parameters.size());

@@ -4,6 +4,7 @@
 //   meta.json            step, lr, loss scale, policy, versions, the finding, tags
 //   batch.pt             the batch (a list of tensors)
 //   rng_state.pt         the CPU generator state at the start of the step
+//   cuda_rng_state.pt    each CUDA device's generator state then (a list; empty without a GPU)
 //   culprit_inputs.pt    the inputs of the op that produced the NaN/Inf (a list)
 //   parameters.pt        the parameters at the start of the step (a dict)
 //
@@ -38,6 +39,8 @@ struct bundle {
   std::optional<nanguard::finding> finding;  ///< the tracer's finding, if any
   std::vector<at::Tensor> batch;   ///< the step's batch
   at::Tensor rng_state;            ///< CPU generator state at step start (uint8)
+  /// Each CUDA device's generator state at step start (uint8; none without a GPU).
+  std::vector<at::Tensor> cuda_rng_states;
   std::vector<at::Tensor> culprit_inputs;  ///< inputs of the finding's op
   std::vector<std::pair<std::string, at::Tensor>> parameters;  ///< named parameters
   /// What the writer wants a reader to know, as meta.json's "tags" object,

@@ -23,13 +23,18 @@ from ._guard import Guard, StepResult
 __version__ = _nanguard.__version__
 
 __all__ = [
-    "census", "has_nonfinite", "mark_written", "TensorStats", "trace", "Trace", "Finding",
+    "census", "has_nonfinite", "census_many", "check_many", "RecordVerdict", "mark_written", "TensorStats", "trace", "Trace", "Finding",
     "NonFiniteError", "AllowRule", "Guard", "StepResult", "IsolationForest",
     "Firewall", "FirewallReport",
 ]
 
 #: One-pass statistics of a tensor (``nanguard::tensor_stats``).
 TensorStats = _nanguard.TensorStats
+
+#: What ``check_many`` found: tensors, nan, pos_inf, neg_inf, nonfinite,
+#: first_tensor (position in the list, -1 if none), first_index, first_value,
+#: all_finite() (``nanguard::record_verdict``).
+RecordVerdict = _nanguard.RecordVerdict
 
 #: ``nanguard::isolation_forest``: ``IsolationForest(n_estimators=100,
 #: max_samples=256, contamination=0.0, seed=0).fit(x).score_samples(x)``
@@ -73,6 +78,29 @@ def has_nonfinite(tensor):
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"nanguard.has_nonfinite: expected a torch.Tensor, got {type(tensor).__name__}")
     return _nanguard.has_nonfinite(tensor.detach())
+
+
+def census_many(tensors):
+    """The census of every tensor of the list, as a list of ``TensorStats``.
+
+    On CUDA the tensors are read many per kernel launch, in one pass each,
+    with one host sync for the whole list (per-parameter gradient norms cost
+    one sync, not one per parameter). Same errors as ``census``.
+    """
+    return _nanguard.census_many([_as_tensor(t, "census_many").detach() for t in tensors])
+
+
+def check_many(tensors):
+    """Whether any tensor of the list holds a NaN or an Inf, as a ``RecordVerdict``
+    naming the first such tensor (by position), element and value; one host
+    sync for the whole list on CUDA."""
+    return _nanguard.check_many([_as_tensor(t, "check_many").detach() for t in tensors])
+
+
+def _as_tensor(t, fn):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"nanguard.{fn}: expected a list of torch.Tensor, got a {type(t).__name__} in it")
+    return t
 
 
 def mark_written(tensor):

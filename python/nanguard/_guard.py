@@ -98,6 +98,19 @@ def _trainable_loss(loss):
     return loss
 
 
+def _rng_states():
+    """The CPU generator's state and, once CUDA is in use, each CUDA
+    device's: a replay draws the same dropout masks on either."""
+    return torch.get_rng_state(), (torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [])
+
+
+def _set_rng_states(states):
+    cpu, cuda = states
+    torch.set_rng_state(cpu)
+    if cuda:
+        torch.cuda.set_rng_state_all(cuda)
+
+
 class Guard:
     """Guards the training steps of ``model`` stepped by ``optimizer``.
 
@@ -205,7 +218,7 @@ class Guard:
         Returns a :class:`StepResult`."""
         self.steps += 1
         step = self.steps
-        rng = torch.get_rng_state()
+        rng = _rng_states()
         scale, lr = self.scaler.get_scale(), self._lr()
         self.optimizer.zero_grad(set_to_none=True)
         loss = _trainable_loss(closure(*args, **kwargs))
@@ -299,9 +312,9 @@ class Guard:
 
     def _replay(self, step, rng, closure, args, kwargs):
         """Re-runs the step under the tracer from the step's RNG state."""
-        state = torch.get_rng_state()
+        state = _rng_states()
         self.optimizer.zero_grad(set_to_none=True)
-        torch.set_rng_state(rng)
+        _set_rng_states(rng)
         try:
             with trace(self.model, step=step, inside_kernels=True) as t:
                 loss = closure(*args, **kwargs)
@@ -310,7 +323,7 @@ class Guard:
                 if not _nanguard.has_nonfinite(loss.detach()):
                     self.scaler.scale(loss).backward()
         finally:
-            torch.set_rng_state(state)
+            _set_rng_states(state)
         f = t.findings
         return (f[0], "reproduced") if f else (None, "not reproduced")
 
@@ -352,10 +365,12 @@ class Guard:
             return ""
         batch = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
         finding = result.finding.to_json() if result.finding is not None else ""
+        cpu_rng, cuda_rngs = rng
+        # On the CPU: a bundle loads on any machine.
         return _nanguard.write_bundle(str(self.bundle_dir), result.step, result.lr, result.scale, result.loss,
-                                      "abort", result.verdict, finding, [b.detach() for b in batch], rng,
-                                      [(n, p.detach()) for n, p in self._named],
-                                      {"front_end": "python", **self.bundle_tags})
+                                      "abort", result.verdict, finding, [b.detach().cpu() for b in batch], cpu_rng,
+                                      [(n, p.detach().cpu()) for n, p in self._named],
+                                      {"front_end": "python", **self.bundle_tags}, list(cuda_rngs))
 
     def close(self):
         """Closes the event log."""

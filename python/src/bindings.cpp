@@ -11,6 +11,7 @@
 #include <nanguard/firewall.h>
 #include <nanguard/isolation_forest.h>
 #include <nanguard/loss_scaler.h>
+#include <nanguard/nonfinite_record.h>
 #include <nanguard/scope.h>
 #include <nanguard/sentinel.h>
 #include <nanguard/tracer.h>
@@ -181,6 +182,28 @@ PYBIND11_MODULE(_nanguard, m) {
         "One vectorised pass: NaN/Inf/zero/subnormal counts, min/max/mean/std, norms, headroom.");
   m.def("has_nonfinite", &nanguard::has_nonfinite, py::arg("tensor"),
         py::call_guard<py::gil_scoped_release>(), "True when the tensor holds a NaN or an Inf.");
+  py::class_<nanguard::record_verdict>(m, "RecordVerdict",
+                                       "What check_many found over a list of tensors (nonfinite_record).")
+      .def_readonly("tensors", &nanguard::record_verdict::tensors)
+      .def_readonly("nan", &nanguard::record_verdict::nan)
+      .def_readonly("pos_inf", &nanguard::record_verdict::pos_inf)
+      .def_readonly("neg_inf", &nanguard::record_verdict::neg_inf)
+      .def_readonly("first_tensor", &nanguard::record_verdict::first_tensor)
+      .def_readonly("first_index", &nanguard::record_verdict::first_index)
+      .def_readonly("first_value", &nanguard::record_verdict::first_value)
+      .def_property_readonly("nonfinite", &nanguard::record_verdict::nonfinite, "NaN and Inf elements.")
+      .def("all_finite", &nanguard::record_verdict::all_finite, "True when every element is finite.")
+      .def("__repr__", [](const nanguard::record_verdict& v) {
+        return "<nanguard.RecordVerdict tensors=" + std::to_string(v.tensors) + " nonfinite=" +
+               std::to_string(v.nonfinite()) + " first=" + std::to_string(v.first_tensor) + "[" +
+               std::to_string(v.first_index) + "]>";
+      });
+  m.def("census_many", [](const std::vector<at::Tensor>& xs) { return nanguard::census_many(xs); },
+        py::arg("tensors"), py::call_guard<py::gil_scoped_release>(),
+        "The census of each tensor; on CUDA many per kernel launch and one host sync for all.");
+  m.def("check_many", [](const std::vector<at::Tensor>& xs) { return nanguard::check_many(xs); },
+        py::arg("tensors"), py::call_guard<py::gil_scoped_release>(),
+        "Whether any tensor holds a NaN or Inf, and the first that does; on CUDA one host sync for all.");
   m.def("mark_written", &nanguard::mark_written, py::arg("tensor"),
         "Tells tracers the tensor changed outside a recorded op (bumps its version).");
 
@@ -313,7 +336,7 @@ PYBIND11_MODULE(_nanguard, m) {
         [](const std::string& parent, int64_t step, double lr, double scale, double loss, const std::string& policy,
            const std::string& verdict, const std::string& finding_json, std::vector<at::Tensor> batch,
            at::Tensor rng_state, std::vector<std::pair<std::string, at::Tensor>> parameters,
-           std::map<std::string, std::string> tags) {
+           std::map<std::string, std::string> tags, std::vector<at::Tensor> cuda_rng_states) {
           nanguard::bundle b;
           b.step = step;
           b.lr = lr;
@@ -324,13 +347,14 @@ PYBIND11_MODULE(_nanguard, m) {
           if (!finding_json.empty()) b.finding = nanguard::finding_from_json(finding_json);
           b.batch = std::move(batch);
           b.rng_state = std::move(rng_state);
+          b.cuda_rng_states = std::move(cuda_rng_states);
           for (auto& [name, value] : parameters) b.parameters.emplace_back(name, value.detach());
           b.tags.assign(tags.begin(), tags.end());
           return nanguard::write_bundle(parent, b);
         },
         py::arg("parent"), py::arg("step"), py::arg("lr"), py::arg("scale"), py::arg("loss"), py::arg("policy"),
         py::arg("verdict"), py::arg("finding_json"), py::arg("batch"), py::arg("rng_state"), py::arg("parameters"),
-        py::arg("tags"),
+        py::arg("tags"), py::arg("cuda_rng_states") = std::vector<at::Tensor>{},
         "Writes a repro bundle directory (nanguard::write_bundle) under `parent`; returns its path.");
 
   // ------------------------------------------------------------ isolation forest

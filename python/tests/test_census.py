@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import nanguard
+from conftest import cuda_only
 
 FIELDS = ["numel", "nan", "pos_inf", "neg_inf", "finite", "zeros", "subnormal", "min", "max",
           "mean", "std", "l2_norm", "absmax", "fp16_overflow", "fp16_underflow", "bf16_overflow",
@@ -120,3 +121,33 @@ def test_trace_over_every_kind_of_tensor(kind, capfd):
     assert len(t.findings) == (1 if kind in ("zero_dim", "complex") else 0), [str(f) for f in t.findings]
     assert "Exception in RecordFunction callback" not in capfd.readouterr().err
     assert y.shape == x.shape
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_census_on_cuda_equals_the_cpu_census(dtype):
+    x = torch.randn(3 * 70000, dtype=torch.float64) * 3
+    x[[5, 70001, 140002, 9]] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0], dtype=torch.float64)
+    x = x.to(dtype)
+    for view in (x, x.view(3, -1).t(), x[1:]):
+        cpu, gpu = nanguard.census(view).to_dict(), nanguard.census(view.cuda()).to_dict()
+        for k in FIELDS:
+            if k in ("mean", "std", "l2_norm"):
+                assert gpu[k] == pytest.approx(cpu[k], rel=1e-6), k
+            elif isinstance(cpu[k], float) and math.isnan(cpu[k]):
+                assert math.isnan(gpu[k]), k
+            else:
+                assert gpu[k] == cpu[k], k
+        assert nanguard.has_nonfinite(view.cuda())
+
+
+def test_census_many_and_check_many_name_the_first_bad_tensor():
+    xs = [torch.ones(3), torch.tensor([1.0, float("inf")]), torch.tensor([float("nan")], dtype=torch.float64)]
+    stats = nanguard.census_many(xs)
+    assert [s.nonfinite for s in stats] == [0, 1, 1]
+    v = nanguard.check_many(xs)
+    assert (v.tensors, v.first_tensor, v.first_index, v.first_value) == (3, 1, 1, math.inf)
+    assert (v.nan, v.pos_inf, v.nonfinite) == (1, 1, 2) and not v.all_finite()
+    assert nanguard.check_many([]).all_finite()
+    with pytest.raises(TypeError, match="list of torch.Tensor"):
+        nanguard.check_many([1.0])

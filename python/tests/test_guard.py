@@ -8,6 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import nanguard
+from conftest import cuda_only
 
 
 class Net(nn.Module):
@@ -156,3 +157,21 @@ def test_bad_options_are_clear_errors():
     other = torch.optim.SGD(Net().parameters(), lr=0.1)
     with pytest.raises(ValueError, match="the optimizer holds none of the model's trainable parameters"):
         nanguard.Guard(model, other)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda_only)])
+def test_steps_skips_and_names_the_same_on_each_device(device):
+    x, y = (t.to(device) for t in data())
+    model = Net().to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = nanguard.Guard(model, opt, max_norm=1.0)
+    r = g.step(lambda: F.cross_entropy(model(x), y))
+    assert r.action == "step" and math.isfinite(r.grad_norm) and r.grad_norm > 0
+    # Forward-born: sqrt of a negative bias.
+    r = g.step(lambda: F.cross_entropy(model(x), y) + torch.sqrt(model.lin.bias - 100).sum())
+    assert r.skipped and r.reason == "non-finite loss" and r.verdict == "reproduced"
+    assert (r.finding.op, r.finding.direction, r.finding.role) == ("aten::sqrt", "forward", "producer")
+    # Backward-born (on CUDA, autograd runs it on its device thread): d sqrt(0) = inf.
+    r = g.step(lambda: F.cross_entropy(model(x), y) + torch.sqrt(model.lin.bias * 0).sum())
+    assert r.skipped and r.reason == "non-finite gradient" and r.first_nonfinite_param == "lin.bias"
+    assert (r.finding.direction, r.finding.node, r.finding.role) == ("backward", "SqrtBackward0", "producer")

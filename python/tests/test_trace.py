@@ -10,6 +10,11 @@ import torch.nn.functional as F
 
 import nanguard
 
+# Every case runs on the CPU and, where a GPU is found, again on CUDA with
+# the same expectations: the tracer finds the same thing on both
+# (conftest.on_device).
+pytestmark = pytest.mark.usefixtures("on_device")
+
 
 class Norm(nn.Module):
     """Standardises the last dimension: 0/0 = NaN when a row is constant."""

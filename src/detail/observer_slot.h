@@ -10,6 +10,13 @@
 // another thread, the observer empties the slot and leaves its callback there
 // (it finds no observer and returns at once); the slot's thread removes that
 // callback the next time it installs one of the same kind.
+//
+// A thread-local callback also runs on threads that work on behalf of its
+// thread: ATen hands a thread's RecordFunction state (at::ThreadLocalState)
+// to autograd's device threads, which run CUDA backward, and to at::launch
+// tasks. Such a thread has no slot of its own; its ops go to the thread-local
+// observer when there is exactly one (with several, no one can tell whose
+// work it is, and the ops go unobserved, as before).
 #pragma once
 
 #include <ATen/record_function.h>
@@ -17,6 +24,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -65,6 +73,7 @@ class observer_slot {
       this_thread_->observer.store(observer, std::memory_order_release);
       binding_ = this_thread_;
       thread_ = std::this_thread::get_id();
+      count_thread_local(observer, +1);
     }
     observer_ = observer;
   }
@@ -89,10 +98,15 @@ class observer_slot {
   at::CallbackHandle handle() const { return handle_.value(); }  ///< while installed
 
   /// The observer watching the calling thread: its own, else the
-  /// all-threads one; none inside an observer's callback.
+  /// all-threads one; on a thread with no slot (an autograd device thread),
+  /// the only thread-local one; none inside an observer's callback.
   static State* current() {
     if (in_observer_callback) return nullptr;
-    State* s = this_thread_ ? this_thread_->observer.load(std::memory_order_acquire) : nullptr;
+    if (!this_thread_) {
+      State* everywhere = everywhere_.load(std::memory_order_acquire);
+      return everywhere ? everywhere : sole_thread_local_.load(std::memory_order_acquire);
+    }
+    State* s = this_thread_->observer.load(std::memory_order_acquire);
     return s ? s : everywhere_.load(std::memory_order_acquire);
   }
 
@@ -101,6 +115,18 @@ class observer_slot {
     std::atomic<State*> observer{nullptr};
     std::atomic<at::CallbackHandle> orphan{0};  // left by an observer closed elsewhere; 0 for none
   };
+
+  // Counts the thread-local observers of this kind: `sole_thread_local_` is
+  // the one there is, or null.
+  static void count_thread_local(State* observer, int change) {
+    const std::lock_guard<std::mutex> lock(thread_local_mutex_);
+    thread_local_count_ += change;
+    if (change > 0) last_thread_local_ = observer;
+    // Of two, the survivor is not known here: device threads go unobserved
+    // until the next claim (two tracers on two threads at once is rare).
+    else if (last_thread_local_ == observer) last_thread_local_ = nullptr;
+    sole_thread_local_.store(thread_local_count_ == 1 ? last_thread_local_ : nullptr, std::memory_order_release);
+  }
 
   static void remove_orphan(thread_binding& b) {
     if (const at::CallbackHandle h = b.orphan.exchange(0)) at::removeCallback(h);
@@ -119,6 +145,7 @@ class observer_slot {
       uninstall();
       everywhere_.store(nullptr, std::memory_order_release);
     } else {
+      count_thread_local(observer_, -1);
       binding_->observer.store(nullptr, std::memory_order_release);
       if (handle_ && !on_own_thread()) binding_->orphan.store(*std::exchange(handle_, std::nullopt));
       uninstall();
@@ -128,6 +155,10 @@ class observer_slot {
 
   static inline thread_local std::shared_ptr<thread_binding> this_thread_;
   static inline std::atomic<State*> everywhere_{nullptr};
+  static inline std::mutex thread_local_mutex_;
+  static inline int thread_local_count_ = 0;
+  static inline State* last_thread_local_ = nullptr;
+  static inline std::atomic<State*> sole_thread_local_{nullptr};
 
   const char* name_;
   State* observer_ = nullptr;

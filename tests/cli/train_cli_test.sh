@@ -90,6 +90,18 @@ assert f['direction'] == 'backward' and f['node'] == 'SqrtBackward0' and f['forw
 assert f['module'] == 'root' and f['role'] == 'producer', f
 assert 'lin.weight' in f['parameters'], f"
 
+  # --device cuda: on a GPU, the same backward finding (autograd runs it on
+  # its device thread); without one, a clear refusal
+  out=$(train --model "$M/sqrt_net.pt" --data "$M/reg.csv" --target y --task regress --steps 4 --batch 16 \
+        --device cuda --out backward_cuda 2>&1); rc=$?
+  if [ "$rc" -eq 2 ]; then
+    expect "--device cuda: no CUDA device found (torch sees none); train with --device cpu"
+  else
+    [ "$rc" -eq 3 ] || fail "--device cuda exited $rc, expected 3 (a GPU) or 2 (none); output:
+$out"
+    expect "first non-finite: step 1 backward aten::div (in SqrtBackward0, the backward of aten::sqrt) in root: producer"
+  fi
+
   # The same Inf masked by relu's backward: the weights' gradients stay finite,
   # so it did no harm. The guard never notices, and a tracer on every step
   # judges it by its consequence: no finding, and the run is finite.

@@ -68,6 +68,7 @@ struct train_args {
   std::string trace = "on-failure";
   uint64_t seed = 0;
   std::string out = "nanguard-train";
+  std::string device = "cpu";
 };
 
 // The CSV file in memory, each row with the file line it came from.
@@ -163,6 +164,8 @@ std::string describe(const finding& f) {
 }
 
 void validate(const train_args& a) {
+  if (a.device == "cuda" && !at::hasCUDA())
+    throw usage_error("--device cuda: no CUDA device found (torch sees none); train with --device cpu");
   if (a.steps < 1) throw usage_error(fmt::format("--steps must be at least 1, got {}", a.steps));
   if (a.batch < 1) throw usage_error(fmt::format("--batch must be at least 1, got {}", a.batch));
   if (!(a.lr > 0) || !std::isfinite(a.lr))
@@ -256,6 +259,8 @@ int run_train(const train_args& a) {
   }
 
   model.train();
+  const at::Device device(a.device);
+  model.to(device);
   const run_directory out_dir(a.out, {"events.jsonl", "summary.json", "report.html", "bundles"},
                               {{"--model", a.model}, {"--data", a.data}});
   const std::string events_path = out_dir / "events.jsonl";
@@ -348,15 +353,15 @@ int run_train(const train_args& a) {
     progress bar(a.steps, "train");
     for (int64_t step = 1; step <= a.steps; ++step) {
       const batch bt = next_batch();
-      const std::vector<at::Tensor> tensors = {bt.x, bt.y};
+      const std::vector<at::Tensor> tensors = {bt.x.to(device), bt.y.to(device)};
       const at::Tensor rng_before = cpu_rng_state();
       step_event e;
       if (trace_always) {
         // A fresh tracer each step: its names never outlive the batch.
         tracer always;
         always.name_parameters(*params);
-        always.name_tensor(bt.x, "batch[0]");
-        always.name_tensor(bt.y, "batch[1]");
+        always.name_tensor(tensors[0], "batch[0]");
+        always.name_tensor(tensors[1], "batch[1]");
         always.set_step(step);
         e = g.step(tensors, fn);
         if (e.findings.empty() && always.found()) e.findings = always.findings();
@@ -380,7 +385,7 @@ int run_train(const train_args& a) {
         bd.loss = e.loss;
         bd.policy = "abort";
         bd.verdict = e.verdict;
-        bd.batch = tensors;
+        bd.batch = {bt.x, bt.y};  // on the CPU: the bundle loads anywhere
         bd.rng_state = rng_before;
         if (!e.findings.empty()) bd.finding = e.findings.front();
         for (const auto& p : params->named_parameters()) bd.parameters.emplace_back(p.key(), p.value());
@@ -504,6 +509,9 @@ command add_train_command(CLI::App& app) {
       ->capture_default_str()
       ->check(non_negative_integer());
   sub->add_option("--out", a->out, "output directory: events.jsonl, summary.json, report.html, bundles/")->capture_default_str();
+  sub->add_option("--device", a->device, "where the model trains: cpu, or cuda (the current GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   sub->footer(exit_codes("the run finished finite or recovered",
                          "it stopped on a NaN/Inf (--policy abort) or ended non-finite (none of its last steps/10, "
                          "1 to 10, could be taken)") +

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The GPU run of issue #23, in one command on the project's GPU machine (one
+# H200, torch in the image's Python, no network), from the repository root:
+#   scripts/stage-device-deps        # here, first: what the build needs beyond torch
+#   run(command="bench/gpu/run.sh", carry=["build-device"], timeout_s=420)
+# 1. builds nanguard's library, CUDA kernels, C++ CUDA tests and Python module
+#    (scripts/device-build, into build-device/build: about a minute on 16 cores);
+# 2. runs the CUDA tests: tests/cuda_test.cpp (census, record and tracer on
+#    CUDA against the CPU) and the Python suites parametrised over devices
+#    (every tracer case on CUDA, the census, the guard), and the record's CPU tests;
+# 3. runs bench/gpu/overhead.py: step-time ratios of the checking tools on
+#    the reference and large workloads, interleaved rounds, medians, and the
+#    census throughput at 2^26 against x.sum().
+# About 4-5 minutes in all. Logs under $OUT (else build-device/out).
+#
+#   bench/gpu/run.sh --dry-run   here, on the CPU: the same steps against the
+#     existing build/ (make build), the tests (their CUDA cases skip, saying
+#     so) and the benchmark shrunk (--device cpu --tiny, 2 rounds).
+# Stops with a clear message, at once, where no GPU is found.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+dry_run=0
+[[ ${1:-} == --dry-run ]] && dry_run=1
+out=${OUT:-build-device/out}
+mkdir -p "$out"
+say() { echo "run.sh: $*"; }
+step_start=$SECONDS
+elapsed() { echo "$((SECONDS - step_start)) s"; }
+targets=(nanguard cuda_test census_test _nanguard)
+target_args=()
+for t in "${targets[@]}"; do target_args+=(--target "$t"); done
+
+if ((dry_run)); then
+  build=${NANGUARD_BUILD:-build}
+  python=$(cat "$build/.python" 2>/dev/null) || { say "no $build/.python: run make build first"; exit 1; }
+  [[ -d build-device/deps ]] || say "note: build-device/deps is not staged; run scripts/stage-device-deps before the GPU run"
+  say "dry run on the CPU against $build"
+  nice -n 19 cmake --build "$build" -j2 "${target_args[@]}" > "$out/build.log" 2>&1 \
+    || { grep -aE "error|FAILED" "$out/build.log" | head -20; exit 1; }
+  bench_args=(--device cpu --tiny --rounds 2 --steps 1)
+  runner=(nice -n 19)
+else
+  build=build-device/build
+  python=$(command -v python3)
+  if ! "$python" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2> /dev/null; then
+    say "no CUDA GPU found here (in python3, torch.cuda.is_available() is not true): run it on the GPU machine" \
+        "(run(command=\"bench/gpu/run.sh\", carry=[\"build-device\"])), or bench/gpu/run.sh --dry-run for the CPU"
+    exit 2
+  fi
+  say "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2> /dev/null), torch $("$python" -c 'import torch; print(torch.__version__)')"
+  scripts/device-build "$out" "${targets[@]}" || exit 1
+  bench_args=()
+  runner=()
+fi
+say "built in $(elapsed)"
+
+rc=0
+step_start=$SECONDS
+"${runner[@]}" "$build/tests/cuda_test" > "$out/cuda_test.log" 2>&1 || rc=1
+"${runner[@]}" "$build/tests/census_test" --gtest_filter='nonfinite_record.*' \
+  > "$out/record_test.log" 2>&1 || rc=1
+grep -ahE "^\[  (PASSED|FAILED|SKIPPED) \] [0-9]+ test|^\[  FAILED  \] [a-z]|Failure$" "$out/cuda_test.log" \
+  "$out/record_test.log" | head -40
+grep -ah "^no CUDA device found" "$out/cuda_test.log" | sort -u | sed 's/^/run.sh: skipped: /'
+PYTHONPATH=$build/python "${runner[@]}" "$python" -m pytest -q -p no:cacheprovider -rs \
+  python/tests/test_trace.py python/tests/test_census.py python/tests/test_guard.py > "$out/pytest.log" 2>&1 || rc=1
+grep -aE "passed|failed|error" "$out/pytest.log" | tail -5
+grep -acE "^SKIPPED.*no CUDA device" "$out/pytest.log" | sed 's/^/run.sh: pytest cases skipped for want of a GPU: /'
+say "tests in $(elapsed) (exit $rc; logs in $out)"
+
+step_start=$SECONDS
+PYTHONPATH=$build/python "${runner[@]}" "$python" bench/gpu/overhead.py "${bench_args[@]}" 2>&1 \
+  | tee "$out/overhead.log" || rc=1
+say "benchmark in $(elapsed)"
+exit $rc

@@ -1,0 +1,231 @@
+// The CUDA paths against the CPU ones: census, has_nonfinite and
+// nonfinite_record on CUDA tensors, and the tracer's findings on CUDA. Every
+// case skips, saying why, where no CUDA device is found (bench/gpu/run.sh
+// runs them on the GPU machine).
+#include "nanguard/census.h"
+#include "nanguard/nonfinite_record.h"
+#include "nanguard/scope.h"
+#include "nanguard/tracer.h"
+
+#include "detail/value_range.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+
+namespace {
+
+using nanguard::tensor_stats;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+#define REQUIRE_CUDA()                                                                  \
+  if (!at::hasCUDA())                                                                   \
+  GTEST_SKIP() << "no CUDA device found: this case compares the CUDA path with the CPU " \
+                  "one (bench/gpu/run.sh runs it on the GPU machine)"
+
+void expect_same_value(double want, double got, const char* what) {
+  if (std::isnan(want))
+    EXPECT_TRUE(std::isnan(got)) << what << ": expected NaN, got " << got;
+  else
+    EXPECT_EQ(want, got) << what;
+}
+
+// Counts, extremes and the first bad element exactly; sums to rounding (the
+// GPU adds in another order, and takes the std from sums of squares).
+void expect_same_census(const tensor_stats& cpu, const tensor_stats& gpu) {
+  EXPECT_EQ(cpu.numel, gpu.numel);
+  EXPECT_EQ(cpu.nan, gpu.nan);
+  EXPECT_EQ(cpu.pos_inf, gpu.pos_inf);
+  EXPECT_EQ(cpu.neg_inf, gpu.neg_inf);
+  EXPECT_EQ(cpu.finite, gpu.finite);
+  EXPECT_EQ(cpu.zeros, gpu.zeros);
+  EXPECT_EQ(cpu.subnormal, gpu.subnormal);
+  EXPECT_EQ(cpu.fp16_overflow, gpu.fp16_overflow);
+  EXPECT_EQ(cpu.fp16_underflow, gpu.fp16_underflow);
+  EXPECT_EQ(cpu.bf16_overflow, gpu.bf16_overflow);
+  EXPECT_EQ(cpu.first_nonfinite_index, gpu.first_nonfinite_index);
+  expect_same_value(cpu.first_nonfinite_value, gpu.first_nonfinite_value, "first_nonfinite_value");
+  expect_same_value(cpu.min, gpu.min, "min");
+  expect_same_value(cpu.max, gpu.max, "max");
+  expect_same_value(cpu.absmax, gpu.absmax, "absmax");
+  for (auto [want, got, what] : {std::tuple{cpu.mean, gpu.mean, "mean"}, std::tuple{cpu.std, gpu.std, "std"},
+                                 std::tuple{cpu.l2_norm, gpu.l2_norm, "l2_norm"}}) {
+    if (std::isnan(want))
+      EXPECT_TRUE(std::isnan(got)) << what;
+    else
+      EXPECT_NEAR(want, got, 1e-6 * std::max(1.0, std::fabs(want))) << what;
+  }
+}
+
+// Normal data with NaN, Infs, zeros, subnormals and huge values planted.
+at::Tensor planted(int64_t n, at::ScalarType dtype, uint64_t seed) {
+  at::manual_seed(seed);
+  at::Tensor x = at::randn({n}, at::kDouble) * 3;
+  const std::vector<double> specials = {kNaN, kInf, -kInf, 0.0, -0.0, 1e-39, 7e5, -1e-5, 3e-6};
+  for (int64_t k = 0; k < std::min<int64_t>(n / 7, 40); ++k)
+    x[(k * 7919 + int64_t(seed)) % n] = specials[k % specials.size()];
+  return x.to(dtype);
+}
+
+const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16};
+// Empty, under one chunk, one chunk plus a tail, many chunks.
+const std::vector<int64_t> kSizes = {0, 1, 7, 8195, (int64_t(1) << 20) + 5};
+
+TEST(cuda_census, equals_the_cpu_census_for_every_dtype_and_size) {
+  REQUIRE_CUDA();
+  for (const auto dtype : kDtypes)
+    for (const int64_t n : kSizes) {
+      SCOPED_TRACE(testing::Message() << dtype << " n=" << n);
+      const at::Tensor x = planted(n, dtype, uint64_t(n) + 3);
+      expect_same_census(nanguard::census(x), nanguard::census(x.cuda()));
+      EXPECT_EQ(nanguard::has_nonfinite(x), nanguard::has_nonfinite(x.cuda()));
+    }
+}
+
+TEST(cuda_census, reads_views_and_unaligned_tensors_in_logical_order) {
+  REQUIRE_CUDA();
+  const at::Tensor x = planted(3 * 5000, at::kFloat, 11).view({3, 5000});
+  for (const at::Tensor& v : {x.t(), x.slice(1, 1, 4999), x.view({-1}).slice(0, 3), x.expand({2, 3, 5000})}) {
+    SCOPED_TRACE(testing::Message() << v.sizes() << " offset " << v.storage_offset());
+    expect_same_census(nanguard::census(v), nanguard::census(v.cuda()));
+  }
+}
+
+TEST(cuda_census, a_finite_tensor_has_no_nonfinite_and_its_range) {
+  REQUIRE_CUDA();
+  const at::Tensor x = at::randn({1 << 20}).cuda();
+  EXPECT_FALSE(nanguard::has_nonfinite(x));
+  const auto r = nanguard::detail::value_range_on_this_thread(x);
+  const auto want = nanguard::detail::value_range_on_this_thread(x.cpu());
+  EXPECT_EQ(want.lo, r.lo);
+  EXPECT_EQ(want.hi, r.hi);
+  x[12345] = kNaN;
+  EXPECT_TRUE(nanguard::has_nonfinite(x));
+  EXPECT_TRUE(std::isnan(nanguard::detail::value_range_on_this_thread(x).lo));
+}
+
+TEST(cuda_record, names_the_first_bad_tensor_and_element_over_many_launches) {
+  REQUIRE_CUDA();
+  std::vector<at::Tensor> xs;
+  for (int i = 0; i < 200; ++i) xs.push_back(at::randn({1000 + i * 37}, at::kCUDA));
+  xs[150].view({-1})[777] = -kInf;  // later launches than 64 tensors each
+  xs[190].view({-1})[3] = kNaN;
+  nanguard::nonfinite_record r;
+  r.add(at::TensorList(xs).slice(0, 100));
+  r.add(at::TensorList(xs).slice(100));
+  const auto v = r.verdict();
+  EXPECT_EQ(200, v.tensors);
+  EXPECT_EQ(150, v.first_tensor);
+  EXPECT_EQ(777, v.first_index);
+  EXPECT_EQ(-kInf, v.first_value);
+  EXPECT_EQ(1, v.nan);
+  EXPECT_EQ(1, v.neg_inf);
+}
+
+TEST(cuda_record, orders_cpu_and_cuda_tensors_by_position) {
+  REQUIRE_CUDA();
+  const at::Tensor cpu_bad = at::full({4}, kInf), gpu_bad = at::full({4}, kNaN, at::kCUDA);
+  nanguard::nonfinite_record r;
+  r.add({at::ones({2}, at::kCUDA), gpu_bad, cpu_bad});
+  EXPECT_EQ(1, r.verdict().first_tensor);
+  nanguard::nonfinite_record s;
+  s.add({cpu_bad, gpu_bad});
+  EXPECT_EQ(0, s.verdict().first_tensor);
+  EXPECT_EQ(4, s.verdict().pos_inf);
+}
+
+TEST(cuda_record, census_many_equals_the_cpu_census_of_each) {
+  REQUIRE_CUDA();
+  std::vector<at::Tensor> cpu, gpu;
+  for (const auto dtype : kDtypes)
+    for (const int64_t n : kSizes) {
+      cpu.push_back(planted(n, dtype, uint64_t(n) * 5 + 1));
+      gpu.push_back(cpu.back().cuda());
+    }
+  const auto got = nanguard::census_many(gpu);
+  ASSERT_EQ(cpu.size(), got.size());
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    SCOPED_TRACE(testing::Message() << "tensor " << i);
+    expect_same_census(nanguard::census(cpu[i]), got[i]);
+  }
+}
+
+TEST(cuda_record, clear_zeroes_the_device_record) {
+  REQUIRE_CUDA();
+  nanguard::nonfinite_record r(nanguard::record_options().stats(true));
+  r.add(at::full({3}, kNaN, at::kCUDA));
+  EXPECT_FALSE(r.verdict().all_finite());
+  r.clear();
+  r.add(at::ones({3}, at::kCUDA));
+  EXPECT_TRUE(r.verdict().all_finite());
+  EXPECT_EQ(3, r.stats().at(0).finite);
+}
+
+// What the tracer found, in the words that must not depend on the device.
+std::string summary(const nanguard::tracer& t) {
+  if (!t.found()) return "no finding";
+  const nanguard::finding& f = t.findings().front();
+  return std::string(nanguard::to_string(f.direction)) + " " + f.op + " node=" + f.node + " forward_op=" + f.forward_op +
+         " role=" + nanguard::to_string(f.role) + " module=" + f.module + " index=" + std::to_string(f.index) +
+         " value=" + (std::isnan(f.value) ? std::string("nan") : std::to_string(f.value));
+}
+
+std::string traced(const std::function<void(at::Device)>& scenario, at::Device device) {
+  nanguard::tracer t;
+  scenario(device);
+  return summary(t);
+}
+
+// Standardisation without epsilon, scoped as "norm".
+struct norm_impl : torch::nn::Module {
+  at::Tensor forward(const at::Tensor& x) {
+    NANGUARD_SCOPE("norm");
+    return (x - x.mean(-1, true)) / x.std(-1, true, true);
+  }
+};
+TORCH_MODULE_IMPL(norm, norm_impl);
+
+// The cases (#23): forward producers, and backward producers, which
+// autograd runs on its device thread on CUDA.
+const std::vector<std::pair<const char*, std::function<void(at::Device)>>> kScenarios = {
+    {"log of zero", [](at::Device d) { at::log(at::zeros({4}, d)).sum(); }},
+    {"zero over zero", [](at::Device d) { at::div(at::zeros({4}, d), at::zeros({4}, d)); }},
+    {"exp overflow", [](at::Device d) { at::exp(at::full({3}, 100.0, d)); }},
+    {"sqrt backward at zero",
+     [](at::Device d) { at::sqrt(torch::zeros({5}, torch::device(d).requires_grad(true))).sum().backward(); }},
+    {"acos backward at -1",
+     [](at::Device d) { at::acos(torch::full({3}, -1.0, torch::device(d).requires_grad(true))).sum().backward(); }},
+    {"normalising a constant row in a module",
+     [](at::Device d) {
+       norm n;
+       n(torch::ones({2, 4}, torch::device(d).requires_grad(true))).sum().backward();
+     }},
+    {"bmm backward overflow",
+     [](at::Device d) {
+       const auto a = torch::full({2, 3, 3}, 1e20, torch::device(d).requires_grad(true));
+       const auto b = torch::full({2, 3, 3}, 1e-20, torch::device(d).requires_grad(true));
+       (at::bmm(a, b) * 1e30).sum().backward();
+     }},
+};
+
+TEST(cuda_tracer, finds_on_cuda_what_it_finds_on_the_cpu) {
+  REQUIRE_CUDA();
+  for (const auto& [name, scenario] : kScenarios) {
+    SCOPED_TRACE(name);
+    const std::string cpu = traced(scenario, at::kCPU);
+    EXPECT_NE("no finding", cpu);
+    EXPECT_EQ(cpu, traced(scenario, at::kCUDA));
+  }
+}
+
+TEST(cuda_tracer, the_scenarios_have_findings_on_the_cpu) {
+  for (const auto& [name, scenario] : kScenarios) EXPECT_NE("no finding", traced(scenario, at::kCPU)) << name;
+}
+
+}  // namespace
