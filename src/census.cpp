@@ -3,6 +3,7 @@
 #include "nanguard/nonfinite_record.h"
 
 #include "detail/census_kernels.h"
+#include "detail/census_paths.h"
 #include "detail/chunked_parallel.h"
 #include "detail/value_range.h"
 

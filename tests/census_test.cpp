@@ -1,6 +1,7 @@
 #include "nanguard/census.h"
 
 #include "detail/census_kernels.h"
+#include "detail/census_paths.h"
 #include "detail/value_range.h"
 
 #include <ATen/ATen.h>

@@ -81,16 +81,4 @@ std::string to_string(const tensor_stats& s);
 /// Writes `to_string(s)`.
 std::ostream& operator<<(std::ostream& os, const tensor_stats& s);
 
-namespace detail {
-/// The census computed with plain ATen ops on `x`'s own device: the path
-/// for tensors that are not on the CPU, exposed so tests can check it.
-tensor_stats census_aten(const at::Tensor& x);
-/// has_nonfinite on the calling thread only, for checks that run right
-/// after an op (the guard, the precision advisor): waking the intra-op
-/// threads for them cost more than it saved (measured: big outputs scanned
-/// at ~11 GB/s in parallel, ~20 GB/s on one thread; far worse on a busy
-/// machine). The tracer reads ranges the same way (src/detail/value_range.h).
-bool has_nonfinite_on_this_thread(const at::Tensor& x);
-}  // namespace detail
-
 }  // namespace nanguard

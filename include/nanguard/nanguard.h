@@ -19,6 +19,7 @@
 
 // Finding the origin
 #include <nanguard/census.h>
+#include <nanguard/nonfinite_record.h>
 #include <nanguard/diagnosis.h>
 #include <nanguard/finding.h>
 #include <nanguard/scope.h>
