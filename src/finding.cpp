@@ -184,10 +184,15 @@ finding finding_from_json(const std::string& text) {
   f.step = integer("step");
   f.op = text_of("op");
   f.caller = json_field<std::string>(j, "caller", "", kWhere);
-  f.direction = text_of("direction") == "backward" ? direction::backward : direction::forward;
+  const std::string d = text_of("direction");
+  TORCH_CHECK(d == "forward" || d == "backward", kWhere, ": 'direction' is '", d,
+              "'; expected \"forward\" or \"backward\"");
+  f.direction = d == "backward" ? direction::backward : direction::forward;
   f.node = text_of("node");
   f.forward_op = text_of("forward_op");
   const std::string r = text_of("role");
+  TORCH_CHECK(r == "producer" || r == "propagator" || r == "input", kWhere, ": 'role' is '", r,
+              "'; expected \"producer\", \"propagator\" or \"input\"");
   f.role = r == "producer" ? role::producer : r == "propagator" ? role::propagator : role::input;
   f.module = text_of("module");
   f.culprit = text_of("culprit");
