@@ -25,7 +25,7 @@ __version__ = _nanguard.__version__
 __all__ = [
     "census", "has_nonfinite", "census_many", "check_many", "RecordVerdict", "mark_written", "TensorStats", "trace", "Trace", "Finding",
     "NonFiniteError", "AllowRule", "Guard", "StepResult", "IsolationForest",
-    "Firewall", "FirewallReport",
+    "Firewall", "FirewallReport", "WarmupCosine",
 ]
 
 #: One-pass statistics of a tensor (``nanguard::tensor_stats``).
@@ -40,6 +40,11 @@ RecordVerdict = _nanguard.RecordVerdict
 #: max_samples=256, contamination=0.0, seed=0).fit(x).score_samples(x)``
 #: gives scikit-learn's scores per row of a finite [rows, features] tensor.
 IsolationForest = _nanguard.IsolationForest
+
+#: ``nanguard::warmup_cosine``: ``WarmupCosine(base_lr, warmup_steps=0,
+#: total_steps=1000, min_lr=0.0).lr(step)``, linear warmup then cosine
+#: annealing; ``nanguard.Guard(..., schedule=...)`` applies it every step.
+WarmupCosine = _nanguard.WarmupCosine
 
 #: ``nanguard::firewall`` on [batch, features] tensors:
 #: ``Firewall(nonfinite="drop"|"impute_median"|"nan_to_num"|"raise"|"ignore",

@@ -147,6 +147,9 @@ class Guard:
     ``loss_scale``: False (off, default), True (GradScaler defaults) or a
     dict of ``LossScaler`` options (init_scale, growth_factor, ...).
     ``max_bad_steps`` > 0 aborts after that many bad steps in a row.
+    ``schedule``: a :class:`WarmupCosine` (or a dict of its arguments) the
+    guard applies to every param group at the start of each step, times the
+    product of the rollback factors, as the C++ guard does.
     ``event_log``: a JSONL file, one C++ step event per step (``nanguard
     report`` turns it into HTML); ``log_top_norms`` per-parameter gradient
     norms go into each event.
@@ -158,7 +161,7 @@ class Guard:
     def __init__(self, model, optimizer, policy="skip", max_norm=0.0, clip_value=0.0,
                  loss_scale=False, replay=True, event_log=None, snapshot_every=100,
                  snapshot_keep=2, rollback_lr_factor=0.5, max_bad_steps=0, bundle_dir=None,
-                 spike_window=50, spike_threshold=8.0, bundle_tags=None, log_top_norms=5):
+                 spike_window=50, spike_threshold=8.0, bundle_tags=None, log_top_norms=5, schedule=None):
         if policy not in POLICIES:
             raise ValueError(f"nanguard.Guard: policy must be one of {POLICIES}, got {policy!r}")
         if not (math.isfinite(max_norm) and max_norm >= 0 and math.isfinite(clip_value) and clip_value >= 0):
@@ -182,6 +185,7 @@ class Guard:
         self.bundle_dir = bundle_dir
         self.bundle_tags = {str(k): str(v) for k, v in (bundle_tags or {}).items()}
         self.log_top_norms = int(log_top_norms)
+        self.schedule = _nanguard.WarmupCosine(**schedule) if isinstance(schedule, dict) else schedule
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self._named = named
         self._params = [p for _, p in named]
@@ -218,6 +222,8 @@ class Guard:
         Returns a :class:`StepResult`."""
         self.steps += 1
         step = self.steps
+        if self.schedule is not None:
+            self._set_lr(self.schedule.lr(step - 1) * self.lr_factor)
         rng = _rng_states()
         scale, lr = self.scaler.get_scale(), self._lr()
         self.optimizer.zero_grad(set_to_none=True)
@@ -342,10 +348,17 @@ class Guard:
         self.optimizer.load_state_dict(opt_state)
         self.rollbacks += 1
         self.lr_factor *= self.rollback_lr_factor
-        for g, lr in zip(self.optimizer.param_groups, lrs):  # the LR goes on from where it was
-            g["lr"] = lr * self.rollback_lr_factor
+        if self.schedule is not None:
+            self._set_lr(self.schedule.lr(self.steps - 1) * self.lr_factor)
+        else:
+            for g, lr in zip(self.optimizer.param_groups, lrs):  # the LR goes on from where it was
+                g["lr"] = lr * self.rollback_lr_factor
         self.sentinel.reset_spikes()
         return steps_done
+
+    def _set_lr(self, lr):
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
 
     def _lr(self):
         return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer.param_groups else 0.0

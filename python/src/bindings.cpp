@@ -12,6 +12,7 @@
 #include <nanguard/isolation_forest.h>
 #include <nanguard/loss_scaler.h>
 #include <nanguard/nonfinite_record.h>
+#include <nanguard/schedule.h>
 #include <nanguard/scope.h>
 #include <nanguard/sentinel.h>
 #include <nanguard/tracer.h>
@@ -439,6 +440,18 @@ PYBIND11_MODULE(_nanguard, m) {
       .def_property_readonly("fitted", &nanguard::firewall::fitted)
       .def_property_readonly("lower_bounds", &nanguard::firewall::lower_bounds)
       .def_property_readonly("upper_bounds", &nanguard::firewall::upper_bounds);
+
+  // ------------------------------------------------------------ schedule
+  py::class_<nanguard::warmup_cosine>(m, "WarmupCosine",
+                                      "nanguard::warmup_cosine: linear warmup, then cosine annealing.")
+      .def(py::init([](double base_lr, int64_t warmup_steps, int64_t total_steps, double min_lr) {
+             return nanguard::warmup_cosine(nanguard::schedule_options(base_lr)
+                                                .warmup_steps(warmup_steps)
+                                                .total_steps(total_steps)
+                                                .min_lr(min_lr));
+           }),
+           py::arg("base_lr"), py::arg("warmup_steps") = 0, py::arg("total_steps") = 1000, py::arg("min_lr") = 0.0)
+      .def("lr", &nanguard::warmup_cosine::lr, py::arg("step"), "The learning rate at 0-based `step`.");
 
   // ------------------------------------------------------------ loss scaler
   py::class_<nanguard::loss_scaler>(m, "LossScaler", "nanguard::loss_scaler (GradScaler semantics).")

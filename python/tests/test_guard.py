@@ -175,3 +175,27 @@ def test_steps_skips_and_names_the_same_on_each_device(device):
     r = g.step(lambda: F.cross_entropy(model(x), y) + torch.sqrt(model.lin.bias * 0).sum())
     assert r.skipped and r.reason == "non-finite gradient" and r.first_nonfinite_param == "lin.bias"
     assert (r.finding.direction, r.finding.node, r.finding.role) == ("backward", "SqrtBackward0", "producer")
+
+
+def test_schedule_sets_the_lr_every_step_and_rollback_lowers_it():
+    x, y = data()
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=123.0)  # overwritten by the schedule from step 1
+    schedule = nanguard.WarmupCosine(0.1, warmup_steps=4, total_steps=20, min_lr=0.01)
+    g = nanguard.Guard(model, opt, policy="rollback", snapshot_every=2, schedule=schedule)
+    lrs = [g.step(lambda: F.cross_entropy(model(x), y)).lr for _ in range(6)]
+    assert lrs == pytest.approx([schedule.lr(s) for s in range(6)])
+    assert lrs[:4] == pytest.approx([0.025, 0.05, 0.075, 0.1])  # linear warmup
+    r = g.step(lambda: F.cross_entropy(model(x), y) * float("nan"))
+    assert r.action == "rollback"
+    assert opt.param_groups[0]["lr"] == pytest.approx(schedule.lr(6) * 0.5)
+    r = g.step(lambda: F.cross_entropy(model(x), y))
+    assert r.lr == pytest.approx(schedule.lr(7) * 0.5)  # the schedule goes on, times the rollback factor
+
+
+def test_a_schedule_of_bad_options_is_a_clear_error():
+    with pytest.raises(Exception, match="warmup_steps < total_steps"):
+        nanguard.WarmupCosine(0.1, warmup_steps=10, total_steps=5)
+    model = Net()
+    with pytest.raises(Exception, match="base_lr must be finite and positive"):
+        nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), schedule={"base_lr": -1.0})
