@@ -91,6 +91,8 @@ std::vector<std::pair<std::string, double>> top_norms(const std::vector<std::str
 }  // namespace
 
 struct guard::impl {
+  using micro_batches = guard::micro_batches;
+
   impl(torch::nn::Module& m, torch::optim::Optimizer& o, guard_options opts)
       : model(m), optimizer(o), options(std::move(opts)),
         scaler(options.scaler()),
@@ -147,10 +149,11 @@ struct guard::impl {
   }
 
   // Runs the step again from the same RNG state, under the tracer; fills the
-  // event's findings and verdict. Leaves gradients zeroed and the RNG where
-  // the original step left it.
-  void replay(const std::vector<at::Tensor>& batch, const step_fn& fn, const detail::generator_states& rng_before,
-              step_event& e) {
+  // event's findings and verdict, and `bad_batch` with the micro-batch in
+  // which the tracer found the first. Leaves gradients zeroed and the RNG
+  // where the original step left it.
+  void replay(const micro_batches& batches, const step_fn& fn, const detail::generator_states& rng_before,
+              size_t& bad_batch, step_event& e) {
     const detail::generator_states rng_after = detail::capture_generators();
     optimizer.zero_grad();
     detail::restore_generators(rng_before);
@@ -158,20 +161,18 @@ struct guard::impl {
     try {
       tracer t(tracer_options(options.tracer()).keep_inputs(true));  // the bundle's culprit inputs
       t.name_parameters(model);
-      for (size_t i = 0; i < batch.size(); ++i)
-        if (batch[i].defined()) t.name_tensor(batch[i], batch_name(i));
       t.set_step(step);
+      size_t i = 0;
       try {
-        const at::Tensor loss = fn(batch);
-        bool loss_ok;
-        {
-          tracer_pause pause(t);
-          loss_ok = sentinel.check_loss(loss);
+        for (; i < batches.size(); ++i) {
+          for (size_t j = 0; j < batches[i].size(); ++j)
+            if (batches[i][j].defined()) t.name_tensor(batches[i][j], batch_name(j));
+          if (!replay_forward_backward(batches[i], fn, batches.size(), t) || t.found()) {
+            reproduced = true;
+            break;
+          }
         }
-        if (!loss_ok) {
-          reproduced = true;
-        } else {
-          scaler.scale(loss).backward();
+        if (!reproduced) {
           tracer_pause pause(t);
           reproduced = !sentinel.inspect_grads(scaler.inv_scale()).finite();
         }
@@ -179,6 +180,7 @@ struct guard::impl {
         reproduced = true;
         e.note = std::string("replay: ") + ex.what();
       }
+      if (i < batches.size()) bad_batch = i;
       reproduced = reproduced || t.found();
       e.findings = t.findings();
     } catch (const std::exception& ex) {
@@ -189,6 +191,18 @@ struct guard::impl {
     e.verdict = failed ? "replay failed" : reproduced ? "reproduced" : "not reproduced";
     optimizer.zero_grad();
     detail::restore_generators(rng_after);
+  }
+
+  // One micro-batch of the replay; returns whether its loss was finite.
+  bool replay_forward_backward(const std::vector<at::Tensor>& batch, const step_fn& fn, size_t n, tracer& t) {
+    const at::Tensor loss = fn(batch);
+    bool loss_ok;
+    {
+      tracer_pause pause(t);
+      loss_ok = sentinel.check_loss(loss);
+    }
+    if (loss_ok) scaler.scale(n == 1 ? loss : loss / double(n)).backward();
+    return loss_ok;
   }
 
   // Distributed: the consensus after the local sentinel pass. Fills the
@@ -313,23 +327,33 @@ struct guard::impl {
     return e;
   }
 
-  // Forward, the loss check, the (scaled) backward and the sentinel's pass
-  // over the gradients; returns whether all of it was finite here.
-  bool measure(const std::vector<at::Tensor>& batch, const step_fn& fn, grad_report& report, step_event& e) {
-    at::Tensor loss;
+  // Forward, the loss check and the (scaled) backward of each micro-batch,
+  // then the sentinel's pass over the accumulated gradients; returns whether
+  // all of it was finite here. A non-finite loss ends it at its micro-batch
+  // (`bad_batch`).
+  bool measure(const micro_batches& batches, const step_fn& fn, grad_report& report, size_t& bad_batch,
+               step_event& e) {
     {
       user_time plain_work(user_s);
       optimizer.zero_grad();
-      loss = fn(batch);
     }
-    if (!sentinel.check_loss(loss, &e.loss)) {
-      e.grad_norm = std::numeric_limits<double>::quiet_NaN();
-      return false;
-    }
-    {
+    double loss_sum = 0;
+    for (size_t i = 0; i < batches.size(); ++i) {
+      at::Tensor loss;
+      {
+        user_time plain_work(user_s);
+        loss = fn(batches[i]);
+      }
+      if (!sentinel.check_loss(loss, &e.loss)) {
+        bad_batch = i;
+        e.grad_norm = std::numeric_limits<double>::quiet_NaN();
+        return false;
+      }
+      loss_sum += e.loss;
       user_time plain_work(user_s);
-      scaler.scale(loss).backward();
+      scaler.scale(batches.size() == 1 ? loss : loss / double(batches.size())).backward();
     }
+    e.loss = loss_sum / double(batches.size());
     report = sentinel.inspect_grads(scaler.inv_scale());
     e.grad_norm = report.total_norm;
     e.top_norms = top_norms(sentinel.names(), report.norms, options.log_top_norms());
@@ -366,13 +390,15 @@ struct guard::impl {
   // A bad step: which parameters, and the replay that names the op (where
   // the problem was seen; distributed, its finding reaches every rank).
   // Nothing is stepped.
-  void localize(const std::vector<at::Tensor>& batch, const step_fn& fn, const detail::generator_states& rng_before,
-                const grad_report& report, bool locally_finite, step_event& e) {
+  void localize(const micro_batches& batches, const step_fn& fn, const detail::generator_states& rng_before,
+                const grad_report& report, bool locally_finite, size_t& bad_batch, step_event& e) {
     for (size_t i = 0; i < report.nonfinite_counts.size(); ++i)
       if (report.nonfinite_counts[i] > 0) e.nonfinite_params.push_back({sentinel.names()[i], report.nonfinite_counts[i]});
-    if (options.replay() && !locally_finite) replay(batch, fn, rng_before, e);
+    if (options.replay() && !locally_finite) replay(batches, fn, rng_before, bad_batch, e);
     if (options.replay() && options.distributed()) share_findings(e);
-    const diagnosis_context h = history(e, batch);
+    if (batches.size() > 1 && !locally_finite)
+      e.note += fmt::format("{}micro-batch {} of {}", e.note.empty() ? "" : "; ", bad_batch, batches.size());
+    const diagnosis_context h = history(e, batches[bad_batch]);
     for (finding& f : e.findings) f.diagnosis = diagnose(f, h);
     optimizer.zero_grad();
     e.skipped = true;
@@ -495,24 +521,30 @@ guard::guard(torch::nn::Module& model, torch::optim::Optimizer& optimizer, guard
 
 guard::~guard() = default;
 
+step_event guard::step(const std::vector<at::Tensor>& batch, const step_fn& fn) {
+  return step_accumulated({batch}, fn);
+}
+
 // One step, in stages: begin, measure, agree, then take it or localize,
 // decide and act; every stage that ends the step records its event.
-step_event guard::step(const std::vector<at::Tensor>& batch, const step_fn& fn) {
+step_event guard::step_accumulated(const micro_batches& batches, const step_fn& fn) {
+  TORCH_CHECK(!batches.empty(), "nanguard::guard::step_accumulated: no micro-batches; pass at least one");
   impl& s = *impl_;
   // A rollback that keeps the batch (rollback_skip_batch false) runs it once more.
   for (bool again = false;; again = true) {
     step_event e = s.begin();
     const detail::generator_states rng_before = detail::capture_generators();
     grad_report report;
-    const bool locally_finite = s.measure(batch, fn, report, e);
+    size_t bad_batch = 0;  // the micro-batch a bundle keeps
+    const bool locally_finite = s.measure(batches, fn, report, bad_batch, e);
     const bool finite = s.options.distributed() ? s.agree(e, report, locally_finite) : locally_finite;
     if (finite) {
       s.take(e);
       return e;
     }
-    s.localize(batch, fn, rng_before, report, locally_finite, e);
+    s.localize(batches, fn, rng_before, report, locally_finite, bad_batch, e);
     const policy p = s.decide(e);
-    s.act(p, batch, rng_before, e);  // abort throws
+    s.act(p, batches[bad_batch], rng_before, e);  // abort throws
     if (p != policy::rollback || s.options.rollback_skip_batch() || again) return e;
   }
 }

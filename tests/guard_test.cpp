@@ -6,6 +6,8 @@
 #include "nanguard/bundle.h"
 #include "nanguard/guard.h"
 
+#include "support.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -486,3 +488,57 @@ TEST(guard, a_replay_that_cannot_run_says_so) {
 }
 
 }  // namespace
+
+namespace {
+
+// The rows [begin, end) of `r`'s batch.
+std::vector<at::Tensor> rows(const regression& r, int64_t begin, int64_t end) {
+  return {r.x.slice(0, begin, end), r.y.slice(0, begin, end)};
+}
+
+}  // namespace
+
+TEST(guard, an_accumulated_step_equals_one_step_on_the_whole_batch) {
+  regression a, b;  // same seed: same model and data
+  torch::optim::SGD oa(a.model->parameters(), 0.1), ob(b.model->parameters(), 0.1);
+  guard ga(a.model, oa, guard_options().max_norm(0.5)), gb(b.model, ob, guard_options().max_norm(0.5));
+  for (int i = 0; i < 3; ++i) {
+    const step_event whole = ga.step({a.x, a.y}, a.loss_fn());
+    const step_event parts = gb.step_accumulated({rows(b, 0, 16), rows(b, 16, 32), rows(b, 32, 48), rows(b, 48, 64)},
+                                                 b.loss_fn());
+    EXPECT_EQ(whole.step, parts.step);
+    EXPECT_FALSE(parts.skipped);
+    EXPECT_NEAR(whole.grad_norm, parts.grad_norm, 1e-4 * whole.grad_norm);
+    EXPECT_NEAR(whole.loss, parts.loss, 1e-4 * whole.loss);
+  }
+  EXPECT_TRUE(torch::allclose(a.model->weight, b.model->weight, 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(a.model->bias, b.model->bias, 1e-5, 1e-6));
+}
+
+TEST(guard, a_bad_micro_batch_skips_the_step_and_the_bundle_keeps_it) {
+  regression r;
+  r.x[40][3] = std::numeric_limits<float>::infinity();  // in the third of four micro-batches
+  torch::optim::SGD opt(r.model->parameters(), 0.1);
+  const fs::path dir = fresh_dir("accumulate");
+  guard g(r.model, opt, guard_options().policy(policy::abort).bundle_dir((dir / "bundles").string()));
+  const at::Tensor before = r.model->weight.clone();
+  try {
+    g.step_accumulated({rows(r, 0, 16), rows(r, 16, 32), rows(r, 32, 48), rows(r, 48, 64)}, r.loss_fn());
+    FAIL() << "abort did not throw";
+  } catch (const nanguard::nonfinite_error& ex) {
+    EXPECT_EQ("batch[0]", ex.finding().culprit) << ex.what();
+  }
+  EXPECT_TRUE(torch::equal(before, r.model->weight));
+  const nanguard::bundle b = nanguard::read_bundle((dir / "bundles" / "step-000001").string());
+  ASSERT_EQ(2u, b.batch.size());
+  EXPECT_TRUE(torch::equal(b.batch[0], r.x.slice(0, 32, 48))) << "the bundle did not keep the bad micro-batch";
+  fs::remove_all(dir);
+}
+
+TEST(guard, accumulating_no_micro_batches_is_a_clear_error) {
+  regression r;
+  torch::optim::SGD opt(r.model->parameters(), 0.1);
+  guard g(r.model, opt);
+  const std::string error = nanguard::test::error_of([&] { g.step_accumulated({}, r.loss_fn()); });
+  EXPECT_NE(std::string::npos, error.find("no micro-batches; pass at least one")) << error;
+}

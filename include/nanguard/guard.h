@@ -143,6 +143,20 @@ class guard {
   /// and c10::Error when the loss scale falls below its minimum.
   step_event step(const std::vector<at::Tensor>& batch, const step_fn& fn);
 
+  /// The micro-batches of one optimizer step.
+  using micro_batches = std::vector<std::vector<at::Tensor>>;
+  /// Gradient accumulation: one guarded optimizer step over several
+  /// micro-batches. `fn` runs on each, its loss divided by their number
+  /// before backward; the checks run once, over the accumulated gradients.
+  /// The event's loss is the mean of the micro-batches' losses; a replay
+  /// runs them again, and an abort's bundle keeps the micro-batch in which
+  /// the replay found the first non-finite op (its index is in the note).
+  ///
+  ///   g.step_accumulated({{x0, y0}, {x1, y1}}, loss_fn);
+  ///
+  /// Throws c10::Error when `batches` is empty.
+  step_event step_accumulated(const micro_batches& batches, const step_fn& fn);
+
   /// Steps run so far.
   int64_t steps() const;
   /// Steps the optimizer did not take.

@@ -98,6 +98,16 @@ def _trainable_loss(loss):
     return loss
 
 
+def _call_of(micro_batch):
+    """``(args, kwargs)`` of one micro-batch: a pair as given, a tuple or list
+    of arguments, or a single argument."""
+    if isinstance(micro_batch, tuple) and len(micro_batch) == 2 and isinstance(micro_batch[1], dict):
+        return tuple(micro_batch[0]), micro_batch[1]
+    if isinstance(micro_batch, (tuple, list)):
+        return tuple(micro_batch), {}
+    return (micro_batch,), {}
+
+
 def _rng_states():
     """The CPU generator's state and, once CUDA is in use, each CUDA
     device's: a replay draws the same dropout masks on either."""
@@ -208,6 +218,7 @@ class Guard:
         self._losses = deque(maxlen=spike_window)
         self._grad_norms = deque(maxlen=spike_window)
         self._snapshots = []  # (steps done, model state, optimizer state)
+        self._started = None  # (step, RNG states, scale, LR) of the step begun
         self._log = None
         if event_log:
             open(event_log, "w", encoding="utf-8").close()  # truncated; unwritable: the OSError Python raises
@@ -220,18 +231,89 @@ class Guard:
         """Runs one guarded step: ``loss = closure(*args, **kwargs)`` then the
         checks, backward, clipping and ``optimizer.step()`` or the policy.
         Returns a :class:`StepResult`."""
-        self.steps += 1
-        step = self.steps
-        if self.schedule is not None:
-            self._set_lr(self.schedule.lr(step - 1) * self.lr_factor)
-        rng = _rng_states()
-        scale, lr = self.scaler.get_scale(), self._lr()
+        return self.step_accumulated(closure, [(args, kwargs)])
+
+    def step_accumulated(self, closure, micro_batches):
+        """One guarded optimizer step over several micro-batches (gradient
+        accumulation): ``closure(*args, **kwargs)`` for each ``(args,
+        kwargs)`` pair of ``micro_batches`` (or each tuple of arguments), its
+        loss divided by their number before backward; the checks run once,
+        over the accumulated gradients. The step's loss is the mean of the
+        micro-batches' losses; a replay runs them all again.
+
+            guard.step_accumulated(lambda x, y: F.cross_entropy(model(x), y),
+                                   [(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)])
+        """
+        calls = [_call_of(mb) for mb in micro_batches]
+        if not calls:
+            raise ValueError("nanguard.Guard.step_accumulated: micro_batches is empty; pass at least one "
+                             "(args, kwargs) pair or tuple of arguments")
+        self.begin_step()
         self.optimizer.zero_grad(set_to_none=True)
-        loss = _trainable_loss(closure(*args, **kwargs))
-        finite_loss, loss_value = self.sentinel.check_loss(loss)
-        norm, reason, bad_param, report = float("nan"), "", "", None
-        if finite_loss:
+        run = lambda: self._forward_backward(closure, calls)
+        losses = run()
+        loss_value = losses[-1] if not math.isfinite(losses[-1]) else sum(losses) / len(losses)
+        batch = [a for args, kwargs in calls for a in list(args) + list(kwargs.values())
+                 if isinstance(a, torch.Tensor)]
+        return self._settle(loss_value, run, batch, steps_optimizer=True)
+
+    def _forward_backward(self, closure, calls):
+        """Forward and (scaled) backward of each micro-batch, the loss checked
+        before its backward; returns the losses, up to the first non-finite."""
+        losses = []
+        for args, kwargs in calls:
+            loss = _trainable_loss(closure(*args, **kwargs))
+            finite, value = self.sentinel.check_loss(loss)
+            losses.append(value)
+            if not finite:
+                break
+            self.scaler.scale(loss / len(calls)).backward()
+        return losses
+
+    def begin_step(self):
+        """Starts one optimizer step when a framework runs forward, backward
+        and ``optimizer.step()`` itself (the integrations do): counts it,
+        applies the schedule and keeps the RNG state a replay starts from.
+        Call it before the first forward of the step, then :meth:`check`."""
+        self.steps += 1
+        if self.schedule is not None:
+            self._set_lr(self.schedule.lr(self.steps - 1) * self.lr_factor)
+        self._started = (self.steps, _rng_states(), self.scaler.get_scale(), self._lr())
+
+    def check(self, loss, replay=None, batch=()):
+        """Checks a step a framework ran: after backward (of every
+        micro-batch) and before its ``optimizer.step()``, with the unscaled
+        gradients in ``p.grad``. One sentinel pass over them and the loss
+        check; a healthy step is clipped by ``max_norm`` and logged, and the
+        caller's optimizer steps. On a bad step ``replay()`` (a callable that
+        runs the forward again and returns the loss; the guard runs backward)
+        is traced from :meth:`begin_step`'s RNG state to name the op, the
+        policy acts, and the gradients are set to None so that the coming
+        ``optimizer.step()`` changes nothing (abort raises
+        :class:`NonFiniteError`). ``loss`` is a tensor or a number;
+        ``batch`` the tensors an abort's bundle keeps. Returns a
+        :class:`StepResult`."""
+        if self._started is None:
+            raise RuntimeError("nanguard.Guard.check: no step was begun; call guard.begin_step() before the "
+                               "step's first forward")
+        if not isinstance(loss, torch.Tensor):
+            loss = torch.tensor(float(loss))
+        _, loss_value = self.sentinel.check_loss(loss.detach())
+        run = None if replay is None else lambda: self._backward_if_finite(replay())
+        return self._settle(loss_value, run, list(batch), steps_optimizer=False)
+
+    def _backward_if_finite(self, loss):
+        if self.sentinel.check_loss(_trainable_loss(loss))[0]:
             self.scaler.scale(loss).backward()
+
+    def _settle(self, loss_value, run, batch, steps_optimizer):
+        """The checks over the gradients and what follows: clip and step (when
+        ``steps_optimizer``), or localize (``run()`` runs the step's forward
+        and backward again, under the tracer) and apply the policy."""
+        step, rng, scale, lr = self._started
+        self._started = None
+        norm, reason, bad_param, report = float("nan"), "", "", None
+        if math.isfinite(loss_value):
             report = self.sentinel.inspect_grads(self.scaler.inv_scale())
             norm = report.total_norm
             if not report.finite():
@@ -246,7 +328,8 @@ class Guard:
             self.sentinel.apply_factor_(self.scaler.inv_scale() * clip_coef)
             if self.clip_value > 0:
                 torch.nn.utils.clip_grad_value_(self._params, self.clip_value)
-            self.optimizer.step()
+            if steps_optimizer:
+                self.optimizer.step()
             self.scaler.update(False)
             self._bad_in_a_row = 0
             self._losses.append(loss_value)
@@ -259,8 +342,8 @@ class Guard:
         self.skipped += 1
         self._bad_in_a_row += 1
         finding, verdict = None, ""
-        if self.replay:
-            finding, verdict = self._replay(step, rng, closure, args, kwargs)
+        if self.replay and run is not None:
+            finding, verdict = self._replay(step, rng, run)
         if finding is not None:
             finding = self._diagnose(finding, loss_value)
         self.optimizer.zero_grad(set_to_none=True)
@@ -274,7 +357,7 @@ class Guard:
         if action == "rollback":
             result.rollback_to = self._rollback()
         if action == "abort":
-            result.bundle = self._bundle(result, rng, args, kwargs)
+            result.bundle = self._bundle(result, rng, batch)
         result.remedy = self._applied_remedy(result)
         self._emit(result)
         if action == "abort":
@@ -316,18 +399,15 @@ class Guard:
             done += f"; loss scale {result.scale:.6g} -> {self.scaler.get_scale():.6g}"
         return done
 
-    def _replay(self, step, rng, closure, args, kwargs):
-        """Re-runs the step under the tracer from the step's RNG state."""
+    def _replay(self, step, rng, run):
+        """Re-runs the step (``run()``: forward and backward) under the tracer
+        from the step's RNG state."""
         state = _rng_states()
         self.optimizer.zero_grad(set_to_none=True)
         _set_rng_states(rng)
         try:
             with trace(self.model, step=step, inside_kernels=True) as t:
-                loss = closure(*args, **kwargs)
-                # (not torch.isfinite: it compares with a wrapped +inf scalar,
-                # whose conversion the tracer would report)
-                if not _nanguard.has_nonfinite(loss.detach()):
-                    self.scaler.scale(loss).backward()
+                run()
         finally:
             _set_rng_states(state)
         f = t.findings
@@ -369,14 +449,13 @@ class Guard:
             self._log.write(json.dumps(result.to_dict()))  # checked and flushed by the C++ writer
         return result
 
-    def _bundle(self, result, rng, args, kwargs):
+    def _bundle(self, result, rng, batch):
         """Writes the repro bundle of a bad step (the C++ guard's directory,
         atomically); returns its path, or "" without ``bundle_dir``. The
         tensors among the step's arguments are its batch; the parameters
         are as the step found them (nothing was stepped)."""
         if not self.bundle_dir:
             return ""
-        batch = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
         finding = result.finding.to_json() if result.finding is not None else ""
         cpu_rng, cuda_rngs = rng
         # On the CPU: a bundle loads on any machine.
