@@ -1,12 +1,12 @@
 // bundle.h — the repro bundle: everything needed to look at (and re-run) a
 // step that went non-finite, written atomically as one directory:
 //
-//   meta.json            step, lr, loss scale, policy, versions, the finding, tags
-//   batch.pt             the batch (a list of tensors)
-//   rng_state.pt         the CPU generator state at the start of the step
-//   cuda_rng_state.pt    each CUDA device's generator state then (a list; empty without a GPU)
-//   culprit_inputs.pt    the inputs of the op that produced the NaN/Inf (a list)
-//   parameters.pt        the parameters at the start of the step (a dict)
+// - meta.json: step, lr, loss scale, policy, versions, the finding, tags
+// - batch.pt: the batch (a list of tensors)
+// - rng_state.pt: the CPU generator state at the start of the step
+// - cuda_rng_state.pt: each CUDA device's generator state then (a list; empty without a GPU)
+// - culprit_inputs.pt: the inputs of the op that produced the NaN/Inf (a list)
+// - parameters.pt: the parameters at the start of the step (a dict)
 //
 // The .pt files are `torch::pickle_save` bytes: Python reads them with
 // `torch.load(path)`, C++ with `read_bundle`.

@@ -5,7 +5,7 @@
 // each element once, vectorised and in parallel, and is cheap enough to run
 // on every op output (see bench/census_bench.cpp for the figures).
 //
-//   at::Tensor g = ...;
+//   at::Tensor g = model->weight.grad();
 //   if (nanguard::has_nonfinite(g)) {
 //     nanguard::tensor_stats s = nanguard::census(g);
 //     std::cerr << s << "\n";  // nan=3 +inf=0 -inf=0 ... first bad [17] = nan

@@ -85,7 +85,7 @@ struct consensus {
 ///
 ///   nanguard::distributed d(pg);
 ///   d.average_gradients_(params);                       // data parallel
-///   nanguard::consensus c = d.agree(!finite, sumsq, loss);  // one small all-reduce
+///   nanguard::consensus c = d.agree(!finite, sumsq, loss_value);  // one small all-reduce
 ///   if (!c.finite()) std::cerr << "rank " << c.nonfinite_ranks[0] << " saw NaN\n";
 ///
 /// NOTE: every method is a collective: every rank must call it, in the same order.

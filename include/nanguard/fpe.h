@@ -111,7 +111,7 @@ class fpe_trap {
   /// Runs `fn` with a trap armed; a trapped exception becomes an `fpe_error`
   /// (see the NOTE at the top of fpe.h for what is skipped).
   ///
-  ///   double r = nanguard::fpe_trap::run([&] { return ratio(a, b); });
+  ///   double r = nanguard::fpe_trap::run([&] { return ratio(numerator, denominator); });
   template <typename F>
   static auto run(F&& fn, fpe_options options = {}) -> decltype(fn()) {
     sigjmp_buf here;

@@ -5,14 +5,14 @@
 //
 //   #include <nanguard/nanguard.h>
 //
-//   at::Tensor grad = ...;
+//   at::Tensor grad = model->weight.grad();
 //   if (nanguard::has_nonfinite(grad))
 //     std::cerr << nanguard::census(grad) << "\n";
 //
 // A guarded training step (see guard.h):
 //
 //   nanguard::guard g(model, optimizer, nanguard::guard_options().max_norm(1.0));
-//   g.step({x, y}, [&](const std::vector<at::Tensor>& b) { return loss_fn(model->forward(b[0]), b[1]); });
+//   g.step({x, y}, [&](const std::vector<at::Tensor>& b) { return torch::mse_loss(model->forward(b[0]), b[1]); });
 #pragma once
 
 #include <nanguard/version.h>

@@ -15,12 +15,12 @@
 //
 //   torch::jit::setGraphExecutorOptimize(false);   // scripted models: per-op autograd
 //   nanguard::precision_advisor advisor;
-//   advisor.name_parameters(model);                  // gradients by parameter name
+//   advisor.name_parameters(scripted);                  // gradients by parameter name
 //   for (int step = 0; step < 3; ++step) {
-//     auto loss = torch::mse_loss(model.forward({x[step]}).toTensor(), y[step]);
+//     auto loss = torch::mse_loss(scripted.forward({x[step]}).toTensor(), y[step]);
 //     loss.backward();
 //     advisor.end_step();                            // reads the gradients
-//     zero_grad(model);
+//     zero_grad(scripted);
 //   }
 //   std::cout << nanguard::to_text(advisor.report());
 //
@@ -31,7 +31,7 @@
 //
 //   torch::NoGradGuard no_grad;
 //   nanguard::precision_emulator fp16;               // float16 by default
-//   model.forward({x});
+//   scripted.forward({x});
 //   fp16.producers();                                // {"blow"}: the modules that overflowed
 #pragma once
 
@@ -207,7 +207,7 @@ struct emulator_options {
 ///
 ///   torch::NoGradGuard no_grad;
 ///   nanguard::precision_emulator e(nanguard::emulator_options().keep_fp32(report.keep_fp32));
-///   auto y = model.forward({x}).toTensor();     // finite if the advice holds
+///   auto y = scripted.forward({x}).toTensor();     // finite if the advice holds
 class precision_emulator {
  public:
   /// Starts rounding. Throws c10::Error for a dtype other than Half,
@@ -232,13 +232,13 @@ class precision_emulator {
 /// Rounds `t` in place to `dtype` (at::kHalf or at::kBFloat16) and back.
 ///
 ///   torch::NoGradGuard g;
-///   for (auto p : model.parameters()) nanguard::round_to_precision_(p, at::kHalf);
+///   for (auto p : scripted.parameters()) nanguard::round_to_precision_(p, at::kHalf);
 void round_to_precision_(at::Tensor& t, at::ScalarType dtype);
 
 /// Enables bfloat16 autocast on the CPU for this thread while it lives
 /// (matmul, linear, conv run in bfloat16), and restores the previous state.
 ///
-///   { nanguard::cpu_autocast bf16; y = model.forward({x}).toTensor(); }
+///   { nanguard::cpu_autocast bf16; y = scripted.forward({x}).toTensor(); }
 class cpu_autocast {
  public:
   /// Enables CPU autocast with `dtype` (at::kBFloat16 or at::kHalf).

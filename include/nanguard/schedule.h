@@ -5,7 +5,7 @@
 //   nanguard::warmup_cosine sched(nanguard::schedule_options(3e-4).warmup_steps(500).total_steps(20000));
 //   for (int64_t step = 0; step < 20000; ++step) {
 //     sched.apply(optimizer, step);
-//     ... train one step ...
+//     // ... train one step ...
 //   }
 #pragma once
 

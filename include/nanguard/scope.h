@@ -5,10 +5,10 @@
 // parameters an op reads (see tracer::name_parameters), and the stack of
 // `scope` guards the user code opened:
 //
-//   at::Tensor forward(at::Tensor x) {
+//   auto forward = [](const at::Tensor& x) {
 //     NANGUARD_SCOPE("encoder.norm");
 //     return (x - x.mean(-1, true)) / x.std(-1, true, true);
-//   }
+//   };
 //
 // Scopes nest: a scope "attn" opened inside "encoder.0" names "encoder.0.attn".
 #pragma once

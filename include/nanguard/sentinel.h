@@ -4,12 +4,13 @@
 // spike statistics. Clipping and unscaling reuse its norms: no second pass.
 //
 //   nanguard::sentinel s(model->named_parameters().pairs());
-//   auto loss = loss_fn(model->forward(x), y);
+//   auto loss = torch::mse_loss(model->forward(x), y);
 //   if (!s.check_loss(loss)) { /* skip: nothing to backward */ }
 //   loss.backward();
 //   nanguard::grad_report r = s.inspect_grads();
 //   if (!r.finite()) std::cerr << r.first_nonfinite_name << "\n";
-//   for (auto& spike : s.observe(r.loss, r.total_norm)) std::cerr << spike << "\n";
+//   for (auto& spike : s.observe(loss.item<double>(), r.total_norm))
+//     std::cerr << spike.series << " spiked: z = " << spike.z << "\n";
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -37,7 +38,7 @@ struct spike_options {
 /// Rolling robust z-score of one series (loss, grad norm, ...).
 ///
 ///   nanguard::spike_detector d(nanguard::spike_options().window(100));
-///   if (d.observe(loss) > 8) std::cerr << "loss spike\n";
+///   if (d.observe(loss.item<double>()) > 8) std::cerr << "loss spike\n";
 class spike_detector {
  public:
   /// REQUIRES: window >= 3, 3 <= min_samples <= window, threshold > 0.

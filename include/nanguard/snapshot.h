@@ -4,7 +4,7 @@
 //
 //   nanguard::snapshot_ring ring(*model, optimizer, /*capacity=*/2);
 //   if (step % 100 == 0) ring.take(step);
-//   ...
+//   // ... training diverges ...
 //   for (auto& c : ring.diff()) std::cout << c.name << " " << c.relative << "\n";
 //   int64_t back_to = ring.restore();   // parameters and optimizer state
 #pragma once
