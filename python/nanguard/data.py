@@ -34,7 +34,9 @@ checked up to each process's last event (clean batches write nothing).
 as ``data/<count>``.
 
 NOTE: the firewall (a C++ object) is not picklable: DataLoader workers must
-be started by ``fork`` (Linux's default), not ``spawn``.
+be started by ``fork`` (Linux's default up to Python 3.13; from 3.14 pass
+``multiprocessing_context="fork"``), not ``spawn`` or ``forkserver``, which
+are refused with a TypeError that says so.
 """
 import json
 import multiprocessing
@@ -162,6 +164,14 @@ class _Checked:
         if always or found:
             self._events.write(number, self._source, {**counts, "checked": self._pending})
             self._pending = 0
+
+    def __getstate__(self):
+        # What a "spawn" (or "forkserver") DataLoader worker would need: the
+        # C++ Firewall has no pickled form. Said here, not as pybind11's
+        # "cannot pickle" about an object the user never pickled.
+        raise TypeError(f"nanguard.data.{self._source}: the nanguard.Firewall it holds cannot be pickled, so "
+                        "DataLoader workers cannot be started by 'spawn' or 'forkserver'; use "
+                        "multiprocessing_context='fork' (Linux's default) or num_workers=0")
 
     def counts(self):
         """Every count as a dict (all processes together)."""

@@ -186,3 +186,13 @@ def test_event_log_argument_is_checked(tmp_path):
     with pytest.raises(OSError):
         firewall_collate(nanguard.Firewall(), event_log=tmp_path / "no" / "such" / "dir.jsonl")
     assert isinstance(_nanguard.EventLog(str(tmp_path / "e.jsonl")), _nanguard.EventLog)
+
+
+@pytest.mark.filterwarnings("ignore:Got pickle error when attempting to start a worker Process")
+def test_spawned_workers_are_refused_with_what_to_do():
+    x, y = dataset()
+    collate = firewall_collate(nanguard.Firewall(nonfinite="drop"))
+    loader = DataLoader(TensorDataset(x, y), batch_size=8, collate_fn=collate, num_workers=1,
+                        multiprocessing_context="spawn")
+    with pytest.raises(TypeError, match="use multiprocessing_context='fork'"):
+        next(iter(loader))
