@@ -74,6 +74,10 @@ def test_collate_raise_names_the_row_and_is_counted(tmp_path):
     assert (collate.checked, collate.raised) == (11, 1)
     [e] = events(log)
     assert e["data"]["raised"] == 1 and e["data"]["checked"] == 3 + 8
+    # An input the firewall cannot check is an error, not a refusal under the policy.
+    with pytest.raises(ValueError):
+        collate([(torch.ones(4, dtype=torch.long), 0)] * 2)
+    assert collate.raised == 1 and len(events(log)) == 1
 
 
 def test_collate_field_for_dict_batches_and_shape_errors():
