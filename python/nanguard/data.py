@@ -15,6 +15,8 @@ Two wrappers apply the firewall's own policies (``nonfinite="drop" |
   which give None for a batch whose samples were all dropped)
   or the next sample the firewall keeps (``policy="resample"``; batches keep
   their size, a few samples are seen twice in an epoch).
+- :class:`FirewallIterableDataset` does the same for an iterable (streaming)
+  dataset, where a dropped sample is simply not yielded.
 
 Counts. Both keep ``checked`` (rows), ``dropped``, ``changed`` (rows kept
 with a value repaired or clipped), ``repaired`` and ``clipped`` (values),
@@ -43,12 +45,12 @@ import multiprocessing
 import os
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 from torch.utils.data.dataloader import default_collate
 
 from . import _nanguard
 
-__all__ = ["FirewallDataset", "firewall_collate", "FirewallCollate", "DROPPED", "FIELDS"]
+__all__ = ["FirewallDataset", "FirewallIterableDataset", "firewall_collate", "FirewallCollate", "DROPPED", "FIELDS"]
 
 #: The counts of a wrapper, in the order of the C++ data event (``nanguard::data_counts``).
 FIELDS = ("checked", "dropped", "changed", "repaired", "clipped", "nan", "pos_inf", "neg_inf", "outliers", "raised")
@@ -337,17 +339,7 @@ class FirewallDataset(_Checked, Dataset):
                          "check the data (nanguard scan) or the firewall's policies")
 
     def _checked(self, index):
-        sample = self.dataset[index]
-        x = _get(sample, self.field, "FirewallDataset")
-        if x.dim() != 1:
-            raise ValueError(f"nanguard.data.FirewallDataset: sample {index}'s features have shape "
-                             f"{list(x.shape)}; the firewall checks a sample as one row of [features]: use "
-                             "firewall_collate for samples of another shape")
-        clean, report = self._apply(x.unsqueeze(0), 1)
-        self._record(_report_counts(report))
-        if report.rows_out == 0:
-            return DROPPED
-        return _put(sample, self.field, clean[0]) if report.changed_rows else sample
+        return _check_sample(self, self.dataset[index], index)
 
     @staticmethod
     def collate_fn(samples):
@@ -355,3 +347,44 @@ class FirewallDataset(_Checked, Dataset):
         firewall dropped them all (skip that batch: ``if batch is None: continue``)."""
         samples = [s for s in samples if s is not DROPPED]
         return default_collate(samples) if samples else None
+
+
+def _check_sample(wrapper, sample, index):
+    """``sample`` after the wrapper's firewall (a [features] tensor checked as
+    one row): as it was, with its features repaired, or DROPPED."""
+    x = _get(sample, wrapper.field, wrapper._source)
+    if x.dim() != 1:
+        raise ValueError(f"nanguard.data.{wrapper._source}: sample {index}'s features have shape {list(x.shape)}; "
+                         "the firewall checks a sample as one row of [features]: use firewall_collate for "
+                         "samples of another shape")
+    clean, report = wrapper._apply(x.unsqueeze(0), 1)
+    wrapper._record(_report_counts(report))
+    if report.rows_out == 0:
+        return DROPPED
+    return _put(sample, wrapper.field, clean[0]) if report.changed_rows else sample
+
+
+class FirewallIterableDataset(_Checked, IterableDataset):
+    """An iterable (streaming) dataset whose samples pass a fitted Firewall:
+    dropped samples are not yielded, repaired ones are, with their features
+    replaced; a raise policy raises ``ValueError``.
+
+        ds = nanguard.data.FirewallIterableDataset(stream, fw)
+        loader = DataLoader(ds, batch_size=32, num_workers=2)
+
+    Features as for :class:`FirewallDataset` (``field``); counts as
+    attributes, kept across DataLoader workers. Each worker iterates
+    ``dataset`` as the DataLoader gives it (shard it there, with
+    ``torch.utils.data.get_worker_info()``, as for any IterableDataset).
+    """
+
+    def __init__(self, dataset, firewall, field=None, event_log=None):
+        self._setup(firewall, event_log, "FirewallIterableDataset")
+        self.dataset = dataset
+        self.field = field
+
+    def __iter__(self):
+        for index, sample in enumerate(self.dataset):
+            sample = _check_sample(self, sample, index)
+            if sample is not DROPPED:
+                yield sample

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import nanguard
 from nanguard import _nanguard
-from nanguard.data import DROPPED, FirewallDataset, firewall_collate
+from nanguard.data import DROPPED, FirewallDataset, FirewallIterableDataset, firewall_collate
 
 CLI = os.environ.get("NANGUARD_CLI", "")
 needs_cli = pytest.mark.skipif(not CLI, reason="NANGUARD_CLI is not set (CTest sets it to the built nanguard)")
@@ -200,3 +200,26 @@ def test_spawned_workers_are_refused_with_what_to_do():
                         multiprocessing_context="spawn")
     with pytest.raises(TypeError, match="use multiprocessing_context='fork'"):
         next(iter(loader))
+
+
+class Stream(torch.utils.data.IterableDataset):
+    """Rows of x with their index; each DataLoader worker takes every n-th row."""
+
+    def __init__(self, x):
+        self.x = x
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        start, step = (info.id, info.num_workers) if info else (0, 1)
+        for i in range(start, len(self.x), step):
+            yield self.x[i], i
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_iterable_dataset_leaves_dropped_samples_out(tmp_path, workers):
+    x, _ = dataset()
+    ds = FirewallIterableDataset(Stream(x), nanguard.Firewall(nonfinite="drop"), event_log=tmp_path / "d.jsonl")
+    ids = sorted(torch.cat([i for _, i in DataLoader(ds, batch_size=8, num_workers=workers)]).tolist())
+    assert ids == [i for i in range(40) if i not in BAD]
+    assert (ds.checked, ds.dropped, ds.nan, ds.pos_inf, ds.neg_inf) == (40, 4, 2, 1, 1)
+    assert sum(e["data"]["dropped"] for e in events(tmp_path / "d.jsonl")) == 4
