@@ -14,14 +14,13 @@
 //
 // The tags of one guarded step (the C++ writer here and Python's
 // nanguard.tensorboard.StepLogger write the same ones):
-//
-//   loss, grad_norm, lr, loss_scale, clip_coef     the step event's values
-//   skipped                                        1 when the optimizer did not step, else 0
-//   grad_norm/<parameter>                          the per-parameter norms of top_norms
-//   nanguard/findings (text)                       findings, verdict, remedy and note of a bad step
-//   data/<count>                                   a data-firewall event (action "data"): checked,
-//                                                  dropped, changed, repaired, clipped, nan, pos_inf,
-//                                                  neg_inf, outliers, raised
+// - loss, grad_norm, lr, loss_scale, clip_coef: the step event's values;
+// - skipped: 1 when the optimizer did not step, else 0;
+// - grad_norm/<parameter>: the per-parameter norms of top_norms;
+// - nanguard/findings (text): findings, verdict, remedy and note of a bad step;
+// - data/<count>: a data-firewall event (action "data"), one tag per count
+//  of nanguard::data_counts (checked, dropped, changed, repaired, clipped,
+//  nan, pos_inf, neg_inf, outliers, raised).
 #pragma once
 
 #include <nanguard/events.h>
