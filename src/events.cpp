@@ -20,6 +20,31 @@ json number(double v) { return detail::json_number(v); }
 using detail::json_field;
 const std::string kWhere = "nanguard::step_event_from_json";
 
+// The counts of a data_counts, in the order they are written.
+constexpr std::pair<const char*, int64_t data_counts::*> kDataCounts[] = {
+    {"checked", &data_counts::checked}, {"dropped", &data_counts::dropped},   {"changed", &data_counts::changed},
+    {"repaired", &data_counts::repaired}, {"clipped", &data_counts::clipped}, {"nan", &data_counts::nan},
+    {"pos_inf", &data_counts::pos_inf}, {"neg_inf", &data_counts::neg_inf}, {"outliers", &data_counts::outliers},
+    {"raised", &data_counts::raised}};
+
+json data_json(const data_counts& d) {
+  json j;
+  j["source"] = d.source;
+  for (const auto& [key, member] : kDataCounts) j[key] = d.*member;
+  return j;
+}
+
+data_counts data_from_json(const json& j) {
+  TORCH_CHECK(j.is_object(), kWhere, ": \"data\" must be an object of counts, got ", j.dump());
+  data_counts d;
+  d.source = json_field<std::string>(j, "source", "", kWhere);
+  for (const auto& [key, member] : kDataCounts) {
+    d.*member = json_field<int64_t>(j, key, 0, kWhere);
+    TORCH_CHECK(d.*member >= 0, kWhere, ": data count \"", key, "\" must be >= 0, got ", d.*member);
+  }
+  return d;
+}
+
 }  // namespace
 
 std::string to_json(const step_event& e) {
@@ -52,6 +77,7 @@ std::string to_json(const step_event& e) {
   if (!e.remedy.empty()) j["remedy"] = e.remedy;
   if (!e.note.empty()) j["note"] = e.note;
   j["guard_ms"] = number(e.guard_ms);
+  if (e.data) j["data"] = data_json(*e.data);
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -90,6 +116,10 @@ step_event step_event_from_json(const std::string& line) {
   e.remedy = json_field<std::string>(j, "remedy", "", kWhere);
   e.note = json_field<std::string>(j, "note", "", kWhere);
   e.guard_ms = value("guard_ms", 0.0);
+  if (j.contains("data")) e.data = data_from_json(j["data"]);
+  TORCH_CHECK(e.data.has_value() == (e.action == "data"), kWhere, ": step ", e.step,
+              e.data ? ": has \"data\" counts but its action is \"" + e.action + "\" (a data event's is \"data\")"
+                     : std::string(": action \"data\" without the \"data\" counts"));
   return e;
 }
 

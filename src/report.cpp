@@ -234,7 +234,43 @@ std::string first_problem(const std::vector<step_event>& events) {
   return "";
 }
 
-json run_json(const report_run& run) {
+// The data firewall's events (action "data") of a log, summed per source,
+// as timeline rows ("data" in the step column); they are no training steps.
+json data_rows(const std::vector<step_event>& events) {
+  std::map<std::string, std::pair<data_counts, int64_t>> by_source;
+  for (const auto& e : events) {
+    if (!e.data) continue;
+    auto& [sum, n] = by_source[e.data->source.empty() ? "data firewall" : e.data->source];
+    const data_counts& d = *e.data;
+    sum.checked += d.checked, sum.dropped += d.dropped, sum.changed += d.changed, sum.repaired += d.repaired;
+    sum.clipped += d.clipped, sum.nan += d.nan, sum.pos_inf += d.pos_inf, sum.neg_inf += d.neg_inf;
+    sum.outliers += d.outliers, sum.raised += d.raised, ++n;
+  }
+  json rows = json::array();
+  for (const auto& [source, entry] : by_source) {
+    const auto& [d, n] = entry;
+    std::string text = source + ": " + std::to_string(d.checked) + " rows checked, " + std::to_string(d.dropped) +
+                       " dropped, " + std::to_string(d.changed) + " repaired or clipped (NaN " + std::to_string(d.nan) +
+                       ", +Inf " + std::to_string(d.pos_inf) + ", -Inf " + std::to_string(d.neg_inf) + ", outliers " +
+                       std::to_string(d.outliers) + "; " + std::to_string(d.repaired) + " values repaired, " +
+                       std::to_string(d.clipped) + " clipped)";
+    if (d.raised) text += "; refused " + std::to_string(d.raised) + " times under a raise policy";
+    text += " in " + std::to_string(n) + " event" + (n == 1 ? "" : "s");
+    rows.push_back({{"step", "data"}, {"action", "data"}, {"skipped", false}, {"items", json::array({{"data", text}})}});
+  }
+  return rows;
+}
+
+json run_json(const report_run& all) {
+  // Data events are set apart: the plots and counts are of training steps.
+  const bool has_data = std::any_of(all.events.begin(), all.events.end(), [](const step_event& e) { return e.data.has_value(); });
+  report_run steps_only;
+  if (has_data) {
+    steps_only.name = all.name;
+    for (const auto& e : all.events)
+      if (!e.data) steps_only.events.push_back(e);
+  }
+  const report_run& run = has_data ? steps_only : all;
   const auto& ev = run.events;
   json r;
   r["name"] = run.name;
@@ -285,8 +321,8 @@ json run_json(const report_run& run) {
   r["rollback_marks"] = rb;
   r["abort_marks"] = aborts;
 
-  json timeline = json::array(), findings = json::array();
-  size_t notable_rows = 0, finding_count = 0;
+  json timeline = data_rows(all.events), findings = json::array();
+  size_t notable_rows = timeline.size(), finding_count = 0;
   for (const auto& e : ev) {
     if (notable(e) && notable_rows++ < kMaxTimelineRows) timeline.push_back(timeline_row(e));
     for (const auto& f : e.findings)

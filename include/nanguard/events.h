@@ -26,7 +26,28 @@ struct bad_parameter {
   int64_t nonfinite = 0; ///< NaN and Inf elements in its gradient
 };
 
+/// What the data firewall found and did in one batch (or sample): the body of
+/// a data event (step_event::action "data"), written by Python's
+/// nanguard.data wrappers. Rows are samples; nan ... outliers count values.
+struct data_counts {
+  std::string source;    ///< the writer, e.g. "firewall_collate" or "FirewallDataset"
+  int64_t checked = 0;   ///< rows checked
+  int64_t dropped = 0;   ///< rows dropped
+  int64_t changed = 0;   ///< rows kept with a value repaired or clipped
+  int64_t repaired = 0;  ///< non-finite values replaced
+  int64_t clipped = 0;   ///< outliers clamped to the fitted bounds
+  int64_t nan = 0;       ///< NaN values found
+  int64_t pos_inf = 0;   ///< +Inf values found
+  int64_t neg_inf = 0;   ///< -Inf values found
+  int64_t outliers = 0;  ///< finite values outside the fitted bounds
+  int64_t raised = 0;    ///< checks refused under a "raise" policy (the error went to the caller)
+};
+
 /// Everything the guard knows about one step.
+///
+/// A data event (action "data") is not a training step: `step` numbers the
+/// firewall's checks, `data` holds the counts and the other fields keep
+/// their defaults. Readers that plot steps (report, TensorBoard) set it apart.
 struct step_event {
   int64_t step = 0;             ///< the guard's step counter (1-based)
   double loss = 0;              ///< the loss (unscaled); NaN/Inf when bad
@@ -58,6 +79,8 @@ struct step_event {
   /// but the user's forward, the backward and the optimizer step (which a
   /// plain loop runs too) and this event's own log line.
   double guard_ms = 0;
+  /// A data event's counts (action "data"); empty for a training step.
+  std::optional<data_counts> data;
 };
 
 /// One JSON object, no newline.

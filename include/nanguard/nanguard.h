@@ -44,3 +44,4 @@
 // Showing it
 #include <nanguard/events.h>
 #include <nanguard/report.h>
+#include <nanguard/tensorboard.h>

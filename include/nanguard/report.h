@@ -5,6 +5,8 @@
 // The page needs no network: its charting code and styles are inlined and
 // the events are embedded as JSON. Long runs are downsampled for plotting
 // (min and max of each bucket, every non-finite and skipped step kept).
+// Data events (action "data", nanguard.data's firewall counts) are no steps:
+// they are summed per source into one row of the event timeline.
 //
 //   std::vector<nanguard::report_run> runs;
 //   runs.push_back({"baseline", nanguard::read_events("baseline/events.jsonl")});

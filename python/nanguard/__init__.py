@@ -18,6 +18,7 @@ import torch  # noqa: F401  (loads LibTorch before the extension)
 from . import _nanguard
 from ._trace import AllowRule, Finding, NonFiniteError, Trace, trace
 from ._guard import Guard, StepResult
+from . import data, tensorboard  # noqa: E402  (nanguard.data, nanguard.tensorboard)
 
 #: nanguard's version (the C++ core's: one number for the library, the CLI and the module).
 __version__ = _nanguard.__version__

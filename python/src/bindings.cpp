@@ -15,6 +15,7 @@
 #include <nanguard/schedule.h>
 #include <nanguard/scope.h>
 #include <nanguard/sentinel.h>
+#include <nanguard/tensorboard.h>
 #include <nanguard/tracer.h>
 #include <nanguard/version.h>
 
@@ -333,6 +334,14 @@ PYBIND11_MODULE(_nanguard, m) {
            "Writes one step event, given as the JSON of a nanguard::step_event (checked as the reader "
            "checks it), and flushes the line.")
       .def_property_readonly("path", &nanguard::event_log::path);
+  // The TensorBoard tags of a step event, from the one list the C++ writer
+  // uses (nanguard/tensorboard.h), so Python's StepLogger writes the same.
+  m.def("tensorboard_scalars", [](const std::string& event_json) {
+    return nanguard::step_scalars(nanguard::step_event_from_json(event_json));
+  }, py::arg("event_json"), "[(tag, value)] of one step event (JSON) under nanguard's TensorBoard tags.");
+  m.def("tensorboard_text", [](const std::string& event_json) {
+    return nanguard::step_text(nanguard::step_event_from_json(event_json));
+  }, py::arg("event_json"), "The Markdown of a step event's findings, remedy and note (\"\" for a healthy step).");
   m.def("write_bundle",
         [](const std::string& parent, int64_t step, double lr, double scale, double loss, const std::string& policy,
            const std::string& verdict, const std::string& finding_json, std::vector<at::Tensor> batch,

@@ -161,7 +161,7 @@ case_bad_input() {
   expect 2 "$NANGUARD" report baseline -o x.html
   grep -q "'baseline' is a directory" err.txt || fail "directory as log: $(cat err.txt)"
   expect 2 "$NANGUARD" report baseline/events.jsonl
-  grep -q -- "--output is required" err.txt || fail "missing -o: $(cat err.txt)"
+  grep -q -- "nothing to write: pass -o report.html for the HTML page, --tensorboard DIR" err.txt || fail "missing -o: $(cat err.txt)"
   expect 2 "$NANGUARD" report baseline/events.jsonl -o no/such/dir/x.html
   grep -q "no/such/dir/x.html" err.txt || fail "unwritable output: $(cat err.txt)"
   [[ ! -e x.html ]] || fail "a failed report left x.html behind"

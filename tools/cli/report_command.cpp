@@ -1,6 +1,8 @@
-// `nanguard report EVENTS.jsonl [MORE.jsonl ...] -o report.html [--title T]`:
-// one self-contained HTML page (see nanguard/report.h) about the runs the
-// event logs describe. Each log is a run named after its file, or after its
+// `nanguard report EVENTS.jsonl [MORE.jsonl ...] -o report.html [--title T]
+// [--tensorboard DIR]`: one self-contained HTML page (see nanguard/report.h)
+// about the runs the event logs describe, and/or TensorBoard event files
+// (nanguard/tensorboard.h): one log into DIR, several into DIR/<run name>.
+// Each log is a run named after its file, or after its
 // directory when the file is called events.jsonl (`baseline/events.jsonl` is
 // the run "baseline"). A missing or malformed log is exit 2, naming the file
 // and the line.
@@ -9,6 +11,7 @@
 
 #include <nanguard/events.h>
 #include <nanguard/report.h>
+#include <nanguard/tensorboard.h>
 
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
@@ -27,6 +30,7 @@ namespace {
 struct report_args {
   std::vector<std::string> logs;
   std::string output;
+  std::string tensorboard;
   std::string title = "nanguard report";
 };
 
@@ -69,8 +73,28 @@ void check_output_is_no_log(const report_args& a) {
                                     a.output, path));
 }
 
+// Writes each run's events as TensorBoard event files: one run into `dir`,
+// several into dir/<run name> (TensorBoard shows each subdirectory as a run).
+void write_tensorboard(const std::vector<report_run>& runs, const std::string& dir) {
+  namespace fs = std::filesystem;
+  for (const auto& run : runs) {
+    const std::string logdir = runs.size() == 1 ? dir : (fs::path(dir) / run.name).string();
+    std::unique_ptr<tensorboard_writer> tb;
+    try {
+      tb = std::make_unique<tensorboard_writer>(logdir);
+      for (const auto& e : run.events) write_step_event(*tb, e);
+    } catch (const c10::Error& e) {
+      throw usage_error(one_line(e.what_without_backtrace()) + " (--tensorboard " + dir + ")");
+    }
+    fmt::print("wrote {} ({} events of {})\n", tb->path(), run.events.size(), run.name);
+  }
+}
+
 int run_report(const report_args& a) {
-  check_output_is_no_log(a);
+  if (a.output.empty() && a.tensorboard.empty())
+    throw usage_error("nothing to write: pass -o report.html for the HTML page, --tensorboard DIR for "
+                      "TensorBoard event files, or both");
+  if (!a.output.empty()) check_output_is_no_log(a);
   std::vector<report_run> runs;
   for (const auto& path : a.logs) {
     report_run r{run_name(path), read_log(path)};
@@ -81,6 +105,8 @@ int run_report(const report_args& a) {
     if (same) r.name += fmt::format(" ({})", same + 1);
     runs.push_back(std::move(r));
   }
+  if (!a.tensorboard.empty()) write_tensorboard(runs, a.tensorboard);
+  if (a.output.empty()) return exit_ok;
   write_file_atomically(a.output, render_html_report(runs, a.title));
   int64_t events = 0;
   for (const auto& r : runs) events += int64_t(r.events.size());
@@ -99,10 +125,14 @@ command add_report_command(CLI::App& app) {
                   "event logs (JSONL) written by the guard; each is one run, named after its file "
                   "(or its directory for events.jsonl)")
       ->required();
-  sub->add_option("-o,--output", a->output, "the HTML file to write, e.g. report.html")->required();
+  sub->add_option("-o,--output", a->output, "the HTML file to write, e.g. report.html");
+  sub->add_option("--tensorboard", a->tensorboard,
+                  "also (or instead) write TensorBoard event files into this directory (made when missing; "
+                  "several logs go to DIR/<run name>): tensorboard --logdir DIR");
   sub->add_option("--title", a->title, "the page's title");
   sub->footer(exit_codes("written") +
-              "\nExample: nanguard report baseline/events.jsonl guarded/events.jsonl -o report.html");
+              "\nExample: nanguard report baseline/events.jsonl guarded/events.jsonl -o report.html"
+              "\n         nanguard report train.jsonl --tensorboard runs/train");
   return {sub, [a] { return run_report(*a); }};
 }
 
