@@ -3,6 +3,7 @@
 #include "nanguard/bundle.h"
 #include "nanguard/clip.h"
 #include "nanguard/distributed.h"
+#include "nanguard/training_host.h"
 
 #include "detail/generator_states.h"
 
@@ -59,6 +60,20 @@ class user_time {
   step_clock::time_point start_ = step_clock::now();
 };
 
+// The host's module scopes, open while it lives (a replay that throws closes them too).
+class module_scopes {
+ public:
+  explicit module_scopes(training_host& host) : close_(host.open_module_scopes()) {}
+  ~module_scopes() {
+    if (close_) close_();
+  }
+  module_scopes(const module_scopes&) = delete;
+  module_scopes& operator=(const module_scopes&) = delete;
+
+ private:
+  std::function<void()> close_;
+};
+
 }  // namespace
 
 const char* to_string(policy p) {
@@ -93,14 +108,13 @@ std::vector<std::pair<std::string, double>> top_norms(const std::vector<std::str
 struct guard::impl {
   using micro_batches = guard::micro_batches;
 
-  impl(torch::nn::Module& m, torch::optim::Optimizer& o, guard_options opts)
-      : model(m), optimizer(o), options(std::move(opts)),
+  impl(std::shared_ptr<training_host> h, guard_options opts)
+      : host(std::move(h)), options(std::move(opts)),
         scaler(options.scaler()),
-        sentinel(m.named_parameters().pairs(), options.spikes()),
-        ring(m, o, options.snapshot_keep()) {}
+        sentinel(host->named_parameters(), options.spikes()),
+        ring(*host, options.snapshot_keep()) {}
 
-  torch::nn::Module& model;
-  torch::optim::Optimizer& optimizer;
+  std::shared_ptr<training_host> host;
   guard_options options;
   loss_scaler scaler;
   nanguard::sentinel sentinel;
@@ -119,6 +133,21 @@ struct guard::impl {
   // Losses and grad norms of the last finite steps (a spike window of
   // them): what a bad step's diagnosis reads as the steps before.
   std::deque<double> losses, grad_norms;
+  // The step begin_step() started for check(), and the RNG state then.
+  std::optional<step_event> started;
+  detail::generator_states started_rng;
+
+  // The LR of the first param group (0 when there is none).
+  double first_lr() const {
+    const std::vector<double> lrs = host->lrs();
+    return lrs.empty() ? 0.0 : lrs.front();
+  }
+
+  // Sets every param group's LR to the schedule's for this step, times the
+  // rollback factors.
+  void apply_schedule() {
+    host->set_lrs(std::vector<double>(host->lrs().size(), schedule->lr(step - 1) * lr_factor));
+  }
 
   // Remembers a finite step for the diagnosis of a later bad one.
   void remember(const step_event& e) {
@@ -155,12 +184,13 @@ struct guard::impl {
   void replay(const micro_batches& batches, const step_fn& fn, const detail::generator_states& rng_before,
               size_t& bad_batch, step_event& e) {
     const detail::generator_states rng_after = detail::capture_generators();
-    optimizer.zero_grad();
+    host->zero_grad();
     detail::restore_generators(rng_before);
     bool reproduced = false, failed = false;
     try {
       tracer t(tracer_options(options.tracer()).keep_inputs(true));  // the bundle's culprit inputs
-      t.name_parameters(model);
+      t.name_parameters(host->named_parameters());
+      const module_scopes scopes(*host);
       t.set_step(step);
       size_t i = 0;
       try {
@@ -189,7 +219,7 @@ struct guard::impl {
       e.note = std::string("replay failed: ") + ex.what();
     }
     e.verdict = failed ? "replay failed" : reproduced ? "reproduced" : "not reproduced";
-    optimizer.zero_grad();
+    host->zero_grad();
     detail::restore_generators(rng_after);
   }
 
@@ -284,7 +314,7 @@ struct guard::impl {
     e.note = "gradient checksum differs after averaging on rank(s) " + ranks +
              " (silent data corruption?): the step was skipped on every rank";
     TORCH_WARN("nanguard::guard: step ", step, ": ", e.note);
-    optimizer.zero_grad();
+    host->zero_grad();
     e.skipped = true;
     e.action = "skip";
     ++skipped;
@@ -308,8 +338,9 @@ struct guard::impl {
     b.cuda_rng_states = rng_before.cuda;
     if (!e.findings.empty()) b.finding = e.findings.front();
     if (options.bundle_parameters())
-      for (const auto& item : model.named_parameters()) b.parameters.emplace_back(item.key(), item.value());
+      b.parameters = host->named_parameters();
     if (b.finding && b.finding->role == role::producer) b.culprit_inputs = b.finding->input_values;
+    b.tags = options.bundle_tags();
     return write_bundle(options.bundle_dir(), b);
   }
 
@@ -321,8 +352,8 @@ struct guard::impl {
     user_s = 0;
     step_event e;
     e.step = ++step;
-    if (schedule) schedule->apply(optimizer, step - 1, lr_factor);
-    e.lr = get_lr(optimizer);
+    if (schedule) apply_schedule();
+    e.lr = first_lr();
     e.scale = scaler.get_scale();
     return e;
   }
@@ -335,7 +366,7 @@ struct guard::impl {
                step_event& e) {
     {
       user_time plain_work(user_s);
-      optimizer.zero_grad();
+      host->zero_grad();
     }
     double loss_sum = 0;
     for (size_t i = 0; i < batches.size(); ++i) {
@@ -354,15 +385,21 @@ struct guard::impl {
       scaler.scale(batches.size() == 1 ? loss : loss / double(batches.size())).backward();
     }
     e.loss = loss_sum / double(batches.size());
+    return inspect(report, e);
+  }
+
+  // The sentinel's pass over the gradients; returns whether they are finite.
+  bool inspect(grad_report& report, step_event& e) {
     report = sentinel.inspect_grads(scaler.inv_scale());
     e.grad_norm = report.total_norm;
     e.top_norms = top_norms(sentinel.names(), report.norms, options.log_top_norms());
     return report.finite();
   }
 
-  // A finite step: unscale + clip in one write, the optimizer steps, a calm
-  // step may become the snapshot to roll back to.
-  void take(step_event& e) {
+  // A finite step: unscale + clip in one write, the optimizer steps (unless
+  // a framework steps it), a calm step may become the snapshot to roll
+  // back to.
+  void take(step_event& e, bool step_optimizer) {
     if (options.distributed() && inconsistent(e)) return;
     e.spikes = sentinel.observe(e.loss, e.grad_norm);
     e.clip_coef = clip_coefficient(e.grad_norm, options.max_norm());
@@ -370,7 +407,7 @@ struct guard::impl {
     if (options.clip_value() > 0) clip_grad_value_(sentinel.parameters(), options.clip_value());
     {
       user_time plain_work(user_s);
-      optimizer.step();
+      if (step_optimizer) host->optimizer_step();
     }
     scaler.update(false);
     bad_in_a_row = 0;
@@ -394,13 +431,13 @@ struct guard::impl {
                 const grad_report& report, bool locally_finite, size_t& bad_batch, step_event& e) {
     for (size_t i = 0; i < report.nonfinite_counts.size(); ++i)
       if (report.nonfinite_counts[i] > 0) e.nonfinite_params.push_back({sentinel.names()[i], report.nonfinite_counts[i]});
-    if (options.replay() && !locally_finite) replay(batches, fn, rng_before, bad_batch, e);
+    if (options.replay() && fn && !locally_finite) replay(batches, fn, rng_before, bad_batch, e);
     if (options.replay() && options.distributed()) share_findings(e);
     if (batches.size() > 1 && !locally_finite)
       e.note += fmt::format("{}micro-batch {} of {}", e.note.empty() ? "" : "; ", bad_batch, batches.size());
     const diagnosis_context h = history(e, batches[bad_batch]);
     for (finding& f : e.findings) f.diagnosis = diagnose(f, h);
-    optimizer.zero_grad();
+    host->zero_grad();
     e.skipped = true;
     ++skipped;
     ++bad_in_a_row;
@@ -429,7 +466,7 @@ struct guard::impl {
       case policy::rollback: roll_back(e); break;
     }
     back_off(e);
-    e.remedy = applied_remedy(e, get_lr(optimizer), scaler.get_scale());
+    e.remedy = applied_remedy(e, first_lr(), scaler.get_scale());
     write(e);
   }
 
@@ -456,8 +493,8 @@ struct guard::impl {
     if (ring.newest_step() == restored_step && ring.size() > 1) ring.drop_newest();
     e.rollback_to = restored_step = ring.restore();
     lr_factor *= options.rollback_lr_factor();
-    if (!schedule) scale_lr(optimizer, options.rollback_lr_factor());
-    else schedule->apply(optimizer, step - 1, lr_factor);
+    if (!schedule) scale_lrs(*host, options.rollback_lr_factor());
+    else apply_schedule();
     ++rollbacks;
     sentinel.reset_spikes();  // the windows hold the divergence
     snapshot_pending = false;
@@ -469,7 +506,9 @@ struct guard::impl {
                                step_event& e) {
     e.remedy = "stopped training";
     const int64_t writer = e.nonfinite_ranks.empty() ? 0 : e.nonfinite_ranks.front();
-    if (!options.distributed() || e.rank == writer) {
+    if (options.bundle_dir().empty()) {
+      // no bundle asked for
+    } else if (!options.distributed() || e.rank == writer) {
       e.bundle = write_repro_bundle(batch, rng_before, e);
       e.remedy += "; repro bundle in " + e.bundle;
     } else {
@@ -497,8 +536,11 @@ struct guard::impl {
 };
 
 guard::guard(torch::nn::Module& model, torch::optim::Optimizer& optimizer, guard_options options)
-    : impl_(std::make_unique<impl>(model, optimizer, std::move(options))) {
-  const auto& o = impl_->options;
+    : guard(std::make_shared<module_host>(model, optimizer), std::move(options)) {}
+
+guard::guard(std::shared_ptr<training_host> host, guard_options options) {
+  TORCH_CHECK(host, "nanguard::guard: the training host is null");
+  const auto& o = options;
   TORCH_CHECK(o.max_norm() >= 0 && std::isfinite(o.max_norm()),
               "nanguard::guard_options: max_norm must be finite and >= 0 but is ", o.max_norm(),
               "; 0 disables clipping, 1.0 is common");
@@ -507,16 +549,21 @@ guard::guard(torch::nn::Module& model, torch::optim::Optimizer& optimizer, guard
               "; 0 disables value clipping");
   TORCH_CHECK(o.snapshot_every() >= 1, "nanguard::guard_options: snapshot_every must be >= 1 but is ",
               o.snapshot_every(), "; e.g. 100");
+  TORCH_CHECK(o.snapshot_keep() >= 1, "nanguard::guard_options: snapshot_keep must be >= 1 but is ",
+              o.snapshot_keep(), "; e.g. 2");
   TORCH_CHECK(o.rollback_lr_factor() > 0 && o.rollback_lr_factor() <= 1,
               "nanguard::guard_options: rollback_lr_factor must be in (0, 1] but is ", o.rollback_lr_factor(),
               "; e.g. 0.5 halves the LR on every rollback");
   TORCH_CHECK(o.max_bad_steps() >= 0, "nanguard::guard_options: max_bad_steps must be >= 0 but is ",
               o.max_bad_steps(), "; 0 never aborts on its own");
-  TORCH_CHECK(!optimizer.param_groups().empty(),
+  TORCH_CHECK(!host->lrs().empty(),
               "nanguard::guard: the optimizer has no param groups; make it with model->parameters()");
-  if (o.schedule()) impl_->schedule.emplace(*o.schedule());
-  if (!o.event_log().empty()) impl_->log = std::make_unique<event_log>(o.event_log(), o.truncate_event_log());
-  if (o.policy() == policy::rollback) impl_->ring.take(0);
+  impl_ = std::make_unique<impl>(std::move(host), std::move(options));
+  impl& s = *impl_;
+  if (s.options.schedule()) s.schedule.emplace(*s.options.schedule());
+  if (!s.options.event_log().empty())
+    s.log = std::make_unique<event_log>(s.options.event_log(), s.options.truncate_event_log());
+  if (s.options.policy() == policy::rollback) s.ring.take(0);
 }
 
 guard::~guard() = default;
@@ -539,7 +586,7 @@ step_event guard::step_accumulated(const micro_batches& batches, const step_fn& 
     const bool locally_finite = s.measure(batches, fn, report, bad_batch, e);
     const bool finite = s.options.distributed() ? s.agree(e, report, locally_finite) : locally_finite;
     if (finite) {
-      s.take(e);
+      s.take(e, /*step_optimizer=*/true);
       return e;
     }
     s.localize(batches, fn, rng_before, report, locally_finite, bad_batch, e);
@@ -547,6 +594,35 @@ step_event guard::step_accumulated(const micro_batches& batches, const step_fn& 
     s.act(p, batches[bad_batch], rng_before, e);  // abort throws
     if (p != policy::rollback || s.options.rollback_skip_batch() || again) return e;
   }
+}
+
+void guard::begin_step() {
+  impl& s = *impl_;
+  s.started = s.begin();
+  s.started_rng = detail::capture_generators();
+}
+
+step_event guard::check(const at::Tensor& loss, const step_fn& replay, const std::vector<at::Tensor>& batch) {
+  impl& s = *impl_;
+  TORCH_CHECK(s.started, "nanguard::guard::check: no step was begun; call begin_step() before the step's "
+              "first forward");
+  step_event e = std::move(*s.started);
+  s.started.reset();
+  grad_report report;
+  bool locally_finite = s.sentinel.check_loss(loss, &e.loss);
+  if (locally_finite) locally_finite = s.inspect(report, e);
+  else e.grad_norm = std::numeric_limits<double>::quiet_NaN();
+  const bool finite = s.options.distributed() ? s.agree(e, report, locally_finite) : locally_finite;
+  if (finite) {
+    s.take(e, /*step_optimizer=*/false);
+    return e;
+  }
+  size_t bad_batch = 0;
+  const micro_batches batches{batch};
+  s.localize(batches, replay ? replay : step_fn(), s.started_rng, report, locally_finite, bad_batch, e);
+  const policy p = s.decide(e);
+  s.act(p, batch, s.started_rng, e);  // abort throws
+  return e;
 }
 
 int64_t guard::steps() const { return impl_->step; }

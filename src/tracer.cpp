@@ -1096,6 +1096,11 @@ void tracer::name_parameters(const torch::nn::Module& module, const std::string&
     state_->parameters.set(p.value(), prefix.empty() ? p.key() : prefix + "." + p.key());
 }
 
+void tracer::name_parameters(const std::vector<std::pair<std::string, at::Tensor>>& named) {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  for (const auto& [name, p] : named) state_->parameters.set(p, name);
+}
+
 void tracer::name_tensor(const at::Tensor& tensor, const std::string& name) {
   TORCH_CHECK(tensor.defined(), "nanguard::tracer::name_tensor: the tensor named '", name,
               "' is undefined");

@@ -542,3 +542,81 @@ TEST(guard, accumulating_no_micro_batches_is_a_clear_error) {
   const std::string error = nanguard::test::error_of([&] { g.step_accumulated({}, r.loss_fn()); });
   EXPECT_NE(std::string::npos, error.find("no micro-batches; pass at least one")) << error;
 }
+
+namespace {
+
+// A host that counts what the guard asks of it, around a module_host.
+class counting_host : public nanguard::module_host {
+ public:
+  using module_host::module_host;
+  void zero_grad() override {
+    ++zero_grads;
+    module_host::zero_grad();
+  }
+  void optimizer_step() override {
+    ++optimizer_steps;
+    module_host::optimizer_step();
+  }
+  std::shared_ptr<const nanguard::saved_state> save() override {
+    ++saves;
+    return module_host::save();
+  }
+  void restore(const nanguard::saved_state& s) override {
+    ++restores;
+    module_host::restore(s);
+  }
+  int zero_grads = 0, optimizer_steps = 0, saves = 0, restores = 0;
+};
+
+}  // namespace
+
+TEST(guard, drives_the_model_and_optimizer_through_its_training_host) {
+  regression r;
+  torch::optim::SGD opt(r.model->parameters(), 0.1);
+  auto host = std::make_shared<counting_host>(*r.model, opt);
+  guard g(host, guard_options().policy(policy::rollback).snapshot_every(2));
+  EXPECT_EQ(1, host->saves) << "rollback takes a snapshot at start";
+  for (int i = 0; i < 4; ++i) g.step({r.x, r.y}, r.loss_fn());
+  EXPECT_EQ(4, host->optimizer_steps);
+  EXPECT_EQ(3, host->saves) << "snapshots at steps 2 and 4";
+  const at::Tensor at_step_4 = r.model->weight.clone();
+  const step_event e = g.step({r.x, r.y}, [&](const std::vector<at::Tensor>& b) { return r.loss_fn()(b) * NAN; });
+  EXPECT_EQ("rollback", e.action);
+  EXPECT_EQ(1, host->restores);
+  EXPECT_EQ(4, host->optimizer_steps);
+  EXPECT_TRUE(torch::equal(at_step_4, r.model->weight));
+  EXPECT_NEAR(0.05, nanguard::get_lr(opt), 1e-12);
+}
+
+TEST(guard, checks_a_step_a_framework_runs) {
+  regression r;
+  torch::optim::SGD opt(r.model->parameters(), 0.1);
+  guard g(r.model, opt, guard_options().max_norm(1e-3));
+  // A healthy step: the guard clips, the framework steps.
+  g.begin_step();
+  opt.zero_grad();
+  at::Tensor loss = r.loss_fn()({r.x, r.y});
+  loss.backward();
+  step_event e = g.check(loss, r.loss_fn(), {r.x, r.y});
+  EXPECT_FALSE(e.skipped);
+  EXPECT_LT(e.clip_coef, 1.0);
+  const double clipped = std::hypot(r.model->weight.grad().norm().item<double>(), r.model->bias.grad().norm().item<double>());
+  EXPECT_NEAR(1e-3, clipped, 1e-6) << "the gradients the framework steps on are not clipped";
+  opt.step();
+  // A bad one: sqrt at 0 has an infinite derivative.
+  const nanguard::step_fn bad = [&](const std::vector<at::Tensor>& b) {
+    return r.loss_fn()(b) + (r.model->bias * 0).sqrt().sum();
+  };
+  g.begin_step();
+  opt.zero_grad();
+  loss = bad({r.x, r.y});
+  loss.backward();
+  e = g.check(loss, bad, {r.x, r.y});
+  EXPECT_TRUE(e.skipped);
+  EXPECT_EQ(2, e.step);
+  ASSERT_FALSE(e.findings.empty());
+  EXPECT_EQ("SqrtBackward0", e.findings.front().node);
+  EXPECT_FALSE(r.model->weight.grad().defined()) << "the framework's optimizer step would use the bad gradients";
+  const std::string error = nanguard::test::error_of([&] { g.check(loss); });
+  EXPECT_NE(std::string::npos, error.find("no step was begun")) << error;
+}

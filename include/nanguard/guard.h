@@ -44,6 +44,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace torch::nn {
@@ -58,6 +59,7 @@ class Optimizer;
 namespace nanguard {
 
 class distributed;
+class training_host;
 
 /// What the guard does with a step whose loss or gradients are not finite.
 /// In every case the optimizer does not step on it.
@@ -70,6 +72,9 @@ enum class policy {
 
 /// "skip", "backoff", "rollback", "abort".
 const char* to_string(policy p);
+
+/// (name, value) tags of a repro bundle.
+using bundle_tag_list = std::vector<std::pair<std::string, std::string>>;
 
 /// Options of a `guard`.
 struct guard_options {
@@ -94,8 +99,11 @@ struct guard_options {
   TORCH_ARG(std::string, event_log) = "";
   /// Truncate the event log at start (false: append).
   TORCH_ARG(bool, truncate_event_log) = true;
-  /// Where abort writes repro bundles.
+  /// Where abort writes repro bundles ("": none).
   TORCH_ARG(std::string, bundle_dir) = "nanguard-bundles";
+  /// Tags a bundle carries (meta.json), e.g. {"task", "classify"} for
+  /// `nanguard replay`.
+  TORCH_ARG(bundle_tag_list, bundle_tags) = {};
   /// Save the parameters in the bundle too.
   TORCH_ARG(bool, bundle_parameters) = true;
   /// rollback: snapshot every this many steps (and once at start); a due
@@ -128,6 +136,9 @@ class guard {
  public:
   /// Guards `model`'s parameters, stepped by `optimizer`. Validates options.
   guard(torch::nn::Module& model, torch::optim::Optimizer& optimizer, guard_options options = {});
+  /// Guards the model and optimizer of `host` (training_host.h): how a front
+  /// end other than LibTorch's modules plugs in. Validates options.
+  explicit guard(std::shared_ptr<training_host> host, guard_options options = {});
   /// The same for a module holder (`torch::nn::Linear`, a TORCH_MODULE type).
   template <typename Impl>
   guard(torch::nn::ModuleHolder<Impl>& model, torch::optim::Optimizer& optimizer, guard_options options = {})
@@ -156,6 +167,21 @@ class guard {
   ///
   /// Throws c10::Error when `batches` is empty.
   step_event step_accumulated(const micro_batches& batches, const step_fn& fn);
+
+  /// When a framework runs forward, backward and the optimizer step itself:
+  /// begin_step() before the step's first forward (counts the step, applies
+  /// the schedule, keeps the RNG state a replay starts from), then check().
+  void begin_step();
+  /// Checks the step begin_step() started, after backward (of every
+  /// micro-batch) and before the framework's optimizer step, with unscaled
+  /// gradients: the loss check and one sentinel pass; a finite step is
+  /// unscaled, clipped and logged, and the framework's optimizer steps. On a
+  /// bad step `replay` (forward only, from the batch, as step()'s closure;
+  /// none: no replay) is traced from begin_step's RNG state, the policy
+  /// acts and the gradients are left undefined, so that the optimizer's
+  /// step changes nothing. `batch` is what an abort's bundle keeps.
+  /// Throws c10::Error when no step was begun, nonfinite_error under abort.
+  step_event check(const at::Tensor& loss, const step_fn& replay = {}, const std::vector<at::Tensor>& batch = {});
 
   /// Steps run so far.
   int64_t steps() const;

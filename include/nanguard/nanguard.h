@@ -34,6 +34,7 @@
 #include <nanguard/safe_ops.h>
 #include <nanguard/schedule.h>
 #include <nanguard/snapshot.h>
+#include <nanguard/training_host.h>
 #include <nanguard/bundle.h>
 #include <nanguard/distributed.h>
 // Guarding the data

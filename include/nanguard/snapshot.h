@@ -9,6 +9,8 @@
 //   int64_t back_to = ring.restore();   // parameters and optimizer state
 #pragma once
 
+#include <nanguard/training_host.h>
+
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -42,6 +44,9 @@ struct param_change {
 /// optimizer state per snapshot).
 class snapshot_ring {
  public:
+  /// Watches what `host` saves (training_host.h). REQUIRES: capacity >= 1;
+  /// the host outlives the ring.
+  explicit snapshot_ring(training_host& host, int64_t capacity = 2);
   /// Watches `module` (parameters and buffers) and `optimizer` (its state).
   /// REQUIRES: capacity >= 1; both outlive the ring.
   snapshot_ring(torch::nn::Module& module, torch::optim::Optimizer& optimizer, int64_t capacity = 2);
@@ -49,8 +54,9 @@ class snapshot_ring {
 
   /// Copies the current state, tagged with `step`; drops the oldest when full.
   void take(int64_t step);
-  /// Restores the newest snapshot in place (parameters keep their identity);
-  /// returns its step. Throws c10::Error when the ring is empty.
+  /// Restores the newest snapshot in place (parameters keep their identity;
+  /// the learning rates stay as they are); returns its step. Throws
+  /// c10::Error when the ring is empty.
   int64_t restore();
   /// Drops the newest snapshot (e.g. when it led to a second divergence).
   void drop_newest();
@@ -64,13 +70,11 @@ class snapshot_ring {
   /// Step of the newest snapshot; -1 when empty.
   int64_t newest_step() const;
 
-  struct data;  ///< one snapshot (defined in snapshot.cpp)
-
  private:
-  torch::nn::Module& module_;
-  torch::optim::Optimizer& optimizer_;
+  std::unique_ptr<training_host> own_host_;  // the module_host of the Module constructor
+  training_host& host_;
   int64_t capacity_;
-  std::deque<std::shared_ptr<const data>> ring_;
+  std::deque<std::pair<int64_t, std::shared_ptr<const saved_state>>> ring_;  // (step, state)
 };
 
 }  // namespace nanguard

@@ -29,6 +29,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace torch::nn {
@@ -109,6 +110,8 @@ class tracer {
 
   /// Names parameters (and through them modules) from `module.named_parameters()`.
   void name_parameters(const torch::nn::Module& module, const std::string& prefix = "");
+  /// Names parameters (and through them modules) from (name, parameter) pairs.
+  void name_parameters(const std::vector<std::pair<std::string, at::Tensor>>& named);
   /// Names one tensor, e.g. the input batch ("batch").
   void name_tensor(const at::Tensor& tensor, const std::string& name);
   /// The step findings are tagged with; also forgets the previous step's ops

@@ -1,42 +1,42 @@
 """``nanguard.Guard``: keeps a PyTorch training loop finite.
 
-The C++ ``nanguard::guard`` takes C++ modules and optimizers, so the Python
-guard orchestrates in Python on the C++ pieces: the sentinel (one fused pass
-over every gradient: global and per-parameter norms, non-finite counts,
-spikes), the loss scaler (GradScaler semantics), clipping folded into the
-unscale write, the tracer for replay localization, and the C++ guard's event
-log and bundle writer, so that ``nanguard report``, ``inspect`` and
-``replay`` read a Python run as they read a C++ one.
+The guard is the C++ ``nanguard::guard``: its step (checks, policies,
+replay, rollback, bundle, event log) runs in C++ and drives the Python
+model and optimizer through a training host (``nanguard::training_host``),
+so that a Python run behaves, logs and bundles as a C++ one, and
+``nanguard report``, ``inspect`` and ``replay`` read it.
 """
 import copy
 import json
 import math
-from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 
 from . import _nanguard
-from ._trace import Finding, NonFiniteError, trace
+from ._trace import Finding, NonFiniteError, open_module_scopes
 
 POLICIES = ("skip", "backoff", "rollback", "abort")
 
 
 @dataclass
 class StepResult:
-    """What one guarded step did (also a line of the JSONL event log).
+    """What one guarded step did: the C++ guard's step event.
 
-    ``step`` counts from 1, as the C++ guard's. ``action`` is "step" for a
-    healthy step, else the policy that acted ("skip", "backoff", "rollback",
-    "abort"). ``finding`` is the replay's :class:`~nanguard.Finding` (or
-    None) and ``verdict`` "reproduced" / "not reproduced" / "" (no replay).
-    ``nonfinite_params`` lists (name, NaN/Inf count) of the gradients that
-    held any, ``top_norms`` (name, norm) of the largest per-parameter
-    gradient norms; ``bundle`` is the repro bundle an abort wrote and
-    ``rollback_to`` the snapshot a rollback restored (steps done then).
-    The finding is diagnosed with the steps before (``finding.cause``,
-    ``finding.remedy``); ``remedy`` is what the guard did about a bad step,
-    e.g. "skipped the step; loss scale 65536 -> 32768" ("" on a healthy step).
+    ``step`` counts from 1. ``action`` is "step" for a healthy step, else
+    the policy that acted ("skip", "backoff", "rollback", "abort").
+    ``reason`` says what was not finite ("non-finite loss", "non-finite
+    gradient"; "" on a healthy step) and ``note`` what else the guard noted
+    (which layers moved most before a rollback, ...). ``finding`` is the
+    replay's :class:`~nanguard.Finding` (or None), diagnosed with the steps
+    before (``finding.cause``, ``finding.remedy``), and ``verdict``
+    "reproduced" / "not reproduced" / "" (no replay). ``nonfinite_params``
+    lists (name, NaN/Inf count) of the gradients that held any,
+    ``top_norms`` (name, norm) of the largest per-parameter gradient norms;
+    ``bundle`` is the repro bundle an abort wrote and ``rollback_to`` the
+    snapshot a rollback restored (steps done then); ``remedy`` is what the
+    guard did about a bad step, e.g. "skipped the step; loss scale 65536 ->
+    32768" ("" on a healthy step). ``to_dict()`` gives the event log's line.
     """
 
     step: int
@@ -57,31 +57,38 @@ class StepResult:
     bundle: str = ""
     rollback_to: int = -1
     remedy: str = ""
+    note: str = ""
+    _event: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_event(cls, event_json):
+        """The result of the C++ step event ``event_json``."""
+        e = json.loads(event_json)
+        bad = [(p["name"], int(p["nonfinite"])) for p in e.get("nonfinite_params", [])]
+        loss = _float(e["loss"])
+        reason = "" if not e["skipped"] else "non-finite loss" if not math.isfinite(loss) else "non-finite gradient"
+        findings = e.get("findings", [])
+        return cls(step=int(e["step"]), loss=loss, grad_norm=_float(e["grad_norm"]), action=e["action"],
+                   skipped=bool(e["skipped"]), scale=_float(e["scale"]), lr=_float(e["lr"]), reason=reason,
+                   first_nonfinite_param=bad[0][0] if bad else "",
+                   finding=Finding(json.dumps(findings[0])) if findings else None,
+                   verdict=e.get("verdict", ""),
+                   spikes=[(s["series"], _float(s["value"]), _float(s["z"])) for s in e.get("spikes", [])],
+                   nonfinite_params=bad,
+                   top_norms=[(t["name"], _float(t["norm"])) for t in e.get("top_norms", [])],
+                   clip_coef=_float(e.get("clip_coef", 1.0)), bundle=e.get("bundle", ""),
+                   rollback_to=int(e.get("rollback_to", -1)), remedy=e.get("remedy", ""), note=e.get("note", ""),
+                   _event=e)
 
     def to_dict(self):
-        """The result as the event log holds it: the C++ guard's step event
-        (``nanguard::step_event``), NaN and Inf as "nan", "inf", "-inf"."""
-        d = {"step": self.step, "loss": _num(self.loss), "grad_norm": _num(self.grad_norm),
-             "clip_coef": _num(self.clip_coef), "scale": _num(self.scale), "lr": _num(self.lr),
-             "skipped": self.skipped, "action": self.action,
-             "spikes": [{"series": s, "value": _num(v), "z": _num(z)} for s, v, z in self.spikes],
-             "nonfinite_params": [{"name": n, "nonfinite": c} for n, c in self.nonfinite_params],
-             "top_norms": [{"name": n, "norm": _num(v)} for n, v in self.top_norms],
-             "findings": [json.loads(self.finding.to_json())] if self.finding is not None else []}
-        for key, value, unset in (("verdict", self.verdict, ""), ("note", self.reason, ""),
-                                  ("bundle", self.bundle, ""), ("rollback_to", self.rollback_to, -1),
-                                  ("remedy", self.remedy, "")):
-            if value != unset:
-                d[key] = value
-        return d
+        """The event as the event log holds it (``nanguard::step_event``; NaN
+        and Inf as "nan", "inf", "-inf")."""
+        return dict(self._event)
 
 
-def _num(x):
-    """A float as the event log writes it: JSON has no NaN or Inf."""
-    x = float(x)
-    if math.isnan(x):
-        return "nan"
-    return x if math.isfinite(x) else ("inf" if x > 0 else "-inf")
+def _float(x):
+    """A number of the event's JSON ("nan", "inf", "-inf" for those)."""
+    return float(x)
 
 
 def _trainable_loss(loss):
@@ -108,17 +115,49 @@ def _call_of(micro_batch):
     return (micro_batch,), {}
 
 
-def _rng_states():
-    """The CPU generator's state and, once CUDA is in use, each CUDA
-    device's: a replay draws the same dropout masks on either."""
-    return torch.get_rng_state(), (torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [])
+def _tensors(args, kwargs):
+    """The tensors among a call's arguments: the batch a bundle keeps."""
+    return [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
 
 
-def _set_rng_states(states):
-    cpu, cuda = states
-    torch.set_rng_state(cpu)
-    if cuda:
-        torch.cuda.set_rng_state_all(cuda)
+class _ModuleHost(_nanguard.TrainingHost):
+    """The guard's view of an ``nn.Module`` and a ``torch.optim`` optimizer
+    (``nanguard::training_host``): what the C++ step calls back."""
+
+    def __init__(self, model, optimizer, named):
+        super().__init__()
+        self.model = model
+        self.optimizer = optimizer
+        self.named = named
+
+    def named_parameters(self):
+        return self.named
+
+    def zero_grad(self):
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def optimizer_step(self):
+        self.optimizer.step()
+
+    def lrs(self):
+        return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def set_lrs(self, lrs):
+        for g, lr in zip(self.optimizer.param_groups, lrs):
+            g["lr"] = lr
+
+    def save(self):
+        model_state = copy.deepcopy(self.model.state_dict())
+        saved = [(n, model_state[n]) for n, _ in self.named if n in model_state]
+        return (model_state, copy.deepcopy(self.optimizer.state_dict())), saved
+
+    def restore(self, state):
+        model_state, optimizer_state = state
+        self.model.load_state_dict(model_state)
+        self.optimizer.load_state_dict(optimizer_state)
+
+    def open_module_scopes(self):
+        return open_module_scopes(self.model)
 
 
 class Guard:
@@ -185,46 +224,29 @@ class Guard:
         self.model = model
         self.optimizer = optimizer
         self.policy = policy
-        self.max_norm = float(max_norm)
-        self.clip_value = float(clip_value)
-        self.replay = replay
-        self.snapshot_every = int(snapshot_every)
-        self.snapshot_keep = int(snapshot_keep)
-        self.rollback_lr_factor = float(rollback_lr_factor)
-        self.max_bad_steps = int(max_bad_steps)
-        self.bundle_dir = bundle_dir
-        self.bundle_tags = {str(k): str(v) for k, v in (bundle_tags or {}).items()}
-        self.log_top_norms = int(log_top_norms)
-        self.schedule = _nanguard.WarmupCosine(**schedule) if isinstance(schedule, dict) else schedule
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        self._named = named
-        self._params = [p for _, p in named]
         stepped = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        if not any(id(p) in stepped for p in self._params):
+        if not any(id(p) in stepped for _, p in named):
             raise ValueError("nanguard.Guard: the optimizer holds none of the model's trainable parameters, so "
                              "no step would change the model; build it from this model's parameters, e.g. "
                              "torch.optim.AdamW(model.parameters())")
-        self.sentinel = _nanguard.Sentinel(named, window=spike_window, threshold=spike_threshold,
-                                           min_samples=min(10, spike_window))
-        opts = {} if loss_scale in (True, False, None) else dict(loss_scale)
-        self.scaler = _nanguard.LossScaler(enabled=bool(loss_scale), **opts)
-        self.steps = 0
-        self.skipped = 0
-        self.rollbacks = 0
-        self.lr_factor = 1.0
-        self._bad_in_a_row = 0
-        # Losses and grad norms of the last finite steps: what a bad step's
-        # diagnosis reads as the steps before.
-        self._losses = deque(maxlen=spike_window)
-        self._grad_norms = deque(maxlen=spike_window)
-        self._snapshots = []  # (steps done, model state, optimizer state)
-        self._started = None  # (step, RNG states, scale, LR) of the step begun
-        self._log = None
         if event_log:
-            open(event_log, "w", encoding="utf-8").close()  # truncated; unwritable: the OSError Python raises
-            self._log = _nanguard.EventLog(str(event_log), False)
-        if policy == "rollback":
-            self._snapshot()  # until the first good step
+            open(event_log, "w", encoding="utf-8").close()  # unwritable: the OSError Python raises
+        if isinstance(schedule, dict):
+            schedule = _nanguard.WarmupCosine(**schedule)
+        scaler = None
+        if loss_scale:
+            scaler = _nanguard.LossScaler(**({} if loss_scale is True else dict(loss_scale)))
+        options = dict(policy=policy, max_norm=float(max_norm), clip_value=float(clip_value), replay=bool(replay),
+                       log_top_norms=int(log_top_norms), event_log=str(event_log or ""),
+                       bundle_dir=str(bundle_dir or ""),
+                       bundle_tags=[("front_end", "python")] + [(str(k), str(v)) for k, v in (bundle_tags or {}).items()],
+                       snapshot_every=int(snapshot_every), snapshot_keep=int(snapshot_keep),
+                       rollback_lr_factor=float(rollback_lr_factor), max_bad_steps=int(max_bad_steps),
+                       spike_window=int(spike_window), spike_threshold=float(spike_threshold), scaler=scaler,
+                       schedule=schedule)
+        self._host = _ModuleHost(model, optimizer, named)
+        self._core = _nanguard.GuardCore(self._host, options)
 
     # -- the step -------------------------------------------------------------
     def step(self, closure, *args, **kwargs):
@@ -248,37 +270,20 @@ class Guard:
         if not calls:
             raise ValueError("nanguard.Guard.step_accumulated: micro_batches is empty; pass at least one "
                              "(args, kwargs) pair or tuple of arguments")
-        self.begin_step()
-        self.optimizer.zero_grad(set_to_none=True)
-        run = lambda: self._forward_backward(closure, calls)
-        losses = run()
-        loss_value = losses[-1] if not math.isfinite(losses[-1]) else sum(losses) / len(losses)
-        batch = [a for args, kwargs in calls for a in list(args) + list(kwargs.values())
-                 if isinstance(a, torch.Tensor)]
-        return self._settle(loss_value, run, batch, steps_optimizer=True)
 
-    def _forward_backward(self, closure, calls):
-        """Forward and (scaled) backward of each micro-batch, the loss checked
-        before its backward; returns the losses, up to the first non-finite."""
-        losses = []
-        for args, kwargs in calls:
-            loss = _trainable_loss(closure(*args, **kwargs))
-            finite, value = self.sentinel.check_loss(loss)
-            losses.append(value)
-            if not finite:
-                break
-            self.scaler.scale(loss / len(calls)).backward()
-        return losses
+        def forward(index):
+            args, kwargs = calls[index]
+            return _trainable_loss(closure(*args, **kwargs))
+
+        batches = [_tensors(args, kwargs) for args, kwargs in calls]
+        return self._run(lambda core: core.step_accumulated(batches, forward))
 
     def begin_step(self):
         """Starts one optimizer step when a framework runs forward, backward
         and ``optimizer.step()`` itself (the integrations do): counts it,
         applies the schedule and keeps the RNG state a replay starts from.
         Call it before the first forward of the step, then :meth:`check`."""
-        self.steps += 1
-        if self.schedule is not None:
-            self._set_lr(self.schedule.lr(self.steps - 1) * self.lr_factor)
-        self._started = (self.steps, _rng_states(), self.scaler.get_scale(), self._lr())
+        self._active().begin_step()
 
     def check(self, loss, replay=None, batch=()):
         """Checks a step a framework ran: after backward (of every
@@ -293,180 +298,56 @@ class Guard:
         :class:`NonFiniteError`). ``loss`` is a tensor or a number;
         ``batch`` the tensors an abort's bundle keeps. Returns a
         :class:`StepResult`."""
-        if self._started is None:
-            raise RuntimeError("nanguard.Guard.check: no step was begun; call guard.begin_step() before the "
-                               "step's first forward")
-        if not isinstance(loss, torch.Tensor):
-            loss = torch.tensor(float(loss))
-        _, loss_value = self.sentinel.check_loss(loss.detach())
-        run = None if replay is None else lambda: self._backward_if_finite(replay())
-        return self._settle(loss_value, run, list(batch), steps_optimizer=False)
+        loss = loss.detach() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss))
+        forward = None if replay is None else (lambda _batch: _trainable_loss(replay()))
+        return self._run(lambda core: core.check(loss, forward, list(batch)))
 
-    def _backward_if_finite(self, loss):
-        if self.sentinel.check_loss(_trainable_loss(loss))[0]:
-            self.scaler.scale(loss).backward()
-
-    def _settle(self, loss_value, run, batch, steps_optimizer):
-        """The checks over the gradients and what follows: clip and step (when
-        ``steps_optimizer``), or localize (``run()`` runs the step's forward
-        and backward again, under the tracer) and apply the policy."""
-        step, rng, scale, lr = self._started
-        self._started = None
-        norm, reason, bad_param, report = float("nan"), "", "", None
-        if math.isfinite(loss_value):
-            report = self.sentinel.inspect_grads(self.scaler.inv_scale())
-            norm = report.total_norm
-            if not report.finite():
-                reason, bad_param = "non-finite gradient", report.first_nonfinite_name
-        else:
-            reason = "non-finite loss"
-        per_parameter = self._per_parameter(report)
-        if not reason:
-            if self.policy == "rollback" and (step - 1) % self.snapshot_every == 0:
-                self._snapshot()  # parameters this step just showed finite
-            clip_coef = _nanguard.clip_coefficient(norm, self.max_norm)
-            self.sentinel.apply_factor_(self.scaler.inv_scale() * clip_coef)
-            if self.clip_value > 0:
-                torch.nn.utils.clip_grad_value_(self._params, self.clip_value)
-            if steps_optimizer:
-                self.optimizer.step()
-            self.scaler.update(False)
-            self._bad_in_a_row = 0
-            self._losses.append(loss_value)
-            self._grad_norms.append(norm)
-            spikes = self.sentinel.observe(loss_value, norm)
-            return self._emit(StepResult(step, loss_value, norm, "step", False, scale, lr, spikes=spikes,
-                                         clip_coef=clip_coef, **per_parameter))
-
-        # A bad step: nothing is stepped. Localize, then act.
-        self.skipped += 1
-        self._bad_in_a_row += 1
-        finding, verdict = None, ""
-        if self.replay and run is not None:
-            finding, verdict = self._replay(step, rng, run)
-        if finding is not None:
-            finding = self._diagnose(finding, loss_value)
-        self.optimizer.zero_grad(set_to_none=True)
-        action = self.policy
-        if self.max_bad_steps and self._bad_in_a_row >= self.max_bad_steps:
-            action = "abort"
-        if self.scaler.enabled:
-            self.scaler.update(True)  # every policy backs an enabled scaler off
-        result = StepResult(step, loss_value, norm, action, True, scale, lr, reason, bad_param, finding, verdict,
-                            **per_parameter)
-        if action == "rollback":
-            result.rollback_to = self._rollback()
-        if action == "abort":
-            result.bundle = self._bundle(result, rng, batch)
-        result.remedy = self._applied_remedy(result)
-        self._emit(result)
-        if action == "abort":
-            if finding is None:
-                raise NonFiniteError(f"step {step}: {reason}" + (f" in {bad_param}" if bad_param else "")
-                                     + " (replay did not name an op)")
-            raise NonFiniteError(finding)
-        return result
-
-    def _per_parameter(self, report):
-        """The event's per-parameter fields from the sentinel's report."""
-        if report is None:
-            return {}
-        names = self.sentinel.names
-        bad = [(n, c) for n, c in zip(names, report.nonfinite_counts) if c > 0]
-        key = lambda item: math.inf if math.isnan(item[1]) else item[1]  # NaN first, as the C++ guard
-        top = sorted(zip(names, report.norms), key=key, reverse=True)[:max(self.log_top_norms, 0)]
-        return {"nonfinite_params": bad, "top_norms": top}
-
-    def _diagnose(self, finding, loss_value):
-        """The finding diagnosed again with the steps before (a finite loss of
-        this step last: its gradients were the bad ones)."""
-        losses = list(self._losses) + ([loss_value] if math.isfinite(loss_value) else [])
-        return Finding(_nanguard.diagnose_finding(finding.to_json(), losses, list(self._grad_norms), self._lr(),
-                                                  self.scaler.get_scale(), []))
-
-    def _applied_remedy(self, result):
-        """What the guard did about the bad step of ``result``, as the C++
-        guard's events say it."""
-        if result.action == "abort":
-            return "stopped training" + (f"; repro bundle in {result.bundle}" if result.bundle else "")
-        if result.action == "rollback":
-            done = f"rolled back to the snapshot of step {result.rollback_to}"
-        else:
-            done = "skipped the step"
-        if self._lr() != result.lr:
-            done += f"; lr {result.lr:.6g} -> {self._lr():.6g}"
-        if self.scaler.get_scale() != result.scale:
-            done += f"; loss scale {result.scale:.6g} -> {self.scaler.get_scale():.6g}"
-        return done
-
-    def _replay(self, step, rng, run):
-        """Re-runs the step (``run()``: forward and backward) under the tracer
-        from the step's RNG state."""
-        state = _rng_states()
-        self.optimizer.zero_grad(set_to_none=True)
-        _set_rng_states(rng)
+    def _run(self, call):
+        """A StepResult of ``call(core)``; the guard's abort as NonFiniteError."""
         try:
-            with trace(self.model, step=step, inside_kernels=True) as t:
-                run()
-        finally:
-            _set_rng_states(state)
-        f = t.findings
-        return (f[0], "reproduced") if f else (None, "not reproduced")
+            return StepResult.from_event(call(self._active()))
+        except _nanguard.GuardAbort as abort:
+            raise NonFiniteError(Finding(abort.args[0])) from None
 
-    # -- snapshots and rollback ----------------------------------------------
-    def _snapshot(self):
-        steps_done = max(self.steps - 1, 0)  # taken before this step's update
-        snap = (steps_done, copy.deepcopy(self.model.state_dict()), copy.deepcopy(self.optimizer.state_dict()))
-        self._snapshots.append(snap)
-        del self._snapshots[:-self.snapshot_keep]
+    def _active(self):
+        if self._core is None:
+            raise RuntimeError("nanguard.Guard: the guard is closed")
+        return self._core
 
-    def _rollback(self):
-        """Restores the newest snapshot, lowers the LR; returns the snapshot's step."""
-        lrs = [g["lr"] for g in self.optimizer.param_groups]
-        steps_done, model_state, opt_state = self._snapshots[-1]
-        self.model.load_state_dict(model_state)
-        self.optimizer.load_state_dict(opt_state)
-        self.rollbacks += 1
-        self.lr_factor *= self.rollback_lr_factor
-        if self.schedule is not None:
-            self._set_lr(self.schedule.lr(self.steps - 1) * self.lr_factor)
-        else:
-            for g, lr in zip(self.optimizer.param_groups, lrs):  # the LR goes on from where it was
-                g["lr"] = lr * self.rollback_lr_factor
-        self.sentinel.reset_spikes()
-        return steps_done
+    # -- state ------------------------------------------------------------------
+    @property
+    def steps(self):
+        """Steps run so far."""
+        return self._active().steps
 
-    def _set_lr(self, lr):
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
+    @property
+    def skipped(self):
+        """Steps the optimizer did not take."""
+        return self._active().skipped
 
-    def _lr(self):
-        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer.param_groups else 0.0
+    @property
+    def rollbacks(self):
+        """Rollbacks so far."""
+        return self._active().rollbacks
 
-    # -- outputs ----------------------------------------------------------------
-    def _emit(self, result):
-        if self._log is not None:
-            self._log.write(json.dumps(result.to_dict()))  # checked and flushed by the C++ writer
-        return result
+    @property
+    def lr_factor(self):
+        """The product of the rollback LR factors so far."""
+        return self._active().lr_factor
 
-    def _bundle(self, result, rng, batch):
-        """Writes the repro bundle of a bad step (the C++ guard's directory,
-        atomically); returns its path, or "" without ``bundle_dir``. The
-        tensors among the step's arguments are its batch; the parameters
-        are as the step found them (nothing was stepped)."""
-        if not self.bundle_dir:
-            return ""
-        finding = result.finding.to_json() if result.finding is not None else ""
-        cpu_rng, cuda_rngs = rng
-        # On the CPU: a bundle loads on any machine.
-        return _nanguard.write_bundle(str(self.bundle_dir), result.step, result.lr, result.scale, result.loss,
-                                      "abort", result.verdict, finding, [b.detach().cpu() for b in batch], cpu_rng,
-                                      [(n, p.detach().cpu()) for n, p in self._named],
-                                      {"front_end": "python", **self.bundle_tags}, list(cuda_rngs))
+    @property
+    def scaler(self):
+        """The loss scaler (``get_scale()``, ``enabled``, ...)."""
+        return self._active().scaler
+
+    @property
+    def sentinel(self):
+        """The sentinel (its spike windows, parameter names)."""
+        return self._active().sentinel
 
     def close(self):
-        """Closes the event log."""
-        self._log = None  # the C++ writer closes the file
+        """Closes the event log; the guard steps no more."""
+        self._core = None
 
     def __enter__(self):
         return self

@@ -112,6 +112,50 @@ class NonFiniteError(RuntimeError):
         self.finding = finding
 
 
+def open_module_scopes(model, prefix=""):
+    """Opens a nanguard scope (scope.h) around the forward of every submodule
+    of ``model``, so that findings name modules; returns the function that
+    removes the hooks again (and closes the scopes a forward that raised
+    left open)."""
+    depth = _nanguard.scope_depth()
+    stack = []  # qualified names of the modules running now
+    hooks = []
+
+    def make(name):
+        def pre(module, args):
+            top = stack[-1] if stack else prefix
+            if not top:
+                rel = name
+            elif name.startswith(top + "."):
+                rel = name[len(top) + 1:]
+            else:
+                rel = name  # run outside its parent: nests under the open scope
+            _nanguard.scope_push(rel)
+            stack.append(name)
+
+        def post(module, args, output):
+            if stack and stack[-1] == name:
+                stack.pop()
+                _nanguard.scope_pop()
+
+        return pre, post
+
+    for name, module in model.named_modules():
+        if not name:
+            continue  # the model itself: findings name paths inside it
+        pre, post = make(f"{prefix}.{name}" if prefix else name)
+        hooks.append(module.register_forward_pre_hook(pre))
+        hooks.append(module.register_forward_hook(post))
+
+    def close():
+        for h in hooks:
+            h.remove()
+        while _nanguard.scope_depth() > depth:  # a forward that raised
+            _nanguard.scope_pop()
+
+    return close
+
+
 class Trace:
     """Checks the output of every forward and backward op while active.
 
@@ -142,8 +186,7 @@ class Trace:
         self.inside_kernels = bool(inside_kernels)
         self._cost = None
         self._tracer = None
-        self._hooks = []
-        self._depth = 0
+        self._close_scopes = None
         self._findings = None
 
     # -- the context manager ------------------------------------------------
@@ -152,14 +195,13 @@ class Trace:
             raise RuntimeError("nanguard.trace: this trace is already active")
         rules = [(r.op, r.module, r.nan, r.pos_inf, r.neg_inf) for r in self.allow]
         self._findings = None
-        self._depth = _nanguard.scope_depth()
         self._tracer = _nanguard.Tracer(self.max_findings, self.capture_backtrace, rules, self.measure_cost,
                                          self.inside_kernels)
         try:
             self._tracer.set_step(int(self.step))
             if self.model is not None:
                 self.name_parameters(self.model, self.prefix)
-                self._hook(self.model)
+                self._close_scopes = open_module_scopes(self.model, self.prefix)
         except BaseException:
             self._close()
             raise
@@ -172,11 +214,9 @@ class Trace:
         return False
 
     def _close(self):
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-        while _nanguard.scope_depth() > self._depth:  # a forward that raised
-            _nanguard.scope_pop()
+        if self._close_scopes is not None:
+            self._close_scopes()
+            self._close_scopes = None
         if self._tracer is not None:
             tracer, self._tracer = self._tracer, None
             try:
@@ -184,37 +224,6 @@ class Trace:
                 self._cost = tracer.cost()
             finally:  # whatever reading them raised, this thread is free again
                 tracer.close()
-
-    def _hook(self, model):
-        """Forward pre/post hooks on every submodule open/close its scope."""
-        stack = []  # qualified names of the modules running now
-
-        def make(name):
-            def pre(module, args):
-                top = stack[-1] if stack else self.prefix
-                if not top:
-                    rel = name
-                elif name.startswith(top + "."):
-                    rel = name[len(top) + 1:]
-                else:
-                    rel = name  # run outside its parent: nests under the open scope
-                _nanguard.scope_push(rel)
-                stack.append(name)
-
-            def post(module, args, output):
-                if stack and stack[-1] == name:
-                    stack.pop()
-                    _nanguard.scope_pop()
-
-            return pre, post
-
-        for name, module in model.named_modules():
-            if not name:
-                continue  # the model itself: findings name paths inside it
-            qualified = f"{self.prefix}.{name}" if self.prefix else name
-            pre, post = make(qualified)
-            self._hooks.append(module.register_forward_pre_hook(pre))
-            self._hooks.append(module.register_forward_hook(post))
 
     # -- the API --------------------------------------------------------------
     def name_parameters(self, model, prefix=""):

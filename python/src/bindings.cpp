@@ -9,6 +9,7 @@
 #include <nanguard/events.h>
 #include <nanguard/finding.h>
 #include <nanguard/firewall.h>
+#include <nanguard/guard.h>
 #include <nanguard/isolation_forest.h>
 #include <nanguard/loss_scaler.h>
 #include <nanguard/nonfinite_record.h>
@@ -17,13 +18,16 @@
 #include <nanguard/sentinel.h>
 #include <nanguard/tensorboard.h>
 #include <nanguard/tracer.h>
+#include <nanguard/training_host.h>
 #include <nanguard/version.h>
 
 #include <torch/csrc/utils/pybind.h>
 #include <torch/nn/module.h>
 
+#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -129,11 +133,106 @@ py::dict column_report_dict(const nanguard::column_report& c) {
   return d;
 }
 
+/// The exception a guard's abort raises: its argument is the finding's JSON.
+PyObject*& guard_abort_type() {
+  static PyObject* type = nullptr;
+  return type;
+}
+
+/// A Python object, released with the GIL held (the guard may drop it on a
+/// thread that does not hold it).
+struct gil_object {
+  py::object object;
+  ~gil_object() {
+    py::gil_scoped_acquire gil;
+    object = py::object();
+  }
+};
+
+/// What the Python host saved: its object, and the parameters (saved_state).
+struct py_saved_state : nanguard::saved_state {
+  std::shared_ptr<gil_object> state;
+};
+
+/// A training_host whose methods a Python subclass implements
+/// (nanguard._guard._ModuleHost: an nn.Module and a torch.optim optimizer).
+class py_training_host : public nanguard::training_host {
+ public:
+  nanguard::named_tensors named_parameters() override {
+    PYBIND11_OVERRIDE_PURE(nanguard::named_tensors, nanguard::training_host, named_parameters, );
+  }
+  void zero_grad() override { PYBIND11_OVERRIDE_PURE(void, nanguard::training_host, zero_grad, ); }
+  void optimizer_step() override { PYBIND11_OVERRIDE_PURE(void, nanguard::training_host, optimizer_step, ); }
+  std::vector<double> lrs() override { PYBIND11_OVERRIDE_PURE(std::vector<double>, nanguard::training_host, lrs, ); }
+  void set_lrs(const std::vector<double>& lrs) override {
+    PYBIND11_OVERRIDE_PURE(void, nanguard::training_host, set_lrs, lrs);
+  }
+  // Python's save() returns (state, [(name, parameter copy)]).
+  std::shared_ptr<const nanguard::saved_state> save() override {
+    py::gil_scoped_acquire gil;
+    const py::tuple saved = call("save")();
+    auto s = std::make_shared<py_saved_state>();
+    s->state = std::make_shared<gil_object>(gil_object{saved[0]});
+    s->parameters = saved[1].cast<nanguard::named_tensors>();
+    return s;
+  }
+  void restore(const nanguard::saved_state& state) override {
+    py::gil_scoped_acquire gil;
+    const auto* s = dynamic_cast<const py_saved_state*>(&state);
+    TORCH_CHECK(s, "nanguard: the state was not saved by this Python host");
+    call("restore")(s->state->object);
+  }
+  // Python's open_module_scopes() returns the callable that closes them.
+  std::function<void()> open_module_scopes() override {
+    py::gil_scoped_acquire gil;
+    auto close = std::make_shared<gil_object>(gil_object{call("open_module_scopes")()});
+    return [close] {
+      py::gil_scoped_acquire gil;
+      close->object();
+    };
+  }
+
+ private:
+  py::function call(const char* name) {
+    py::function f = py::get_override(static_cast<const nanguard::training_host*>(this), name);
+    TORCH_CHECK(f, "nanguard: the training host does not implement ", name, "()");
+    return f;
+  }
+};
+
+/// The options of a guard as the Python Guard passes them (python/nanguard/_guard.py).
+nanguard::guard_options guard_options_of(const py::dict& o) {
+  const auto get = [&](const char* key) { return o[key]; };
+  static const char* const policies[] = {"skip", "backoff", "rollback", "abort"};
+  nanguard::guard_options g;
+  g.policy(enum_of<nanguard::policy>(get("policy").cast<std::string>(), policies, "policy"))
+      .max_norm(get("max_norm").cast<double>())
+      .clip_value(get("clip_value").cast<double>())
+      .replay(get("replay").cast<bool>())
+      .log_top_norms(get("log_top_norms").cast<int64_t>())
+      .event_log(get("event_log").cast<std::string>())
+      .bundle_dir(get("bundle_dir").cast<std::string>())
+      .bundle_tags(get("bundle_tags").cast<nanguard::bundle_tag_list>())
+      .snapshot_every(get("snapshot_every").cast<int64_t>())
+      .snapshot_keep(get("snapshot_keep").cast<int64_t>())
+      .rollback_lr_factor(get("rollback_lr_factor").cast<double>())
+      .max_bad_steps(get("max_bad_steps").cast<int64_t>())
+      .spikes(nanguard::spike_options()
+                  .window(get("spike_window").cast<int64_t>())
+                  .threshold(get("spike_threshold").cast<double>())
+                  .min_samples(std::min<int64_t>(10, get("spike_window").cast<int64_t>())));
+  if (!get("scaler").is_none()) g.scaler(get("scaler").cast<nanguard::loss_scaler>().options());
+  if (!get("schedule").is_none()) g.schedule(get("schedule").cast<nanguard::warmup_cosine>().options());
+  return g;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_nanguard, m) {
   m.doc() = "nanguard's C++ core (census, tracer, scope, sentinel, loss scaler)";
   m.attr("__version__") = NANGUARD_VERSION;
+  guard_abort_type() = PyErr_NewException("nanguard._nanguard.GuardAbort", PyExc_RuntimeError, nullptr);
+  m.attr("GuardAbort") = py::handle(guard_abort_type());
   // C++ errors as the Python exception of their kind, as torch maps them,
   // with the message only (no C++ backtrace); nanguard's own checks
   // (TORCH_CHECK) refuse values, so a plain c10::Error is a ValueError. Any
@@ -142,6 +241,9 @@ PYBIND11_MODULE(_nanguard, m) {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const nanguard::nonfinite_error& e) {
+      // The guard's abort: nanguard.Guard raises NonFiniteError with the finding.
+      PyErr_SetObject(guard_abort_type(), py::str(nanguard::to_json(e.finding())).ptr());
     } catch (const c10::TypeError& e) {
       PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
     } catch (const c10::IndexError& e) {
@@ -485,4 +587,45 @@ PYBIND11_MODULE(_nanguard, m) {
       .def("update", &nanguard::loss_scaler::update, py::arg("found_nonfinite"))
       .def("set_scale", &nanguard::loss_scaler::set_scale)
       .def_property_readonly("enabled", &nanguard::loss_scaler::enabled);
+
+  // ------------------------------------------------------------ the guard
+  // nanguard.Guard drives the C++ guard's step through a training_host that
+  // Python implements: one step core for every front end.
+  py::class_<nanguard::training_host, py_training_host, std::shared_ptr<nanguard::training_host>>(
+      m, "TrainingHost", "nanguard::training_host: subclass it to drive the guard from Python.")
+      .def(py::init<>());
+  py::class_<nanguard::guard>(m, "GuardCore", "nanguard::guard over a Python training host.")
+      .def(py::init([](std::shared_ptr<nanguard::training_host> host, const py::dict& options) {
+             return std::make_unique<nanguard::guard>(std::move(host), guard_options_of(options));
+           }),
+           py::arg("host"), py::arg("options"), py::keep_alive<1, 2>())
+      .def("step_accumulated",
+           [](nanguard::guard& g, const nanguard::guard::micro_batches& batches,
+              const std::function<at::Tensor(size_t)>& forward) {
+             // The guard runs the step on the elements of `batches`, by
+             // reference: an element's position is the index of the
+             // micro-batch, which Python's forward takes.
+             const nanguard::step_fn fn = [&](const std::vector<at::Tensor>& batch) {
+               const std::less<const void*> before;
+               TORCH_CHECK(!before(&batch, batches.data()) && before(&batch, batches.data() + batches.size()),
+                           "nanguard: the guard ran a step on a batch it was not given");
+               return forward(static_cast<size_t>(&batch - batches.data()));
+             };
+             return nanguard::to_json(g.step_accumulated(batches, fn));
+           },
+           py::arg("micro_batches"), py::arg("forward"), py::call_guard<py::gil_scoped_release>(),
+           "One guarded step over the micro-batches (their tensors); forward(i) is the loss of the i-th. "
+           "Returns the step event's JSON.")
+      .def("begin_step", &nanguard::guard::begin_step)
+      .def("check",
+           [](nanguard::guard& g, const at::Tensor& loss, const nanguard::step_fn& replay,
+              const std::vector<at::Tensor>& batch) { return nanguard::to_json(g.check(loss, replay, batch)); },
+           py::arg("loss"), py::arg("replay"), py::arg("batch"), py::call_guard<py::gil_scoped_release>(),
+           "Checks a step a framework ran; returns the step event's JSON.")
+      .def_property_readonly("steps", &nanguard::guard::steps)
+      .def_property_readonly("skipped", &nanguard::guard::skipped)
+      .def_property_readonly("rollbacks", &nanguard::guard::rollbacks)
+      .def_property_readonly("lr_factor", &nanguard::guard::lr_factor)
+      .def_property_readonly("scaler", &nanguard::guard::scaler, py::return_value_policy::reference_internal)
+      .def_property_readonly("sentinel", &nanguard::guard::sentinel, py::return_value_policy::reference_internal);
 }

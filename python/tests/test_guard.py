@@ -64,7 +64,7 @@ def test_skip_localizes_by_replay_and_leaves_parameters_alone(tmp_path):
     line = json.loads(log.read_text().splitlines()[0])
     assert line["step"] == 1 and r.step == 1
     assert line["action"] == "skip" and line["findings"][0]["op"] == "aten::sqrt"
-    assert line["note"] == "non-finite loss" and line["verdict"] == "reproduced"
+    assert line["loss"] == "nan" and line["verdict"] == "reproduced"
 
 
 def test_nonfinite_gradient_names_the_backward_op():

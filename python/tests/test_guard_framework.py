@@ -57,7 +57,7 @@ def test_check_of_a_bad_step_names_the_op_and_empties_the_optimizers_step():
 def test_check_without_begin_step_is_a_clear_error():
     model = Net()
     g = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    with pytest.raises(RuntimeError, match="begin_step"):
+    with pytest.raises(ValueError, match="no step was begun; call begin_step"):
         g.check(1.0)
 
 

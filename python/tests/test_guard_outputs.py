@@ -54,7 +54,7 @@ def test_the_event_log_is_the_cpp_schema(tmp_path):
     assert [l["action"] for l in lines] == ["step", "skip", "step"]
     assert len(lines[0]["top_norms"]) == 2 and lines[0]["top_norms"][0]["norm"] >= lines[0]["top_norms"][1]["norm"]
     assert 0 < lines[0]["clip_coef"] <= 1
-    assert lines[1]["loss"] == "nan" and lines[1]["note"] == "non-finite loss"
+    assert lines[1]["loss"] == "nan" and results[1].reason == "non-finite loss"
     assert lines[1]["findings"][0]["op"] == "aten::addmm" and lines[1]["findings"][0]["role"] == "input"
 
 

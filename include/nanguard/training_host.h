@@ -1,0 +1,95 @@
+// training_host.h — what the guard needs from the training loop it guards,
+// as one small interface: the guard's step (its policies, replay, rollback,
+// bundle and event log) is written once, and each front end says how its
+// model and optimizer do these few things. `module_host` is the LibTorch
+// one (a torch::nn::Module and a torch::optim::Optimizer); the Python
+// module implements it for an nn.Module and a torch.optim optimizer.
+//
+//   nanguard::module_host host(*model, optimizer);
+//   nanguard::snapshot_ring ring(host, /*capacity=*/2);
+//   ring.take(0);
+//   host.set_lrs({1e-3});
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
+namespace torch::optim {
+class Optimizer;
+}  // namespace torch::optim
+
+namespace nanguard {
+
+/// Parameters by name, in the model's order.
+using named_tensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+/// A copy of a model's and its optimizer's state (training_host::save);
+/// each host extends it with what it keeps.
+struct saved_state {
+  virtual ~saved_state() = default;
+  /// The parameters as they were (what a rollback's diff compares).
+  named_tensors parameters;
+};
+
+/// The model and optimizer of one training loop, as the guard drives them.
+class training_host {
+ public:
+  virtual ~training_host() = default;
+  /// The trainable parameters, by name.
+  virtual named_tensors named_parameters() = 0;
+  /// Sets every gradient to undefined (None).
+  virtual void zero_grad() = 0;
+  /// Steps the optimizer on the gradients.
+  virtual void optimizer_step() = 0;
+  /// Each param group's learning rate.
+  virtual std::vector<double> lrs() = 0;
+  /// Sets each param group's learning rate (as many as lrs() gives).
+  virtual void set_lrs(const std::vector<double>& lrs) = 0;
+  /// A copy of the parameters, buffers and optimizer state.
+  virtual std::shared_ptr<const saved_state> save() = 0;
+  /// Puts a copy `save()` made back in place (parameters keep their
+  /// identity). The learning rates are the caller's to keep or set.
+  virtual void restore(const saved_state& state) = 0;
+  /// Opens the model's module scopes (scope.h) while a replay is traced, so
+  /// that its findings name modules; returns what closes them again. The
+  /// default opens none: LibTorch modules are named by their parameters.
+  virtual std::function<void()> open_module_scopes() { return {}; }
+};
+
+/// The host of a LibTorch module and optimizer. Its saves deep-copy the
+/// optimizer's state for the optimizers LibTorch ships (Adam, AdamW, SGD,
+/// RMSprop, Adagrad) and serialize any other.
+///
+/// NOTE: both must outlive the host.
+class module_host : public training_host {
+ public:
+  module_host(torch::nn::Module& module, torch::optim::Optimizer& optimizer);
+
+  named_tensors named_parameters() override;
+  void zero_grad() override;
+  void optimizer_step() override;
+  std::vector<double> lrs() override;
+  void set_lrs(const std::vector<double>& lrs) override;
+  std::shared_ptr<const saved_state> save() override;
+  void restore(const saved_state& state) override;
+
+  /// The module.
+  torch::nn::Module& module() { return module_; }
+
+ private:
+  torch::nn::Module& module_;
+  torch::optim::Optimizer& optimizer_;
+};
+
+/// Multiplies every learning rate of `host` by `factor`.
+void scale_lrs(training_host& host, double factor);
+
+}  // namespace nanguard
