@@ -124,7 +124,13 @@ step_event step_event_from_json(const std::string& line) {
 }
 
 event_log::event_log(const std::string& path, bool truncate) : path_(path) {
-  file_ = std::fopen(path.c_str(), truncate ? "w" : "a");
+  // Opened for appending even after truncating it: lines other writers
+  // append to the same log (nanguard.data's data events) are never
+  // overwritten.
+  if (truncate) {
+    if (std::FILE* emptied = std::fopen(path.c_str(), "w")) std::fclose(emptied);
+  }
+  file_ = std::fopen(path.c_str(), "a");
   TORCH_CHECK(file_ != nullptr, "nanguard::event_log: cannot open '", path, "' for writing: ",
               std::strerror(errno), "; check that the directory exists and is writable");
 }

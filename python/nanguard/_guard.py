@@ -199,6 +199,10 @@ class Guard:
     ``schedule``: a :class:`WarmupCosine` (or a dict of its arguments) the
     guard applies to every param group at the start of each step, times the
     product of the rollback factors, as the C++ guard does.
+    ``tensorboard``: a log directory, a ``SummaryWriter`` or a
+    :class:`nanguard.tensorboard.StepLogger`: every step's loss, grad norm,
+    per-layer norms, loss scale, LR, skips and findings go to TensorBoard
+    too (docs/tensorboard.md; an abort's step is in the event log).
     ``event_log``: a JSONL file, one C++ step event per step (``nanguard
     report`` turns it into HTML); ``log_top_norms`` per-parameter gradient
     norms go into each event.
@@ -210,7 +214,8 @@ class Guard:
     def __init__(self, model, optimizer, policy="skip", max_norm=0.0, clip_value=0.0,
                  loss_scale=False, replay=True, event_log=None, snapshot_every=100,
                  snapshot_keep=2, rollback_lr_factor=0.5, max_bad_steps=0, bundle_dir=None,
-                 spike_window=50, spike_threshold=8.0, bundle_tags=None, log_top_norms=5, schedule=None):
+                 spike_window=50, spike_threshold=8.0, bundle_tags=None, log_top_norms=5, schedule=None,
+                 tensorboard=None):
         if policy not in POLICIES:
             raise ValueError(f"nanguard.Guard: policy must be one of {POLICIES}, got {policy!r}")
         if not (math.isfinite(max_norm) and max_norm >= 0 and math.isfinite(clip_value) and clip_value >= 0):
@@ -245,6 +250,13 @@ class Guard:
                        rollback_lr_factor=float(rollback_lr_factor), max_bad_steps=int(max_bad_steps),
                        spike_window=int(spike_window), spike_threshold=float(spike_threshold), scaler=scaler,
                        schedule=schedule)
+        self._tensorboard = self._own_tensorboard = None
+        if tensorboard is not None:
+            from .tensorboard import StepLogger
+            if isinstance(tensorboard, StepLogger):
+                self._tensorboard = tensorboard
+            else:
+                self._tensorboard = self._own_tensorboard = StepLogger(tensorboard)
         self._host = _ModuleHost(model, optimizer, named)
         self._core = _nanguard.GuardCore(self._host, options)
 
@@ -305,9 +317,12 @@ class Guard:
     def _run(self, call):
         """A StepResult of ``call(core)``; the guard's abort as NonFiniteError."""
         try:
-            return StepResult.from_event(call(self._active()))
+            result = StepResult.from_event(call(self._active()))
         except _nanguard.GuardAbort as abort:
             raise NonFiniteError(Finding(abort.args[0])) from None
+        if self._tensorboard is not None:
+            self._tensorboard.log(result)
+        return result
 
     def _active(self):
         if self._core is None:
@@ -346,8 +361,12 @@ class Guard:
         return self._active().sentinel
 
     def close(self):
-        """Closes the event log; the guard steps no more."""
+        """Closes the event log (and the TensorBoard logger it made); the
+        guard steps no more."""
         self._core = None
+        if self._own_tensorboard is not None:
+            self._own_tensorboard.close()
+            self._own_tensorboard = None
 
     def __enter__(self):
         return self

@@ -151,3 +151,31 @@ def test_step_logger_refuses_what_it_cannot_write(tmp_path):
     with pytest.raises(ValueError, match="action \"data\" without the \"data\" counts"):
         logger.log({"step": 1, "action": "data"})
     logger.close()
+
+
+def test_the_guard_logs_every_step_to_tensorboard_itself(tmp_path):
+    """Guard(tensorboard=DIR) writes what a StepLogger fed each StepResult
+    writes: the same tags, steps and values."""
+    run_by_hand(tmp_path / "by_hand")
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(32, 4, generator=g)
+    y = (x[:, 0] > 0).long()
+    torch.manual_seed(0)  # the model of run_by_hand
+    model = Net()
+    with nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), max_norm=1.0, log_top_norms=3,
+                        tensorboard=str(tmp_path / "by_guard")) as guard:
+        for step in range(1, 7):
+            guard.step(lambda: F.cross_entropy(model(x), y)
+                       + (torch.sqrt(model.lin.bias - 100).sum() if step == 3 else 0))
+    by_hand, by_guard = read(tmp_path / "by_hand"), read(tmp_path / "by_guard")
+    assert by_guard[0].keys() == by_hand[0].keys() and "skipped" in by_guard[0]
+    for tag, points in by_hand[0].items():
+        assert [s for s, _ in by_guard[0][tag]] == [s for s, _ in points], tag
+        assert all(same(a, b) for (_, a), (_, b) in zip(by_guard[0][tag], points)), tag
+    assert by_guard[1] == by_hand[1]
+
+
+def run_by_hand(logdir):
+    torch.manual_seed(0)
+    with StepLogger(str(logdir)) as tb:
+        guarded_run(None, logger=tb)
