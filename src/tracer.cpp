@@ -40,7 +40,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -150,8 +149,8 @@ struct deferred_op {
   uint64_t thread = 0;
   std::vector<c10::IValue> outputs;
   std::optional<node_frame> node;
-  std::deque<op_frame> enclosing;  // copies of the ops around it (a deque: stable addresses)
-  std::deque<std::string> enclosing_names;
+  std::vector<op_frame> enclosing;  // copies of the ops around it (reserved: addresses stay)
+  std::vector<std::string> enclosing_names;
   std::vector<const op_frame*> stack;
   std::optional<ran_node> sender;  // a node input's sender (see on_nonfinite_node_input)
 
@@ -1109,6 +1108,8 @@ std::shared_ptr<deferred_op> keep_op(const at::RecordFunction& fn, op_context&& 
   op->thread = fn.threadId();
   op->outputs = fn.outputs();
   if (!node_stack().empty()) op->node = node_stack().back();
+  op->enclosing.reserve(op_stack().size());
+  op->enclosing_names.reserve(op_stack().size());
   for (const op_frame* f : op_stack()) {
     op->enclosing_names.emplace_back(f->op);
     op->enclosing.push_back(*f);
