@@ -431,7 +431,7 @@ struct deferred_check {
   kind what;
   std::shared_ptr<deferred_op> op;  // output, node_input
   at::Tensor tensor;                // output, old_values, node_input
-  int64_t ordinal = -1;             // the tensor's position in the record
+  int64_t ordinal = -1;             // the tensor's position in the record (set: an earlier check's)
   int index = 0;                    // output: its index (kWrittenArgument); node_input: its input
   bool into_leaf = false;           // node_input: of an AccumulateGrad
   int64_t sequence_nr = -1;         // loss
@@ -463,6 +463,9 @@ struct tracer::state {
   nonfinite_record pending_record{record_options().stats(true)};
   std::vector<deferred_check> pending;
   int64_t pending_bytes = 0;
+  // The outputs checked since the last read (held by `pending`, so their
+  // addresses are theirs), by TensorImpl: their version then, and position.
+  std::unordered_map<const c10::TensorImpl*, std::pair<int64_t, int64_t>> checked_outputs;
   detail::observer_slot<state> slot{"nanguard::tracer"};  // last: uninstalled before the rest goes
 };
 
@@ -907,11 +910,22 @@ bool outputs_on_cpu(c10::ArrayRef<c10::IValue> outputs) {
 // Enqueues `c`, with the check of its tensor when it has one.
 void enqueue(tracer_state& st, deferred_check c) {
   std::lock_guard<std::mutex> lock(st.deferred_mutex);
-  if (c.tensor.defined()) {
+  if (c.tensor.defined() && c.ordinal < 0) {
     c.ordinal = st.pending_record.add(detail::real_values(c.tensor));
     st.pending_bytes += c.tensor.numel() * int64_t(c.tensor.element_size());
   }
+  if (c.what == deferred_check::kind::output)
+    st.checked_outputs[c.tensor.unsafeGetTensorImpl()] = {c.tensor._version(), c.ordinal};
   st.pending.push_back(std::move(c));
+}
+
+// The record position of `t`'s check when `t`, unchanged since, is an
+// output checked since the last read (a gradient handed on by the node that
+// made it); -1 otherwise.
+int64_t checked_since_read(tracer_state& st, const at::Tensor& t) {
+  std::lock_guard<std::mutex> lock(st.deferred_mutex);
+  const auto it = st.checked_outputs.find(t.unsafeGetTensorImpl());
+  return it != st.checked_outputs.end() && it->second.first == t._version() ? it->second.second : -1;
 }
 
 // The deferred record_written_inputs for input `k`: the check of its old
@@ -1144,15 +1158,19 @@ void defer_outputs(tracer_state& st, const at::RecordFunction& fn, op_context& c
 }
 
 // The deferred check of gradient `input` into the node `fn` runs.
+// A gradient an op's output check has (the eager path knows those from the
+// range memo) is not read again: the replay takes that check's census.
 void defer_node_input(tracer_state& st, const at::RecordFunction& fn, const ran_node* sender,
                       const at::Tensor& gradient, size_t input, bool into_leaf) {
-  count_scan(st, gradient, fn.name(), scanned::node_input);
+  const int64_t checked = checked_since_read(st, gradient);
+  if (checked < 0) count_scan(st, gradient, fn.name(), scanned::node_input);
   auto op = std::make_shared<deferred_op>();
   op->name = fn.name();
   op->seq_nr = fn.seqNr();
   op->thread = fn.threadId();
   if (sender) op->sender = *sender;
   deferred_check c(deferred_check::kind::node_input, std::move(op), gradient);
+  c.ordinal = checked;
   c.index = int(input);
   c.into_leaf = into_leaf;
   enqueue(st, std::move(c));
@@ -1227,6 +1245,7 @@ void settle(tracer_state& st) {
   st.pending.clear();
   st.pending_record.clear();
   st.pending_bytes = 0;
+  st.checked_outputs.clear();
 }
 
 // Checks a record holds at most between reads, far under its 2^20.
@@ -1439,6 +1458,7 @@ void tracer::clear() {
     state_->pending.clear();
     state_->pending_record.clear();
     state_->pending_bytes = 0;
+    state_->checked_outputs.clear();
   }
   std::lock_guard<std::mutex> lock(state_->mutex);
   range_memo::forget_all();

@@ -891,6 +891,19 @@ TEST(tracer_deferred, holds_what_it_checks_until_it_reads_its_record) {
   EXPECT_EQ(1, z.use_count());
 }
 
+// A gradient handed on unchanged by the op that made it is not read again
+// (a view of one, like SumBackward's expand, still is).
+TEST(tracer_deferred, reads_no_gradient_again_that_an_op_check_has) {
+  const at::Tensor w = torch::ones({1000}, torch::requires_grad());
+  nanguard::tracer t(nanguard::tracer_options().deferred(true).measure_cost(true));
+  (w * 2).exp().sum().backward();
+  int64_t node_input_bytes = 0;
+  for (const nanguard::tracer_op_scans& s : t.cost().scans_by_op)
+    if (s.op.find("(gradient into the node)") != std::string::npos) node_input_bytes += s.bytes;
+  EXPECT_LT(node_input_bytes, 2 * 4000) << "MulBackward0's and AccumulateGrad's gradients were read again";
+  EXPECT_FALSE(t.found());
+}
+
 TEST(finding, renders_one_line_text_and_json_round_trip) {
   // Eager: the deferred path records no backtrace (the op's stack is gone).
   nanguard::tracer t(nanguard::tracer_options().capture_backtrace(true));
