@@ -295,7 +295,7 @@ uint64_t checksum(const std::vector<at::Tensor>& tensors) {
       h = (h ^ 0xffu) * prime;
       continue;
     }
-    const at::Tensor t = t0.is_contiguous() ? t0 : t0.contiguous();
+    const at::Tensor t = t0.to(at::kCPU).contiguous();  // a GPU's tensor is hashed from a host copy
     const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
     const size_t n = static_cast<size_t>(t.numel()) * t.element_size();
     size_t i = 0;

@@ -227,7 +227,8 @@ double add_histogram(std::array<int64_t, kBins>& h, const at::Tensor& x) {
   a = a.masked_select(at::isfinite(a).logical_and(a > 0));
   if (a.numel() == 0) return 0;
   const at::Tensor bins = (at::floor(at::log2(a)) - kMinExp).clamp(0, kBins - 1).to(at::kLong);
-  const at::Tensor counts = at::bincount(bins, {}, kBins).to(at::kLong).contiguous();
+  // Read on the host: the tensors may be on a GPU.
+  const at::Tensor counts = at::bincount(bins, {}, kBins).to(at::kCPU, at::kLong).contiguous();
   const int64_t* c = counts.data_ptr<int64_t>();
   for (int b = 0; b < kBins; ++b) h[size_t(b)] += c[b];
   return a.min().item<double>();
@@ -646,19 +647,19 @@ void round_to_precision_(at::Tensor& t, at::ScalarType dtype) {
 
 // ============================================================== autocast
 
-cpu_autocast::cpu_autocast(at::ScalarType dtype)
-    : was_enabled_(at::autocast::is_autocast_enabled(at::kCPU)),
-      previous_dtype_(at::autocast::get_autocast_dtype(at::kCPU)) {
-  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf,
-              "nanguard::cpu_autocast: CPU autocast runs in BFloat16 or Half, got ", c10::toString(dtype),
-              "; pass at::kBFloat16 (the default) or at::kHalf");
-  at::autocast::set_autocast_dtype(at::kCPU, dtype);
-  at::autocast::set_autocast_enabled(at::kCPU, true);
+autocast::autocast(at::DeviceType device, at::ScalarType dtype)
+    : device_(device),
+      was_enabled_(at::autocast::is_autocast_enabled(device)),
+      previous_dtype_(at::autocast::get_autocast_dtype(device)) {
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "nanguard::autocast: autocast runs in BFloat16 or "
+              "Half, got ", c10::toString(dtype), "; pass at::kBFloat16 or at::kHalf");
+  at::autocast::set_autocast_dtype(device, dtype);
+  at::autocast::set_autocast_enabled(device, true);
 }
 
-cpu_autocast::~cpu_autocast() {
-  at::autocast::set_autocast_enabled(at::kCPU, was_enabled_);
-  at::autocast::set_autocast_dtype(at::kCPU, previous_dtype_);
+autocast::~autocast() {
+  at::autocast::set_autocast_enabled(device_, was_enabled_);
+  at::autocast::set_autocast_dtype(device_, previous_dtype_);
   if (!was_enabled_) at::autocast::clear_cache();
 }
 

@@ -167,10 +167,16 @@ grad_report sentinel::inspect_grads(double inv_scale) const {
 void sentinel::apply_factor_(double factor) const {
   if (factor == 1.0) return;
   at::NoGradGuard no_grad;
+  // One multi-tensor write for the dense gradients: on CUDA, a few launches
+  // for all of them instead of one per parameter.
+  std::vector<at::Tensor> dense;
   for (const at::Tensor& p : params_) {
     at::Tensor g = p.grad();
-    if (g.defined()) g.mul_(factor);
+    if (!g.defined()) continue;
+    if (g.layout() == at::kStrided) dense.push_back(g);
+    else g.mul_(factor);
   }
+  if (!dense.empty()) at::_foreach_mul_(dense, factor);
 }
 
 std::vector<spike> sentinel::observe(double loss, double grad_norm) {

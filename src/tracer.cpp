@@ -16,6 +16,7 @@
 // in-place op's old values are read only when the memo does not know them.
 #include "nanguard/tracer.h"
 
+#include "nanguard/nonfinite_record.h"
 #include "nanguard/scope.h"
 
 #include "detail/op_tensors.h"
@@ -41,6 +42,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string_view>
 #include <thread>
 #include <unordered_map>
@@ -91,21 +93,70 @@ struct node_frame {
 // An autograd node's start callback pushed a node_frame.
 struct node_context : at::ObserverContext {};
 
-// What a start callback hands its end callback.
-struct op_context : at::ObserverContext {
+// An op as a finding names it: what it was handed and where it ran.
+struct op_frame {
   const char* op = "";
   const op_traits* traits = nullptr;
   c10::SmallVector<at::Tensor, 4> inputs;
   c10::SmallVector<int, 4> argument_of;  // inputs[k] came from the op's argument argument_of[k]
+  // With keep_inputs: copies of the inputs the op writes, taken before it runs.
+  c10::SmallVector<at::Tensor, 1> values_before;
+  module_ref module;
+};
+
+// What a start callback hands its end callback.
+struct op_context : at::ObserverContext, op_frame {
   // Inputs the op writes (in-place self, or the same tensor as an out=
   // buffer): whether each held a NaN or Inf before the op; -1 for the rest.
   c10::SmallVector<int8_t, 4> nonfinite_before;
-  // With keep_inputs: copies of the inputs the op writes, taken before it runs.
-  c10::SmallVector<at::Tensor, 1> values_before;
+  // Deferred: where the record's read of those old values will be written
+  // (null for the rest); nonfinite_before is read from it on the way out.
+  c10::SmallVector<std::shared_ptr<int8_t>, 1> before_cells;
   c10::SmallVector<maybe_range, 1> output_ranges;  // by output index, from the op's range rule
   uint64_t memo_writes = 0;  // this thread's range_memo::writes() as the op started (writes_unreturned)
   at::CallbackHandle sealed = 0;         // the tracer's callback, disabled while this op runs
-  module_ref module;
+  bool deferred = false;                 // checked on the deferred path (see deferred_check)
+};
+
+// Where an op ran, as its end callback sees it: what a finding names. On
+// the eager path read from the RecordFunction and this thread's stacks; on
+// the deferred path from a deferred_op, kept until the record is read.
+struct op_site {
+  const char* name = "";
+  int64_t seq_nr = -1;
+  bool function_scope = false;           // a FUNCTION-scope record (an op, not a node)
+  uint64_t thread = 0;
+  c10::ArrayRef<c10::IValue> outputs;
+  const node_frame* node = nullptr;      // the autograd node being run; nullptr forward
+  c10::ArrayRef<const op_frame*> stack;  // the ops running around it, outermost first
+};
+
+// A node that ran in the current backward pass (see check_node_inputs).
+struct ran_node {
+  std::weak_ptr<torch::autograd::Node> node;
+  std::string name;
+  int64_t sequence_nr;
+};
+
+// An op whose checks are deferred: its context and site, copied out of
+// the callbacks (whose stacks and RecordFunction are gone by the time the
+// record is read) and kept, with its tensors, until then.
+struct deferred_op {
+  op_context ctx;
+  std::string name;  // owned: ctx.op and site().name point here
+  int64_t seq_nr = -1;
+  bool function_scope = false;
+  uint64_t thread = 0;
+  std::vector<c10::IValue> outputs;
+  std::optional<node_frame> node;
+  std::vector<op_frame> enclosing;  // copies of the ops around it (reserved: addresses stay)
+  std::vector<std::string> enclosing_names;
+  std::vector<const op_frame*> stack;
+  std::optional<ran_node> sender;  // a node input's sender (see on_nonfinite_node_input)
+
+  op_site site() const {
+    return {name.c_str(), seq_nr, function_scope, thread, outputs, node ? &*node : nullptr, stack};
+  }
 };
 
 // The ranges of tensors this thread has seen finite since their last
@@ -363,6 +414,30 @@ struct finding_record {
   bool reached = false;           // (origins) its non-finite values reached the loss or a leaf's gradient
 };
 
+// What the deferred path enqueued on its record (a tensor's check), or an
+// event of the backward pass that judges findings, in the order the eager
+// path would have run them; replayed so once the record is read.
+struct deferred_check {
+  enum class kind {
+    output,      // an op's output (or an input it wrote without returning it)
+    old_values,  // what an op is about to overwrite
+    node_input,  // a gradient handed to an autograd node
+    loss,        // a backward pass starts at `sequence_nr` (see reach_from_loss)
+    leaf,        // a leaf received its gradient: every record is judged
+  };
+  explicit deferred_check(kind what, std::shared_ptr<deferred_op> op = nullptr, at::Tensor tensor = {})
+      : what(what), op(std::move(op)), tensor(std::move(tensor)) {}
+
+  kind what;
+  std::shared_ptr<deferred_op> op;  // output, node_input
+  at::Tensor tensor;                // output, old_values, node_input
+  int64_t ordinal = -1;             // the tensor's position in the record (set: an earlier check's)
+  int index = 0;                    // output: its index (kWrittenArgument); node_input: its input
+  bool into_leaf = false;           // node_input: of an AccumulateGrad
+  int64_t sequence_nr = -1;         // loss
+  std::shared_ptr<int8_t> before;   // old_values: where to write whether they were non-finite
+};
+
 }  // namespace
 
 struct tracer::state {
@@ -381,6 +456,16 @@ struct tracer::state {
   std::unordered_map<int64_t, forward_record> forward_ops;  // by sequence number
   marked_data allowed;   // outputs holding intentional non-finite values
   marked_data reported;  // non-finite outputs seen, marked with the record of their origin
+  // The deferred path (see settle): its record, what it holds until read,
+  // and the bytes of the tensors checked; under deferred_mutex, taken
+  // before `mutex` when both are.
+  std::mutex deferred_mutex;
+  nonfinite_record pending_record{record_options().stats(true)};
+  std::vector<deferred_check> pending;
+  int64_t pending_bytes = 0;
+  // The outputs checked since the last read (held by `pending`, so their
+  // addresses are theirs), by TensorImpl: their version then, and position.
+  std::unordered_map<const c10::TensorImpl*, std::pair<int64_t, int64_t>> checked_outputs;
   detail::observer_slot<state> slot{"nanguard::tracer"};  // last: uninstalled before the rest goes
 };
 
@@ -401,16 +486,22 @@ std::vector<node_frame>& node_stack() {
 
 // The ops running on this thread, outermost first: a composite op (aten::mean)
 // runs others inside it, not all of them recorded.
-std::vector<const op_context*>& op_stack() {
-  thread_local std::vector<const op_context*> stack;
+std::vector<const op_frame*>& op_stack() {
+  thread_local std::vector<const op_frame*> stack;
   return stack;
+}
+
+// The site of the op `fn` on this thread, as its end callback sees it.
+op_site site_of(const at::RecordFunction& fn) {
+  const auto& nodes = node_stack();
+  return {fn.name(), fn.seqNr(), fn.scope() == at::RecordScope::FUNCTION, fn.threadId(), fn.outputs(),
+          nodes.empty() ? nullptr : &nodes.back(), op_stack()};
 }
 
 // The enclosing op that made `t` with work ATen does not record (e.g. the
 // sum inside aten::mean): the innermost one `t` did not come in through.
 // A user scope lists only the inputs it chooses, so it makes nothing here.
-const op_context* unrecorded_maker(const at::Tensor& t) {
-  const auto& stack = op_stack();
+const op_frame* unrecorded_maker(c10::ArrayRef<const op_frame*> stack, const at::Tensor& t) {
   for (auto it = stack.rbegin(); it != stack.rend(); ++it) {
     if ((*it)->traits->user_scope) continue;
     bool came_in = false;
@@ -493,10 +584,10 @@ std::string name_of(tracer_state& st, const at::Tensor& t, const std::string& fa
 
 // True inside ops that compare against infinities on purpose (isfinite(x)
 // builds an inf scalar): what they make inside is not a finding.
-bool inside_infinity_test() {
+bool inside_infinity_test(c10::ArrayRef<const op_frame*> stack) {
   static const char* const ops[] = {"aten::isfinite", "aten::isinf", "aten::isposinf",
                                     "aten::isneginf", "aten::nan_to_num", "aten::nan_to_num_"};
-  for (const op_context* c : op_stack())
+  for (const op_frame* c : stack)
     for (const char* op : ops)
       if (std::strcmp(c->op, op) == 0) return true;
   return false;
@@ -528,20 +619,20 @@ void publish(tracer_state& st) {
 // Marks the non-finite `out` of `fn` as belonging to the chain of `record`.
 // A forward op remembers it: its backward node may be where a backward
 // pass starts, and then `out` is the loss.
-void mark(tracer_state& st, const at::RecordFunction& fn, const at::Tensor& out, taint what) {
+void mark(tracer_state& st, const op_site& site, const at::Tensor& out, taint what) {
   st.reported.insert(out, what);
-  if (fn.scope() != at::RecordScope::FUNCTION || fn.seqNr() < 0 || !node_stack().empty()) return;
-  if (auto it = st.forward_ops.find(fn.seqNr()); it != st.forward_ops.end()) it->second.nonfinite_record = what.record;
+  if (!site.function_scope || site.seq_nr < 0 || site.node) return;
+  if (auto it = st.forward_ops.find(site.seq_nr); it != st.forward_ops.end()) it->second.nonfinite_record = what.record;
 }
 
 // Records `f`, about the non-finite `out` of `fn`; `origin` is the record
 // its values descend from, or -1 when it starts a chain of its own.
-void record(tracer_state& st, const at::RecordFunction& fn, finding f, int origin, const at::Tensor& out,
+void record(tracer_state& st, const op_site& site, finding f, int origin, const at::Tensor& out,
             bool out_holds_nan) {
   const int index = int(st.records.size());
   f.diagnosis = diagnose(f);
   st.records.push_back({std::move(f), origin < 0 ? index : origin});
-  mark(st, fn, out, {index, out_holds_nan});
+  mark(st, site, out, {index, out_holds_nan});
   publish(st);
 }
 
@@ -580,7 +671,7 @@ const taint* full_chain_input(const tracer_state& st, const op_context& ctx) {
 
 // Copies of the op's inputs as it started (keep_inputs): those it writes
 // were copied before it ran, the rest are as they are now.
-std::vector<at::Tensor> values_as_started(const op_context& ctx) {
+std::vector<at::Tensor> values_as_started(const op_frame& ctx) {
   std::vector<at::Tensor> values;
   for (size_t k = 0; k < ctx.inputs.size(); ++k) {
     const bool copied_before = k < ctx.values_before.size() && ctx.values_before[k].defined();
@@ -589,27 +680,29 @@ std::vector<at::Tensor> values_as_started(const op_context& ctx) {
   return values;
 }
 
-void on_nonfinite_output(tracer_state& st, const at::RecordFunction& fn, op_context& ctx,
-                         const at::Tensor& out, int output_index) {
+// `out_stats`: the census of `out` as the op left it when the deferred path
+// took it; nullptr to take it now (the eager path, only when needed).
+void on_nonfinite_output(tracer_state& st, const op_site& site, const op_context& ctx, const at::Tensor& out,
+                         const tensor_stats* out_census, int output_index) {
   std::lock_guard<std::mutex> lock(st.mutex);
-  if (inside_infinity_test()) return;
+  if (inside_infinity_test(site.stack)) return;
   if (st.reported.contains(out) || st.allowed.contains(out)) return;  // a nested op's result
 
   // Values of a full chain flowing on: marked, not recorded (a NaN made
   // from its infinities is recorded below, as a chain of its own).
   const taint* via = full_chain_input(st, ctx);
   if (via && via->nan) {
-    mark(st, fn, out, *via);
+    mark(st, site, out, *via);
     return;
   }
 
-  const std::string op = fn.name();
-  const tensor_stats out_stats = census(out);
-  const auto& stack = node_stack();
-  const bool backward = !stack.empty();
+  const std::string op = site.name;
+  const tensor_stats out_stats = out_census ? *out_census : census(out);
+  const node_frame* node = site.node;
+  const bool backward = node != nullptr;
   std::string module = ctx.module.path();
   if (backward) {
-    if (auto it = st.forward_ops.find(stack.back().sequence_nr); it != st.forward_ops.end())
+    if (auto it = st.forward_ops.find(node->sequence_nr); it != st.forward_ops.end())
       module = it->second.module.path();
   }
   if (allowed_by_rules(st.options, op, module, out_stats)) {
@@ -641,7 +734,7 @@ void on_nonfinite_output(tracer_state& st, const at::RecordFunction& fn, op_cont
     return;
   }
   if (via && (out_stats.nan == 0 || bad_inputs_hold_nan || !meant(st.records[st.records[via->record].origin].finding))) {
-    mark(st, fn, out, {via->record, out_stats.nan > 0});
+    mark(st, site, out, {via->record, out_stats.nan > 0});
     return;
   }
 
@@ -650,16 +743,16 @@ void on_nonfinite_output(tracer_state& st, const at::RecordFunction& fn, op_cont
   f.op = op;
   f.direction = backward ? direction::backward : direction::forward;
   if (backward) {
-    f.node = strip_node_prefix(stack.back().name.c_str());
-    if (auto it = st.forward_ops.find(stack.back().sequence_nr); it != st.forward_ops.end())
+    f.node = strip_node_prefix(node->name.c_str());
+    if (auto it = st.forward_ops.find(node->sequence_nr); it != st.forward_ops.end())
       f.forward_op = it->second.op;
-    f.sequence_nr = stack.back().sequence_nr;
+    f.sequence_nr = node->sequence_nr;
   } else {
-    f.sequence_nr = fn.seqNr();
+    f.sequence_nr = site.seq_nr;
   }
   f.module = module;
-  if (!op_stack().empty() && op_stack().front()->op != op) f.caller = op_stack().front()->op;
-  const op_context* named_op = &ctx;  // the op the finding names, whose inputs it lists
+  if (!site.stack.empty() && site.stack.front()->op != op) f.caller = site.stack.front()->op;
+  const op_frame* named_op = &ctx;  // the op the finding names, whose inputs it lists
   int origin = -1;
   if (!any_bad_input || bad_inputs_allowed) {
     f.role = role::producer;
@@ -667,7 +760,7 @@ void on_nonfinite_output(tracer_state& st, const at::RecordFunction& fn, op_cont
     const at::Tensor& culprit = ctx.inputs[first_bad_input];
     const std::string& culprit_name = inputs[first_bad_input].name;
     const bool named = culprit_name.rfind("input ", 0) != 0;
-    const op_context* maker = named ? nullptr : unrecorded_maker(culprit);
+    const op_frame* maker = named ? nullptr : unrecorded_maker(site.stack, culprit);
     if (const taint* from = st.reported.find(culprit)) {
       f.culprit = culprit_name;
       origin = st.records[from->record].origin;
@@ -679,7 +772,7 @@ void on_nonfinite_output(tracer_state& st, const at::RecordFunction& fn, op_cont
       // Made inside an enclosing op by unrecorded work: that op is the producer.
       f.op = maker->op;
       named_op = maker;
-      f.caller = maker == op_stack().front() ? "" : op_stack().front()->op;
+      f.caller = maker == site.stack.front() ? "" : site.stack.front()->op;
       f.role = role::producer;
       if (!backward) f.module = maker->module.path();
       inputs.clear();
@@ -704,15 +797,15 @@ void on_nonfinite_output(tracer_state& st, const at::RecordFunction& fn, op_cont
   if (backward && origin < 0) {
     // The backward of an op whose forward already went non-finite is the
     // same failure: log(0) is -inf forward and 0/0 in LogBackward0.
-    const auto it = st.forward_ops.find(stack.back().sequence_nr);
+    const auto it = st.forward_ops.find(node->sequence_nr);
     if (it != st.forward_ops.end() && it->second.nonfinite_record >= 0)
       origin = st.records[it->second.nonfinite_record].origin;
   }
   f.inputs = std::move(inputs);
   if (st.options.keep_inputs()) f.input_values = values_as_started(*named_op);
-  for (size_t i = 0; i < fn.outputs().size(); ++i) {
+  for (size_t i = 0; i < site.outputs.size(); ++i) {
     std::vector<at::Tensor> outs;
-    collect_tensors(fn.outputs()[i], outs);
+    collect_tensors(site.outputs[i], outs);
     for (const auto& o : outs) f.outputs.push_back(record_of(o, "output " + std::to_string(i)));
   }
   f.output = output_index;
@@ -722,9 +815,9 @@ void on_nonfinite_output(tracer_state& st, const at::RecordFunction& fn, op_cont
   }
   f.index = out_stats.first_nonfinite_index;
   f.value = out_stats.first_nonfinite_value;
-  f.thread = fn.threadId();
-  if (st.options.capture_backtrace()) f.backtrace = c10::get_backtrace(/*frames_to_skip=*/3);
-  record(st, fn, std::move(f), origin, out, out_stats.nan > 0);
+  f.thread = site.thread;
+  if (st.options.capture_backtrace() && !out_census) f.backtrace = c10::get_backtrace(/*frames_to_skip=*/3);
+  record(st, site, std::move(f), origin, out, out_stats.nan > 0);
 }
 
 // Whether an op's output can hold values that no check has seen. Outputs
@@ -760,10 +853,8 @@ class cost_meter {
 // What a scan reads for an op.
 enum class scanned { output, old_values, parameter, node_input };
 
-// The range of `t`'s values, read on this thread for `op` (its output, an
-// input it writes, or a parameter it uses first); counted in the tracer's
-// cost when measured.
-value_range scan_range(tracer_state& st, const at::Tensor& t, const char* op, scanned what) {
+// Counts a read of `t` for `op` in the tracer's cost, when measured.
+void count_scan(tracer_state& st, const at::Tensor& t, const char* op, scanned what) {
   if (st.options.measure_cost()) {
     const int64_t bytes = t.numel() * int64_t(t.element_size());
     st.scans.fetch_add(1, std::memory_order_relaxed);
@@ -779,8 +870,75 @@ value_range scan_range(tracer_state& st, const at::Tensor& t, const char* op, sc
     entry.scans += 1;
     entry.bytes += bytes;
   }
+}
+
+// The range of `t`'s values, read on this thread for `op` (its output, an
+// input it writes, or a parameter it uses first); counted in the tracer's
+// cost when measured.
+value_range scan_range(tracer_state& st, const at::Tensor& t, const char* op, scanned what) {
+  count_scan(st, t, op, what);
   const cost_meter meter(st, st.scan_nanoseconds);
   return detail::value_range_on_this_thread(t);
+}
+
+// The deferred path. A tensor on a device other than the CPU (or on the
+// CPU too, with tracer_options::deferred) is not read when its op ends,
+// which would be a host sync per op on a GPU: its check is enqueued on a
+// nonfinite_record, on the tensor's stream, and the op's context and site
+// are kept (deferred_op) with the tensors they hold. The record is read
+// once (settle): when findings are asked for, when the step changes, or
+// when what it holds reaches tracer_options::deferred_bytes; the checks
+// are then replayed in order through the eager path's finding logic, with
+// the census each check took as the op left the tensor. Ranges are not
+// known without a read, so no range rule bounds a deferred op's outputs.
+
+// True when the tensors are all on the CPU.
+template <typename Tensors>
+bool on_cpu(const Tensors& tensors) {
+  for (const at::Tensor& t : tensors)
+    if (!t.is_cpu()) return false;
+  return true;
+}
+
+// True when an op's outputs are all on the CPU.
+bool outputs_on_cpu(c10::ArrayRef<c10::IValue> outputs) {
+  for (const c10::IValue& v : outputs)
+    if (v.isTensor() && !v.toTensor().is_cpu()) return false;
+  return true;
+}
+
+// Enqueues `c`, with the check of its tensor when it has one.
+void enqueue(tracer_state& st, deferred_check c) {
+  std::lock_guard<std::mutex> lock(st.deferred_mutex);
+  if (c.tensor.defined() && c.ordinal < 0) {
+    c.ordinal = st.pending_record.add(detail::real_values(c.tensor));
+    st.pending_bytes += c.tensor.numel() * int64_t(c.tensor.element_size());
+  }
+  if (c.what == deferred_check::kind::output)
+    st.checked_outputs[c.tensor.unsafeGetTensorImpl()] = {c.tensor._version(), c.ordinal};
+  st.pending.push_back(std::move(c));
+}
+
+// The record position of `t`'s check when `t`, unchanged since, is an
+// output checked since the last read (a gradient handed on by the node that
+// made it); -1 otherwise.
+int64_t checked_since_read(tracer_state& st, const at::Tensor& t) {
+  std::lock_guard<std::mutex> lock(st.deferred_mutex);
+  const auto it = st.checked_outputs.find(t.unsafeGetTensorImpl());
+  return it != st.checked_outputs.end() && it->second.first == t._version() ? it->second.second : -1;
+}
+
+// The deferred record_written_inputs for input `k`: the check of its old
+// values, read into the cell its nonfinite_before comes from.
+void defer_old_values(tracer_state& st, op_context& ctx, size_t k) {
+  count_scan(st, ctx.inputs[k], ctx.op, scanned::old_values);
+  ctx.before_cells.resize(ctx.inputs.size());
+  ctx.before_cells[k] = std::make_shared<int8_t>(0);
+  ctx.nonfinite_before[k] = 0;  // written; whether it held a NaN or Inf is read into the cell
+  deferred_check c(deferred_check::kind::old_values);
+  c.tensor = ctx.inputs[k];
+  c.before = ctx.before_cells[k];
+  enqueue(st, std::move(c));
 }
 
 // For each input the op will write (its in-place self, or an input that
@@ -808,6 +966,10 @@ void record_written_inputs(tracer_state& st, const op_traits& traits, c10::Array
     if (st.options.keep_inputs()) {
       ctx.values_before.resize(ctx.inputs.size());
       ctx.values_before[k] = in.detach().clone();
+    }
+    if (ctx.deferred) {
+      defer_old_values(st, ctx, k);
+      continue;
     }
     if (known_range(memo, in)) {
       ctx.nonfinite_before[k] = 0;
@@ -840,6 +1002,8 @@ void bound_outputs(tracer_state& st, const op_traits& traits, c10::ArrayRef<cons
   for (size_t i = 0; i < ctx.output_ranges.size(); ++i) ctx.output_ranges[i] = traits.rule->output(arguments, i);
 }
 
+void settle(tracer_state& st);
+
 // The tensors an op wrote without returning them (see
 // op_traits::writes_unreturned), read unless an op inside it recorded a
 // write to them since it started (on CPU, aten::_foreach_mul_'s mul_ ops),
@@ -850,7 +1014,10 @@ void check_unreturned_writes(tracer_state& st, const at::RecordFunction& fn, op_
     if (ctx.nonfinite_before[k] < 0 || !measurable(written) || memo.written_since(written, ctx.memo_writes)) continue;
     const value_range range = scan_range(st, written, ctx.op, scanned::output);
     remember_write(memo, written, range);
-    if (!range.finite()) on_nonfinite_output(st, fn, ctx, written, kWrittenArgument);
+    if (!range.finite()) {
+      settle(st);
+      on_nonfinite_output(st, site_of(fn), ctx, written, nullptr, kWrittenArgument);
+    }
   }
 }
 
@@ -869,12 +1036,6 @@ void mark_arguments_written(const at::RecordFunction& fn) {
 
 // The autograd nodes this thread has run in the current backward pass, in
 // order: the one that returned a gradient no op made is found among them.
-struct ran_node {
-  std::weak_ptr<torch::autograd::Node> node;
-  std::string name;
-  int64_t sequence_nr;
-};
-
 std::vector<ran_node>& nodes_run_in_this_backward() {
   thread_local std::vector<ran_node> nodes;
   thread_local uint64_t graph_task = 0;
@@ -898,10 +1059,12 @@ const ran_node* sender_of(const std::vector<ran_node>& ran, const torch::autogra
 // A gradient no op made, non-finite: the finding of the node that returned
 // it (detect_anomaly's check, NaN and Inf), or of the gradient handed to
 // backward() when no node did.
-void on_nonfinite_node_input(tracer_state& st, const at::RecordFunction& fn, const ran_node* sender,
-                             const at::Tensor& gradient, size_t input) {
+// `census_then`: as in on_nonfinite_output.
+void on_nonfinite_node_input(tracer_state& st, const op_site& site, const ran_node* sender,
+                             const at::Tensor& gradient, const tensor_stats* census_then, size_t input) {
   std::lock_guard<std::mutex> lock(st.mutex);
-  const tensor_record bad = record_of(gradient, "gradient " + std::to_string(input) + " into " + fn.name());
+  tensor_record bad = record_of(gradient, "gradient " + std::to_string(input) + " into " + site.name);
+  if (census_then) bad.stats = *census_then;
   finding f;
   f.step = st.step;
   f.direction = direction::backward;
@@ -915,17 +1078,17 @@ void on_nonfinite_node_input(tracer_state& st, const at::RecordFunction& fn, con
     }
     f.outputs.push_back(bad);
   } else {
-    f.op = f.node = fn.name();
+    f.op = f.node = site.name;
     f.role = role::input;
     f.culprit = bad.name;
-    f.sequence_nr = fn.seqNr();
+    f.sequence_nr = site.seq_nr;
     f.inputs.push_back(bad);
   }
   f.index = bad.stats.first_nonfinite_index;
   f.value = bad.stats.first_nonfinite_value;
-  f.thread = fn.threadId();
-  if (st.options.capture_backtrace()) f.backtrace = c10::get_backtrace(/*frames_to_skip=*/3);
-  record(st, fn, std::move(f), -1, gradient, bad.stats.nan > 0);
+  f.thread = site.thread;
+  if (st.options.capture_backtrace() && !census_then) f.backtrace = c10::get_backtrace(/*frames_to_skip=*/3);
+  record(st, site, std::move(f), -1, gradient, bad.stats.nan > 0);
 }
 
 // A backward pass starts at the loss's node: a non-finite loss mattered.
@@ -947,6 +1110,159 @@ std::optional<taint> taint_of(tracer_state& st, const at::Tensor& t) {
   return known ? std::optional<taint>(*known) : std::nullopt;
 }
 
+// A copy of the op `fn`'s context (moved out of `ctx`) and of its site on
+// this thread, for the deferred path.
+std::shared_ptr<deferred_op> keep_op(const at::RecordFunction& fn, op_context&& ctx) {
+  auto op = std::make_shared<deferred_op>();
+  op->ctx = std::move(ctx);
+  op->name = fn.name();
+  op->ctx.op = op->name.c_str();
+  op->seq_nr = fn.seqNr();
+  op->function_scope = fn.scope() == at::RecordScope::FUNCTION;
+  op->thread = fn.threadId();
+  op->outputs = fn.outputs();
+  if (!node_stack().empty()) op->node = node_stack().back();
+  op->enclosing.reserve(op_stack().size());
+  op->enclosing_names.reserve(op_stack().size());
+  for (const op_frame* f : op_stack()) {
+    op->enclosing_names.emplace_back(f->op);
+    op->enclosing.push_back(*f);
+    op->enclosing.back().op = op->enclosing_names.back().c_str();
+    op->stack.push_back(&op->enclosing.back());
+  }
+  return op;
+}
+
+// The deferred on_op_end: enqueues the outputs that can hold new values
+// and the inputs written without being returned.
+void defer_outputs(tracer_state& st, const at::RecordFunction& fn, op_context& ctx) {
+  const op_traits& traits = *ctx.traits;
+  const auto& outputs = fn.outputs();
+  c10::SmallVector<std::pair<at::Tensor, int>, 2> checks;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!outputs[i].isTensor() || !measurable(outputs[i].toTensor())) continue;
+    const at::Tensor out = detail::real_values(outputs[i].toTensor());
+    if (holds_new_values(traits.output(i), out, ctx)) checks.emplace_back(out, int(i));
+  }
+  if (traits.writes_unreturned)
+    for (size_t k = 0; k < ctx.inputs.size(); ++k)
+      if (ctx.nonfinite_before[k] >= 0) checks.emplace_back(ctx.inputs[k], kWrittenArgument);
+  if (checks.empty()) return;
+  for (const auto& check : checks) count_scan(st, check.first, ctx.op, scanned::output);
+  const std::shared_ptr<deferred_op> op = keep_op(fn, std::move(ctx));
+  for (auto& [tensor, index] : checks) {
+    deferred_check c(deferred_check::kind::output, op, std::move(tensor));
+    c.index = index;
+    enqueue(st, std::move(c));
+  }
+}
+
+// The deferred check of gradient `input` into the node `fn` runs.
+// A gradient an op's output check has (the eager path knows those from the
+// range memo) is not read again: the replay takes that check's census.
+void defer_node_input(tracer_state& st, const at::RecordFunction& fn, const ran_node* sender,
+                      const at::Tensor& gradient, size_t input, bool into_leaf) {
+  const int64_t checked = checked_since_read(st, gradient);
+  if (checked < 0) count_scan(st, gradient, fn.name(), scanned::node_input);
+  auto op = std::make_shared<deferred_op>();
+  op->name = fn.name();
+  op->seq_nr = fn.seqNr();
+  op->thread = fn.threadId();
+  if (sender) op->sender = *sender;
+  deferred_check c(deferred_check::kind::node_input, std::move(op), gradient);
+  c.ordinal = checked;
+  c.index = int(input);
+  c.into_leaf = into_leaf;
+  enqueue(st, std::move(c));
+}
+
+// Enqueues the event `c` behind the deferred checks, when there are any
+// (findings they make must be recorded first); false when none are, and
+// the caller handles it now.
+bool defer_event(tracer_state& st, deferred_check c) {
+  std::lock_guard<std::mutex> lock(st.deferred_mutex);
+  if (st.pending.empty()) return false;
+  st.pending.push_back(std::move(c));
+  return true;
+}
+
+// A leaf received its gradient: every chain recorded so far is judged.
+void judge_all(tracer_state& st) {
+  std::lock_guard<std::mutex> lock(st.mutex);
+  for (finding_record& r : st.records) r.judged = true;
+  publish(st);
+}
+
+// Runs `c` as the eager path would have; `stats` are the record's census
+// by position, nullptr when every tensor in it was finite.
+void replay(tracer_state& st, const deferred_check& c, const std::vector<tensor_stats>* stats) {
+  const tensor_stats* census_then = stats && c.ordinal >= 0 ? &(*stats)[c.ordinal] : nullptr;
+  const bool bad = census_then && !census_then->all_finite();
+  switch (c.what) {
+    case deferred_check::kind::old_values:
+      *c.before = bad;
+      return;
+    case deferred_check::kind::output: {
+      if (!bad) return;
+      op_context& ctx = c.op->ctx;
+      for (size_t k = 0; k < ctx.before_cells.size(); ++k)
+        if (ctx.before_cells[k]) ctx.nonfinite_before[k] = *ctx.before_cells[k];
+      on_nonfinite_output(st, c.op->site(), ctx, c.tensor, census_then, c.index);
+      return;
+    }
+    case deferred_check::kind::node_input: {
+      std::optional<taint> known = taint_of(st, c.tensor);
+      if (!known && bad) {
+        const ran_node* sender = c.op->sender ? &*c.op->sender : nullptr;
+        on_nonfinite_node_input(st, c.op->site(), sender, c.tensor, census_then, size_t(c.index));
+        known = taint_of(st, c.tensor);
+      }
+      if (known && c.into_leaf) {
+        std::lock_guard<std::mutex> lock(st.mutex);
+        st.records[st.records[known->record].origin].reached = true;
+      }
+      return;
+    }
+    case deferred_check::kind::loss:
+      reach_from_loss(st, c.sequence_nr);
+      return;
+    case deferred_check::kind::leaf:
+      judge_all(st);
+      return;
+  }
+}
+
+// Reads the deferred path's record (a host sync per device it used; a
+// census of each tensor only when one was not finite) and replays what it
+// holds, in order; then lets the tensors go.
+void settle(tracer_state& st) {
+  std::lock_guard<std::mutex> lock(st.deferred_mutex);
+  if (st.pending.empty()) return;
+  callback_scope no_recursion;  // the censuses of a finding are not the program's ops
+  std::vector<tensor_stats> stats;
+  if (!st.pending_record.verdict().all_finite()) stats = st.pending_record.stats();
+  for (const deferred_check& c : st.pending) replay(st, c, stats.empty() ? nullptr : &stats);
+  st.pending.clear();
+  st.pending_record.clear();
+  st.pending_bytes = 0;
+  st.checked_outputs.clear();
+}
+
+// Checks a record holds at most between reads, far under its 2^20.
+constexpr int64_t kMaxDeferredChecks = int64_t(1) << 16;
+
+// Reads the record once it holds tensor_options::deferred_bytes or too
+// many checks; only between outermost ops, so that no op is halfway
+// through its checks.
+void settle_when_full(tracer_state& st) {
+  if (!op_stack().empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(st.deferred_mutex);
+    if (st.pending_bytes < st.options.deferred_bytes() && st.pending_record.size() < kMaxDeferredChecks) return;
+  }
+  settle(st);
+}
+
 // The gradients a node is handed were checked where an op made them; one no
 // op made (what a Python autograd.Function's backward returns, built from
 // Python numbers; the gradient given to backward()) is read here.
@@ -957,17 +1273,28 @@ void check_node_inputs(tracer_state& st, const at::RecordFunction& fn) {
   std::vector<ran_node>& ran = nodes_run_in_this_backward();
   const std::shared_ptr<torch::autograd::Node> node = torch::autograd::get_current_node();
   const bool into_leaf = is_accumulate_grad(fn.name());
-  if (ran.empty()) reach_from_loss(st, fn.seqNr());
+  if (ran.empty()) {
+    deferred_check loss(deferred_check::kind::loss);
+    loss.sequence_nr = fn.seqNr();
+    if (!defer_event(st, std::move(loss))) reach_from_loss(st, fn.seqNr());
+  }
   range_memo& memo = this_thread_memo();
   const auto inputs = fn.inputs();
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i].isTensor() || !measurable(inputs[i].toTensor())) continue;
     const at::Tensor gradient = detail::real_values(inputs[i].toTensor());
+    if (st.options.deferred() || !gradient.is_cpu()) {
+      defer_node_input(st, fn, sender_of(ran, node.get()), gradient, i, into_leaf);
+      continue;
+    }
     std::optional<taint> known = taint_of(st, gradient);
     if (!known && !known_range(memo, gradient)) {
       const value_range range = scan_range(st, gradient, fn.name(), scanned::node_input);
       remember_write(memo, gradient, range);
-      if (!range.finite()) on_nonfinite_node_input(st, fn, sender_of(ran, node.get()), gradient, i);
+      if (!range.finite()) {
+        settle(st);  // what was deferred before it is recorded first
+        on_nonfinite_node_input(st, site_of(fn), sender_of(ran, node.get()), gradient, nullptr, i);
+      }
       known = taint_of(st, gradient);
     }
     if (known && into_leaf) {
@@ -975,11 +1302,7 @@ void check_node_inputs(tracer_state& st, const at::RecordFunction& fn) {
       st.records[st.records[known->record].origin].reached = true;
     }
   }
-  if (into_leaf) {
-    std::lock_guard<std::mutex> lock(st.mutex);
-    for (finding_record& r : st.records) r.judged = true;
-    publish(st);
-  }
+  if (into_leaf && !defer_event(st, deferred_check(deferred_check::kind::leaf))) judge_all(st);
   ran.push_back({node, fn.name(), fn.seqNr()});
 }
 
@@ -1024,8 +1347,10 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     collect_tensors(inputs[i], ctx->inputs);
     ctx->argument_of.resize(ctx->inputs.size(), int(i));
   }
+  // A GPU's tensors are checked on the deferred path (see enqueue).
+  ctx->deferred = st->options.deferred() || !on_cpu(ctx->inputs);
   record_written_inputs(*st, traits, inputs, *ctx);
-  bound_outputs(*st, traits, inputs, *ctx);
+  if (!ctx->deferred) bound_outputs(*st, traits, inputs, *ctx);
   if (traits.writes_unreturned) ctx->memo_writes = this_thread_memo().writes();
   const bool backward = !node_stack().empty();
   if (!backward) {
@@ -1061,8 +1386,13 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   const op_traits& traits = *ctx->traits;
   if (traits.allocates_only || traits.composite) return;
   callback_scope no_recursion;
-  range_memo& memo = this_thread_memo();
   const auto& outputs = fn.outputs();
+  if (ctx->deferred || !outputs_on_cpu(outputs)) {
+    defer_outputs(*st, fn, *ctx);
+    settle_when_full(*st);
+    return;
+  }
+  range_memo& memo = this_thread_memo();
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (!outputs[i].isTensor() || !measurable(outputs[i].toTensor())) continue;
     const at::Tensor out = detail::real_values(outputs[i].toTensor());
@@ -1072,7 +1402,10 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
       range = detail::stored_range(*ctx->output_ranges[i], out.scalar_type(), *traits.rule);
     if (!range) range = scan_range(*st, out, ctx->op, scanned::output);
     remember_write(memo, out, *range);
-    if (!range->finite()) on_nonfinite_output(*st, fn, *ctx, out, int(i));
+    if (!range->finite()) {
+      settle(*st);  // what was deferred before it is recorded first
+      on_nonfinite_output(*st, site_of(fn), *ctx, out, nullptr, int(i));
+    }
   }
   if (traits.writes_unreturned) check_unreturned_writes(*st, fn, *ctx, memo);
 }
@@ -1109,6 +1442,7 @@ void tracer::name_tensor(const at::Tensor& tensor, const std::string& name) {
 }
 
 void tracer::set_step(int64_t step) {
+  settle(*state_);  // the previous step's checks are replayed against its ops
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->step = step;
   range_memo::forget_all();
@@ -1116,11 +1450,21 @@ void tracer::set_step(int64_t step) {
   state_->allowed.clear();
 }
 
-const std::vector<finding>& tracer::findings() const { return state_->findings; }
+const std::vector<finding>& tracer::findings() const {
+  settle(*state_);
+  return state_->findings;
+}
 
-bool tracer::found() const { return !state_->findings.empty(); }
+bool tracer::found() const { return !findings().empty(); }
 
 void tracer::clear() {
+  {
+    std::lock_guard<std::mutex> lock(state_->deferred_mutex);
+    state_->pending.clear();
+    state_->pending_record.clear();
+    state_->pending_bytes = 0;
+    state_->checked_outputs.clear();
+  }
   std::lock_guard<std::mutex> lock(state_->mutex);
   range_memo::forget_all();
   state_->records.clear();
@@ -1131,7 +1475,7 @@ void tracer::clear() {
 }
 
 void tracer::throw_if_found() const {
-  if (state_->options.throw_on_finding() && found()) throw nonfinite_error(state_->findings.front());
+  if (state_->options.throw_on_finding() && found()) throw nonfinite_error(findings().front());
 }
 
 void tracer::pause() { state_->slot.uninstall(); }

@@ -1,21 +1,32 @@
 // The CUDA paths against the CPU ones: census, has_nonfinite and
-// nonfinite_record on CUDA tensors, and the tracer's findings on CUDA. Every
+// nonfinite_record on CUDA tensors, the tracer's findings on CUDA (with no
+// host sync per op), autocast, the loss scaler against GradScaler, the
+// precision advisor, and the distributed helpers on CUDA tensors. Every
 // case skips, saying why, where no CUDA device is found (bench/gpu/run.sh
 // runs them on the GPU machine).
 #include "nanguard/census.h"
+#include "nanguard/distributed.h"
+#include "nanguard/loss_scaler.h"
 #include "nanguard/nonfinite_record.h"
+#include "nanguard/precision.h"
 #include "nanguard/scope.h"
 #include "nanguard/tracer.h"
 
 #include "detail/value_range.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <limits>
+#include <thread>
 
 namespace {
 
@@ -221,6 +232,170 @@ TEST(cuda_tracer, finds_on_cuda_what_it_finds_on_the_cpu) {
     const std::string cpu = traced(scenario, at::kCPU);
     EXPECT_NE("no finding", cpu);
     EXPECT_EQ(cpu, traced(scenario, at::kCUDA));
+  }
+}
+
+// Sync warnings (torch.cuda.set_sync_debug_mode("warn")) raised on this
+// thread while it lives.
+class sync_warnings : public c10::WarningHandler {
+ public:
+  sync_warnings() : guard_(this) { c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_WARN); }
+  ~sync_warnings() override {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  }
+  void process(const c10::Warning& w) override { seen.push_back(w.msg()); }
+  std::vector<std::string> seen;
+
+ private:
+  c10::WarningUtils::WarningHandlerGuard guard_;
+};
+
+// The point (#23): the tracer reads nothing per op on CUDA. A forward
+// pass and an optimiser step (on this thread) run with no host sync; the
+// record is read once, when the finding is asked for.
+TEST(cuda_tracer, checks_every_op_without_a_host_sync) {
+  REQUIRE_CUDA();
+  torch::manual_seed(0);
+  torch::nn::Sequential net(torch::nn::Linear(64, 256), torch::nn::ReLU(), torch::nn::Linear(256, 8));
+  net->to(at::kCUDA);
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+  const at::Tensor x = at::randn({32, 64}, at::kCUDA);
+  nanguard::tracer t;
+  t.name_parameters(*net);
+  at::Tensor loss = net->forward(x).pow(2).mean();
+  loss.backward();
+  std::vector<std::string> syncs;
+  {
+    sync_warnings warnings;
+    for (int i = 0; i < 3; ++i) {
+      opt.step();
+      at::log(net->forward(x) * 0).sum();  // -inf: found, but not read here
+    }
+    syncs = warnings.seen;
+  }
+  EXPECT_TRUE(syncs.empty()) << syncs.size() << " syncs, the first: " << syncs.front();
+  ASSERT_TRUE(t.found());
+  EXPECT_EQ("aten::log", t.findings().front().op);
+  EXPECT_EQ(nanguard::role::producer, t.findings().front().role);
+}
+
+// Each finding in full (ops, roles, modules, element, value, the census of
+// every input and output) on CUDA as on the CPU, apart from sums the GPU
+// adds in another order: the JSON without its mean, std and l2_norm.
+TEST(cuda_tracer, the_deferred_findings_equal_the_cpu_ones_field_by_field) {
+  REQUIRE_CUDA();
+  const auto findings_on = [](const std::function<void(at::Device)>& scenario, at::Device device) {
+    nanguard::tracer t(nanguard::tracer_options().max_findings(4));
+    scenario(device);
+    std::vector<nanguard::finding> out = t.findings();
+    for (nanguard::finding& f : out) {
+      f.thread = 0;
+      for (auto* records : {&f.inputs, &f.outputs})
+        for (nanguard::tensor_record& r : *records) r.stats.mean = r.stats.std = r.stats.l2_norm = 0;
+    }
+    return out;
+  };
+  for (const auto& [name, scenario] : kScenarios) {
+    SCOPED_TRACE(name);
+    const auto cpu = findings_on(scenario, at::kCPU), gpu = findings_on(scenario, at::kCUDA);
+    ASSERT_EQ(cpu.size(), gpu.size());
+    for (size_t i = 0; i < cpu.size(); ++i) EXPECT_EQ(nanguard::to_json(cpu[i]), nanguard::to_json(gpu[i]));
+  }
+}
+
+TEST(cuda_autocast, runs_cuda_ops_in_float16_and_bfloat16_and_restores_the_state) {
+  REQUIRE_CUDA();
+  torch::nn::Linear lin(8, 4);
+  lin->to(at::kCUDA);
+  const at::Tensor x = at::randn({2, 8}, at::kCUDA);
+  for (const at::ScalarType dtype : {at::kHalf, at::kBFloat16}) {
+    {
+      nanguard::autocast on(at::kCUDA, dtype);
+      EXPECT_EQ(dtype, lin->forward(x).scalar_type());
+    }
+    EXPECT_EQ(at::kFloat, lin->forward(x).scalar_type());
+    EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCUDA));
+  }
+}
+
+// The loss scaler's update equals GradScaler's kernel run on CUDA tensors,
+// and a float16 overflow under real CUDA autocast backs it off.
+TEST(cuda_loss_scaler, updates_as_grad_scaler_does_on_cuda) {
+  REQUIRE_CUDA();
+  const auto o = nanguard::loss_scaler_options().init_scale(1024).growth_interval(3).min_scale(1.0 / 1024).max_scale(1e30);
+  at::Tensor scale = at::full({1}, o.init_scale(), at::TensorOptions(at::kCUDA).dtype(at::kFloat));
+  at::Tensor tracker = at::zeros({1}, at::TensorOptions(at::kCUDA).dtype(at::kInt));
+  nanguard::loss_scaler s(o);
+  for (int step = 0; step < 100; ++step) {
+    const bool inf = (step * 7919 + step / 13) % 5 == 0;
+    at::_amp_update_scale_(scale, tracker, at::full({1}, inf ? 1.0 : 0.0, scale.options()), o.growth_factor(),
+                           o.backoff_factor(), o.growth_interval());
+    s.update(inf);
+    ASSERT_EQ(scale.item<double>(), s.get_scale()) << "step " << step;
+  }
+}
+
+TEST(cuda_loss_scaler, backs_off_on_a_float16_overflow_under_cuda_autocast) {
+  REQUIRE_CUDA();
+  torch::nn::Linear lin(4, 1);
+  lin->to(at::kCUDA);
+  nanguard::loss_scaler scaler(nanguard::loss_scaler_options().init_scale(65536));
+  const at::Tensor x = at::full({8, 4}, 1000.0, at::kCUDA);
+  {
+    nanguard::autocast fp16(at::kCUDA, at::kHalf);
+    scaler.scale(lin->forward(x).pow(2).mean()).backward();  // 65536 * 1e6: Inf in float16
+  }
+  const bool overflow = nanguard::has_nonfinite(lin->weight.grad());
+  EXPECT_TRUE(overflow);
+  EXPECT_TRUE(scaler.update(overflow));
+  EXPECT_EQ(32768.0, scaler.get_scale());
+}
+
+TEST(cuda_precision_advisor, measures_a_model_under_cuda_autocast) {
+  REQUIRE_CUDA();
+  torch::manual_seed(0);
+  torch::nn::Sequential net(torch::nn::Linear(8, 16), torch::nn::ReLU(), torch::nn::Linear(16, 1));
+  net->to(at::kCUDA);
+  nanguard::precision_advisor advisor;
+  advisor.name_parameters(*net);
+  for (const at::ScalarType dtype : {at::kHalf, at::kBFloat16}) {
+    {
+      nanguard::autocast on(at::kCUDA, dtype);
+      net->forward(at::randn({4, 8}, at::kCUDA)).to(at::kFloat).pow(2).mean().backward();
+    }
+    advisor.end_step();
+    net->zero_grad();
+  }
+  const nanguard::precision_report r = advisor.report();
+  EXPECT_EQ(2, r.steps);
+  EXPECT_GT(r.forward.values, 0);
+  EXPECT_GT(r.gradient.values, 0);
+  EXPECT_FALSE(r.fp32_nonfinite);
+}
+
+// Two ranks on two threads, their gradients on CUDA: Gloo averages them, and
+// the consistency check reads them.
+TEST(cuda_distributed, averages_and_checks_cuda_gradients) {
+  REQUIRE_CUDA();
+  const std::string store = (std::filesystem::temp_directory_path() /
+                             ("nanguard_cuda_distributed_" + std::to_string(::getpid()))).string();
+  std::filesystem::remove_all(store);
+  std::vector<at::Tensor> averaged(2);
+  std::vector<std::vector<int64_t>> differ(2);
+  const auto rank_main = [&](int64_t rank) {
+    nanguard::distributed d(nanguard::init_process_group(store, rank, 2));
+    const at::Tensor w = torch::ones({5}, torch::device(at::kCUDA).requires_grad(true));
+    (w * double(rank + 1)).sum().backward();  // gradients 1 and 2
+    d.average_gradients_({w}, 0);
+    averaged[size_t(rank)] = w.grad().cpu();
+    differ[size_t(rank)] = d.check_consistency({w});
+  };
+  std::thread other(rank_main, 1);
+  rank_main(0);
+  other.join();
+  for (int64_t rank : {0, 1}) {
+    EXPECT_TRUE(at::allclose(averaged[size_t(rank)], at::full({5}, 1.5))) << averaged[size_t(rank)];
+    EXPECT_TRUE(differ[size_t(rank)].empty());
   }
 }
 

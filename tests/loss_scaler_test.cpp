@@ -21,6 +21,38 @@ TEST(loss_scaler, has_grad_scaler_defaults) {
   EXPECT_TRUE(at::equal(torch::full({}, 2.0 * 65536), s.scale(torch::full({}, 2.0))));
 }
 
+// The scale after each step, as torch.amp.GradScaler's update computes it
+// (at::_amp_update_scale_, the kernel GradScaler.update runs), for the
+// overflows of `found`, on `device`.
+std::vector<double> grad_scaler_scales(const std::vector<bool>& found, const loss_scaler_options& o,
+                                       at::Device device) {
+  at::Tensor scale = at::full({1}, o.init_scale(), at::TensorOptions(device).dtype(at::kFloat));
+  at::Tensor tracker = at::zeros({1}, at::TensorOptions(device).dtype(at::kInt));
+  std::vector<double> scales;
+  for (const bool inf : found) {
+    at::_amp_update_scale_(scale, tracker, at::full({1}, inf ? 1.0 : 0.0, scale.options()), o.growth_factor(),
+                           o.backoff_factor(), o.growth_interval());
+    scales.push_back(scale.item<double>());
+  }
+  return scales;
+}
+
+// GradScaler's semantics, step by step: a back-off on each overflow, growth
+// after growth_interval finite steps in a row (bounds wide enough not to bind).
+void expect_grad_scaler_semantics(at::Device device) {
+  const auto o = loss_scaler_options().init_scale(1024).growth_interval(3).min_scale(1.0 / 1024).max_scale(1e30);
+  std::vector<bool> found;
+  for (int step = 0; step < 200; ++step) found.push_back((step * 7919 + step / 13) % 5 == 0);
+  const std::vector<double> want = grad_scaler_scales(found, o, device);
+  loss_scaler s(o);
+  for (size_t i = 0; i < found.size(); ++i) {
+    s.update(found[i]);
+    ASSERT_EQ(want[i], s.get_scale()) << "step " << i;
+  }
+}
+
+TEST(loss_scaler, updates_as_grad_scaler_does) { expect_grad_scaler_semantics(at::kCPU); }
+
 TEST(loss_scaler, backs_off_on_inf) {
   loss_scaler s;
   EXPECT_TRUE(s.update(true));

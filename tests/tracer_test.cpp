@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <set>
 #include <thread>
 
@@ -16,6 +17,22 @@ using nanguard::direction;
 using nanguard::role;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Every case runs twice: as tracer.* on the eager path, and as
+// deferred.tracer.* with NANGUARD_TEST_DEFERRED set (tests/CMakeLists.txt)
+// on the deferred path, the one a GPU's tensors take, which must find the same.
+bool deferred_run() {
+  static const bool on = std::getenv("NANGUARD_TEST_DEFERRED") != nullptr;
+  return on;
+}
+
+nanguard::tracer_options options() { return nanguard::tracer_options().deferred(deferred_run()); }
+
+// The cases of the eager path's economy (what it reads, what it knows
+// without reading): the deferred path reads every new output.
+#define EAGER_ONLY()     \
+  if (deferred_run())    \
+  GTEST_SKIP() << "the eager path's economy of reads; the deferred path reads every output it checks"
 
 // Standardisation without epsilon, scoped as "norm".
 struct norm_impl : torch::nn::Module {
@@ -46,7 +63,7 @@ const nanguard::finding& only_finding(const nanguard::tracer& t) {
 TEST(tracer, names_the_division_of_a_zero_std_normalisation) {
   torch::manual_seed(0);
   norm_net net;
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   t.name_parameters(*net);
   t.set_step(7);
   // A constant input column makes every output of lin constant over the batch.
@@ -68,7 +85,7 @@ TEST(tracer, names_the_division_of_a_zero_std_normalisation) {
 TEST(tracer, names_log_of_an_underflowed_softmax) {
   at::Tensor logits = at::zeros({4, 10});
   logits.select(1, 3).fill_(200.0);
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   at::log(at::softmax(logits, 1));
   const auto& f = only_finding(t);
   EXPECT_EQ("aten::log", f.op);
@@ -78,7 +95,7 @@ TEST(tracer, names_log_of_an_underflowed_softmax) {
 }
 
 TEST(tracer, names_exp_overflow) {
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   at::exp(at::full({3, 3}, 100.0f));
   const auto& f = only_finding(t);
   EXPECT_EQ("aten::exp", f.op);
@@ -89,7 +106,7 @@ TEST(tracer, names_exp_overflow) {
 TEST(tracer, keeps_the_producers_inputs_as_it_started) {
   const at::Tensor x = at::tensor({1.0f, 0.0f, 2.0f});
   at::Tensor y = x.clone();
-  nanguard::tracer t(nanguard::tracer_options().keep_inputs(true).max_findings(2));
+  nanguard::tracer t(options().keep_inputs(true).max_findings(2));
   at::log(x);
   y.log_();  // in place: the kept input is y before the op overwrote it
   ASSERT_EQ(2u, t.findings().size());
@@ -103,14 +120,14 @@ TEST(tracer, keeps_the_producers_inputs_as_it_started) {
 }
 
 TEST(tracer, keeps_no_inputs_unless_asked) {
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   at::log(at::zeros({2}));
   EXPECT_TRUE(only_finding(t).input_values.empty());
 }
 
 TEST(tracer, names_the_backward_node_of_sqrt_at_zero) {
   const at::Tensor x = torch::zeros({5}, torch::requires_grad());
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   const at::Tensor y = torch::sqrt(x).sum();
   EXPECT_FALSE(t.found()) << "sqrt(0) is finite in the forward pass";
   y.backward();
@@ -128,7 +145,7 @@ TEST(tracer, names_a_nan_in_the_input_batch_as_input) {
   torch::nn::Linear lin(4, 3);
   at::Tensor batch = at::randn({6, 4});
   batch[2][1] = NAN;
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   t.name_parameters(*lin, "encoder");
   t.name_tensor(batch, "batch");
   lin->forward(batch);
@@ -144,7 +161,7 @@ TEST(tracer, an_unnamed_nan_batch_is_still_an_input) {
   torch::nn::Linear lin(4, 3);
   at::Tensor batch = at::randn({6, 4});
   batch[0][0] = NAN;
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   lin->forward(batch);
   const auto& f = only_finding(t);
   EXPECT_EQ(role::input, f.role);
@@ -153,7 +170,7 @@ TEST(tracer, an_unnamed_nan_batch_is_still_an_input) {
 
 TEST(tracer, a_freed_tensor_does_not_lend_its_name_to_the_next_one) {
   torch::nn::Linear lin(4, 3);
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   {
     at::Tensor old = at::randn({6, 4});
     t.name_tensor(old, "old batch");
@@ -171,7 +188,7 @@ TEST(tracer, a_freed_tensor_does_not_lend_its_name_to_the_next_one) {
 }
 
 TEST(tracer, a_composite_op_handed_a_nan_is_not_its_producer) {
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   at::Tensor pred, target;
   {
     nanguard::tracer_pause loading(t);
@@ -194,7 +211,7 @@ TEST(tracer, a_composite_op_handed_a_nan_is_not_its_producer) {
 TEST(tracer, a_user_scope_is_not_the_producer_of_what_it_did_not_list) {
   const at::Tensor listed = at::ones({4});
   at::Tensor arrived = at::ones({4});
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   {
     nanguard::tracer_pause receiving(t);
     arrived[2] = NAN;  // as a collective writes it
@@ -220,7 +237,7 @@ at::Tensor masked_attention(const at::Tensor& mask) {
 TEST(tracer, allows_a_minus_inf_attention_mask) {
   at::Tensor mask = at::zeros({2, 4, 4}, at::kBool);
   mask.select(2, 3).fill_(true);  // the last key is masked for every query
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   const at::Tensor probs = masked_attention(mask);
   EXPECT_FALSE(t.found()) << (t.found() ? nanguard::to_text(t.findings().front()) : "");
   EXPECT_FALSE(nanguard::has_nonfinite(probs));
@@ -229,7 +246,7 @@ TEST(tracer, allows_a_minus_inf_attention_mask) {
 TEST(tracer, names_the_softmax_of_a_fully_masked_row) {
   at::Tensor mask = at::zeros({2, 4, 4}, at::kBool);
   mask[1][2].fill_(true);  // query 2 of batch 1 sees no key
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   masked_attention(mask);
   const auto& f = only_finding(t);
   EXPECT_NE(std::string::npos, f.op.find("softmax")) << f.op;
@@ -242,7 +259,7 @@ TEST(tracer, names_the_softmax_of_a_fully_masked_row) {
 // neither the loss nor a gradient is not a finding.
 TEST(tracer, a_causal_mask_built_with_full_and_triu_is_not_a_finding) {
   const at::Tensor q = torch::randn({2, 4, 8}, torch::requires_grad());
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   const at::Tensor mask = at::full({4, 4}, -INFINITY).triu(1);
   at::softmax(at::matmul(q, q.transpose(-1, -2)) + mask, -1).sum().backward();
   EXPECT_FALSE(t.found()) << (t.found() ? nanguard::to_text(t.findings().front()) : "");
@@ -251,7 +268,7 @@ TEST(tracer, a_causal_mask_built_with_full_and_triu_is_not_a_finding) {
 
 TEST(tracer, a_fully_masked_row_built_by_assignment_names_the_softmax) {
   const at::Tensor q = torch::randn({2, 4, 8}, torch::requires_grad());
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   at::Tensor mask = at::zeros({4, 4});
   mask[0].fill_(-INFINITY);  // a padding row: nothing to attend to
   at::softmax(at::matmul(q, q.transpose(-1, -2)) + mask, -1).sum().backward();
@@ -263,7 +280,7 @@ TEST(tracer, a_fully_masked_row_built_by_assignment_names_the_softmax) {
 
 TEST(tracer, an_infinity_the_std_backward_masks_out_is_not_a_finding) {
   const at::Tensor x = torch::ones({4}, torch::requires_grad());
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   (x * 0 + 1).std().backward();
   EXPECT_FALSE(nanguard::has_nonfinite(x.grad()));
   EXPECT_FALSE(t.found()) << (t.found() ? nanguard::to_text(t.findings().front()) : "");
@@ -282,7 +299,7 @@ struct ReturnsNanBackward : torch::autograd::Function<ReturnsNanBackward> {
 
 TEST(tracer, names_a_backward_node_that_returns_a_nan_no_op_made) {
   const at::Tensor x = torch::ones({3}, torch::requires_grad());
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   ReturnsNanBackward::apply(x).sum().backward();
   const nanguard::finding& f = t.findings().at(0);  // was AccumulateGrad, role input
   EXPECT_NE(std::string::npos, f.node.find("ReturnsNanBackward")) << nanguard::to_text(f);
@@ -292,13 +309,13 @@ TEST(tracer, names_a_backward_node_that_returns_a_nan_no_op_made) {
 }
 
 TEST(tracer, reports_an_unlisted_infinity_from_masked_fill) {
-  nanguard::tracer t(nanguard::tracer_options().allow({}));
+  nanguard::tracer t(options().allow({}));
   at::zeros({3}).masked_fill(at::ones({3}, at::kBool), -INFINITY);
   EXPECT_EQ("aten::masked_fill", only_finding(t).op);
 }
 
 TEST(tracer, names_the_kernel_whose_inner_op_overflows) {
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   at::full({8}, 3e38f).mean();
   const auto& f = only_finding(t);
   EXPECT_EQ("aten::mean", f.op);
@@ -311,7 +328,7 @@ TEST(tracer, checks_inside_a_kernel_that_writes_what_it_does_not_return) {
   // aten::_foreach_mul_ returns nothing: on CPU its per-tensor mul_ ops are
   // the only place its writes can be seen.
   std::vector<at::Tensor> state = {at::ones({3}), at::full({2}, 1e38f)};
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   at::_foreach_mul_(state, 10.0);
   const auto& f = only_finding(t);
   EXPECT_EQ("aten::mul_", f.op);
@@ -320,7 +337,8 @@ TEST(tracer, checks_inside_a_kernel_that_writes_what_it_does_not_return) {
 }
 
 TEST(tracer, reads_a_list_updated_in_place_only_when_no_op_inside_wrote_it) {
-  nanguard::tracer t(nanguard::tracer_options().measure_cost(true));
+  EAGER_ONLY();
+  nanguard::tracer t(options().measure_cost(true));
   std::vector<at::Tensor> state = {at::ones({3}), at::full({2}, 2.0f)};  // known ranges
   const int64_t before = t.cost().scanned_bytes;
   at::_foreach_mul_(state, 0.5);  // its mul_ ops bound each tensor from its known range
@@ -345,7 +363,7 @@ TEST(tracer, checks_what_a_kernel_writes_without_returning_it) {
                          .findSchemaOrThrow("nanguard_test::scale_", "")
                          .typed<void(at::TensorList, double)>();
   std::vector<at::Tensor> state = {at::ones({3}), at::full({2}, 1e38f)};
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   scale.call(state, 10.0);
   const auto& f = only_finding(t);
   EXPECT_EQ("nanguard_test::scale_", f.op);
@@ -359,7 +377,7 @@ TEST(tracer, checks_what_a_kernel_writes_without_returning_it) {
 TEST(tracer, names_the_op_inside_a_kernel_that_overflows) {
   // aten::mean sums into its result (aten::sum, out=), then divides in
   // place: the overflow is the sum's, not the division's.
-  nanguard::tracer t(nanguard::tracer_options().inside_kernels(true));
+  nanguard::tracer t(options().inside_kernels(true));
   at::full({8}, 3e38f).mean();
   const auto& f = only_finding(t);
   EXPECT_EQ("aten::sum", f.op);
@@ -371,7 +389,7 @@ TEST(tracer, names_the_op_inside_a_kernel_that_overflows) {
 }
 
 TEST(tracer, names_the_outer_op_a_cast_ran_inside) {
-  nanguard::tracer t(nanguard::tracer_options().inside_kernels(true));
+  nanguard::tracer t(options().inside_kernels(true));
   at::full({4}, 1e6f).to(at::kHalf);
   const auto& f = only_finding(t);
   EXPECT_EQ("aten::copy_", f.op);
@@ -381,7 +399,7 @@ TEST(tracer, names_the_outer_op_a_cast_ran_inside) {
 }
 
 TEST(tracer, collects_producer_then_propagators) {
-  nanguard::tracer t(nanguard::tracer_options().max_findings(3));
+  nanguard::tracer t(options().max_findings(3));
   const at::Tensor a = at::log(at::zeros({4}));  // -inf: producer
   const at::Tensor b = a * 2;                   // propagator
   const at::Tensor c = b + 1;                   // propagator
@@ -393,7 +411,7 @@ TEST(tracer, collects_producer_then_propagators) {
 }
 
 TEST(tracer, stops_at_the_first_finding_by_default) {
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   at::log(at::zeros({4})) * 2;
   EXPECT_EQ(1u, t.findings().size());
   t.clear();
@@ -405,7 +423,7 @@ TEST(tracer, stops_at_the_first_finding_by_default) {
 TEST(tracer, isfinite_and_nan_to_num_are_not_findings) {
   at::Tensor x = at::randn({8});
   x[3] = INFINITY;
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   at::isfinite(x);
   at::isinf(x);
   at::nan_to_num(x);
@@ -416,7 +434,7 @@ TEST(tracer, names_a_parameter_seen_through_a_view) {
   torch::nn::Linear lin(3, 2);
   torch::NoGradGuard no_grad;
   lin->weight[0][1] = NAN;
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   t.name_parameters(*lin, "proj");
   at::mm(at::ones({1, 3}), lin->weight.t());
   const auto& f = only_finding(t);
@@ -426,7 +444,7 @@ TEST(tracer, names_a_parameter_seen_through_a_view) {
 
 TEST(tracer, skips_views_and_integer_outputs) {
   const at::Tensor bad = at::full({4, 4}, NAN);
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   bad.t();
   bad.view({16});
   bad.slice(0, 1, 3);
@@ -438,7 +456,7 @@ TEST(tracer, names_a_batched_matmul_that_overflows_and_sees_the_ops_after_it) {
   // A small CPU bmm loops over the batch with recorded per-slice ops; the
   // tracer leaves those unrecorded and checks bmm's output as a whole.
   const at::Tensor a = at::full({8, 2, 3}, 1e20f), b = at::full({8, 3, 2}, 1e20f);
-  nanguard::tracer t(nanguard::tracer_options().max_findings(4));
+  nanguard::tracer t(options().max_findings(4));
   at::bmm(a, b);
   at::exp(at::full({2}, 100.0f));  // after bmm: still traced
   ASSERT_EQ(2u, t.findings().size());
@@ -452,7 +470,7 @@ TEST(tracer, a_new_tensor_at_a_freed_findings_address_is_still_checked) {
   // A reported (or allowed) output is remembered by its data, whose address
   // the allocator hands to a later tensor once it is freed.
   constexpr int kTensors = 200;
-  nanguard::tracer t(nanguard::tracer_options().max_findings(kTensors));
+  nanguard::tracer t(options().max_findings(kTensors));
   const at::Tensor big = at::full({64}, 100.0f);
   std::set<const void*> freed;
   int reused = 0;
@@ -467,7 +485,7 @@ TEST(tracer, a_new_tensor_at_a_freed_findings_address_is_still_checked) {
 
 TEST(tracer, names_the_bmm_of_a_backward_pass) {
   const at::Tensor q = at::full({4, 2, 3}, 1e-10f).requires_grad_(), k = at::full({4, 3, 2}, 1e30f);
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   const at::Tensor loss = (at::bmm(q, k) * 1e10).sum();  // 3e30: finite
   EXPECT_FALSE(t.found());
   loss.backward();  // dq = 1e10 * (ones @ k^T) = 2e40: Inf
@@ -488,7 +506,8 @@ std::string scans_of(const nanguard::tracer& t) {
 }
 
 TEST(tracer, does_not_rescan_values_it_saw_finite) {
-  nanguard::tracer t(nanguard::tracer_options().measure_cost(true));
+  EAGER_ONLY();
+  nanguard::tracer t(options().measure_cost(true));
   const at::Tensor x = at::randn({1000});
   const int64_t seen = t.cost().scanned_bytes;
   EXPECT_EQ(4000, seen) << "randn's values, as its result (its normal_ is inside it)";
@@ -511,7 +530,7 @@ TEST(tracer, does_not_rescan_values_it_saw_finite) {
 }
 
 TEST(tracer, knows_a_write_through_a_view_changes_its_base) {
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   at::Tensor x = at::zeros({4});            // known to be 0
   x.narrow(0, 2, 2).fill_(1e38);            // now up to 1e38
   const at::Tensor y = x * 10;              // overflows: must be read, not bounded by the old range
@@ -522,7 +541,8 @@ TEST(tracer, knows_a_write_through_a_view_changes_its_base) {
 }
 
 TEST(tracer, bounds_the_ranges_of_what_it_has_seen_instead_of_reading_them) {
-  nanguard::tracer t(nanguard::tracer_options().measure_cost(true));
+  EAGER_ONLY();
+  nanguard::tracer t(options().measure_cost(true));
   const at::Tensor w = at::randn({64, 64}), x = at::randn({32, 64});  // read: randn's results
   const int64_t seen = t.cost().scanned_bytes;
   const at::Tensor h = at::relu(at::mm(x, w) + 1).softmax(-1);
@@ -533,9 +553,10 @@ TEST(tracer, bounds_the_ranges_of_what_it_has_seen_instead_of_reading_them) {
 }
 
 TEST(tracer, follows_writes_through_another_tensor_over_the_same_values) {
+  EAGER_ONLY();
   // clip_grad_norm_ in C++ rescales grad.data(): a new TensorImpl whose
   // version counter is not grad's.
-  nanguard::tracer t(nanguard::tracer_options().measure_cost(true).allow(
+  nanguard::tracer t(options().measure_cost(true).allow(
       {nanguard::allow_rule().op("aten::fill_").pos_inf(true)}));
   const at::Tensor g = at::randn({100});
   g.variable_data().mul_(0.5);
@@ -551,7 +572,7 @@ TEST(tracer, follows_writes_through_another_tensor_over_the_same_values) {
 TEST(tracer, still_finds_what_value_keeping_and_scaling_ops_pass_on_or_make) {
   const at::Tensor nan = at::full({3}, NAN);
   at::Tensor big = at::full({3}, 1e30f);
-  nanguard::tracer t(nanguard::tracer_options().max_findings(8));
+  nanguard::tracer t(options().max_findings(8));
   at::relu(nan);   // not seen finite: scanned, and the NaN came in
   big.mul_(1e10);  // grows: scanned
   at::Tensor narrow = at::zeros({2});
@@ -572,7 +593,7 @@ TEST(tracer, still_finds_what_value_keeping_and_scaling_ops_pass_on_or_make) {
 // those ops are not even boxed for it. The kernel's output is still checked.
 TEST(tracer, seals_a_kernel_that_runs_recorded_ops_and_still_checks_it) {
   const at::Tensor x = at::full({8}, 3e38f);
-  nanguard::tracer t(nanguard::tracer_options().measure_cost(true));
+  nanguard::tracer t(options().measure_cost(true));
   x.mul(0.5);
   x.mul(0.5);  // learnt by now, whichever test ran before
   const int64_t before = t.cost().ops;
@@ -585,7 +606,7 @@ TEST(tracer, seals_a_kernel_that_runs_recorded_ops_and_still_checks_it) {
 }
 
 TEST(tracer, measures_its_cost_only_when_asked) {
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   at::exp(at::ones({4}));
   EXPECT_EQ(0, t.cost().ops);
   EXPECT_EQ(0, t.cost().scanned_bytes);
@@ -593,7 +614,7 @@ TEST(tracer, measures_its_cost_only_when_asked) {
 
 TEST(tracer, checks_in_place_ops) {
   at::Tensor x = at::ones({3});
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   x.div_(0);
   const auto& f = only_finding(t);
   EXPECT_EQ("aten::div_", f.op);
@@ -603,7 +624,7 @@ TEST(tracer, checks_in_place_ops) {
 TEST(tracer, checks_out_variants) {
   const at::Tensor x = at::ones({3});
   at::Tensor out = at::full({3}, NAN);  // old values of an out= buffer are no input
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   at::div_out(out, x, at::zeros({3}));
   const auto& f = only_finding(t);
   EXPECT_EQ("aten::div", f.op);
@@ -612,7 +633,7 @@ TEST(tracer, checks_out_variants) {
 
 TEST(tracer, an_in_place_op_on_a_nan_input_names_the_input) {
   at::Tensor x = at::ones({4});
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   x.mul_(2);   // seen finite after this write
   x[1] = NAN;  // a recorded write: the tracer sees x change
   t.clear();
@@ -626,7 +647,7 @@ TEST(tracer, a_buffer_rewritten_behind_libtorch_is_rechecked_each_step) {
   // A data loader that refills one buffer through data_ptr() bumps no
   // version counter; what the tracer saw last step must not vouch for it.
   at::Tensor buffer = at::ones({8});
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   t.set_step(1);
   buffer.div_(255);
   ASSERT_FALSE(t.found());
@@ -640,17 +661,17 @@ TEST(tracer, a_buffer_rewritten_behind_libtorch_is_rechecked_each_step) {
 
 TEST(tracer, costs_nothing_when_paused_or_gone) {
   {
-    nanguard::tracer t;
+    nanguard::tracer t(options());
     nanguard::tracer_pause pause(t);
     at::log(at::zeros({2}));
     EXPECT_FALSE(t.found());
   }
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   EXPECT_TRUE(t.active());
 }
 
 TEST(tracer, throws_the_finding_when_asked) {
-  nanguard::tracer t(nanguard::tracer_options().throw_on_finding(true));
+  nanguard::tracer t(options().throw_on_finding(true));
   at::log(at::zeros({2}));
   try {
     t.throw_if_found();
@@ -662,7 +683,7 @@ TEST(tracer, throws_the_finding_when_asked) {
 }
 
 TEST(tracer, refuses_a_second_tracer_on_the_same_thread) {
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   try {
     nanguard::tracer second;
     FAIL() << "expected an error";
@@ -686,7 +707,7 @@ TEST(tracer, closed_on_another_thread_frees_its_own) {
 }
 
 TEST(tracer, checks_complex_tensors_as_their_real_parts) {
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   const at::Tensor zero = at::zeros({2}, at::kComplexFloat);
   at::div(zero, zero);  // (0+0i)/(0+0i) = nan+nan i
   const nanguard::finding& f = only_finding(t);
@@ -695,7 +716,7 @@ TEST(tracer, checks_complex_tensors_as_their_real_parts) {
 }
 
 TEST(tracer, pause_on_another_thread_is_refused) {
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   std::string error;
   std::thread([&] {
     try {
@@ -710,7 +731,7 @@ TEST(tracer, pause_on_another_thread_is_refused) {
 
 TEST(tracer, rejects_bad_options_with_a_clear_message) {
   try {
-    nanguard::tracer t(nanguard::tracer_options().max_findings(0));
+    nanguard::tracer t(options().max_findings(0));
     FAIL() << "expected an error";
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string::npos,
@@ -722,7 +743,7 @@ TEST(tracer, scopes_the_children_of_a_sequential) {
   torch::nn::Sequential seq(torch::nn::Linear(3, 3), torch::nn::Functional([](const at::Tensor& x) {
                               return at::log(x - x);  // log(0) = -inf
                             }));
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   nanguard::forward_scoped(*seq, at::randn({2, 3}));
   EXPECT_EQ("1", only_finding(t).module);
   EXPECT_EQ("aten::log", only_finding(t).op);
@@ -733,7 +754,7 @@ TEST(tracer, scopes_the_children_of_module_lists_and_dicts) {
   torch::OrderedDict<std::string, std::shared_ptr<torch::nn::Module>> children;
   children.insert("gate", std::make_shared<torch::nn::LinearImpl>(2, 2));
   torch::nn::ModuleDict dict(children);
-  nanguard::tracer t(nanguard::tracer_options().max_findings(2));
+  nanguard::tracer t(options().max_findings(2));
   {
     nanguard::scope s(*list, *list[1]);
     at::log(at::zeros({1}));
@@ -754,7 +775,7 @@ TEST(tracer, scopes_the_children_of_module_lists_and_dicts) {
 }
 
 TEST(tracer, all_threads_mode_sees_other_threads) {
-  nanguard::tracer t(nanguard::tracer_options().all_threads(true));
+  nanguard::tracer t(options().all_threads(true));
   std::thread worker([] { at::log(at::zeros({3})); });
   worker.join();
   ASSERT_TRUE(t.found());
@@ -762,13 +783,129 @@ TEST(tracer, all_threads_mode_sees_other_threads) {
 }
 
 TEST(tracer, thread_local_mode_ignores_other_threads) {
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   std::thread worker([] { at::log(at::zeros({3})); });
   worker.join();
   EXPECT_FALSE(t.found());
 }
 
+// The deferred path against the eager one, finding by finding (every field
+// to_json writes: op, node, role, module, culprit, index, value, the census
+// of each input and output...), in one run. Apart from the autograd sequence
+// number, a process-wide count that the second run starts further on.
+struct deferred_case {
+  const char* name;
+  nanguard::tracer_options options;
+  std::function<void(nanguard::tracer&)> run;
+};
+
+std::vector<std::string> findings_of(const deferred_case& c, bool deferred) {
+  std::vector<std::string> out;
+  nanguard::tracer t(nanguard::tracer_options(c.options).deferred(deferred));
+  c.run(t);
+  for (nanguard::finding f : t.findings()) {
+    f.sequence_nr = 0;
+    out.push_back(nanguard::to_json(f));
+  }
+  return out;
+}
+
+TEST(tracer_deferred, finds_what_the_eager_path_finds) {
+  const at::Tensor fully_masked = [] {
+    at::Tensor mask = at::zeros({2, 4, 4}, at::kBool);
+    mask[1][2].fill_(true);
+    return mask;
+  }();
+  const std::vector<deferred_case> cases = {
+      {"zero std", {}, [](nanguard::tracer& t) {
+         torch::manual_seed(0);
+         norm_net net;
+         t.name_parameters(*net);
+         t.set_step(7);
+         net->forward(at::ones({8, 4}));
+       }},
+      {"log of an underflowed softmax", {}, [](nanguard::tracer&) {
+         at::Tensor logits = at::zeros({4, 10});
+         logits.select(1, 3).fill_(200.0);
+         at::log(at::softmax(logits, 1));
+       }},
+      {"sqrt backward", {}, [](nanguard::tracer&) {
+         const at::Tensor x = torch::zeros({5}, torch::requires_grad());
+         torch::sqrt(x).sum().backward();
+       }},
+      {"NaN batch", {}, [](nanguard::tracer& t) {
+         torch::manual_seed(0);
+         torch::nn::Linear lin(4, 3);
+         at::Tensor batch = at::randn({6, 4});
+         batch[2][1] = NAN;
+         t.clear();
+         t.name_parameters(*lin, "encoder");
+         t.name_tensor(batch, "batch");
+         lin->forward(batch).sum().backward();
+       }},
+      {"fully masked row", {}, [&](nanguard::tracer&) { masked_attention(fully_masked); }},
+      {"causal mask", {}, [](nanguard::tracer&) {
+         const at::Tensor q = torch::randn({2, 4, 8}, torch::requires_grad());
+         const at::Tensor mask = at::full({4, 4}, -INFINITY).triu(1);
+         at::softmax(at::matmul(q, q.transpose(-1, -2)) + mask, -1).sum().backward();
+       }},
+      {"producer and propagators", nanguard::tracer_options().max_findings(3), [](nanguard::tracer&) {
+         (at::log(at::zeros({4})) * 2) + 1;
+       }},
+      {"in place on a NaN input", {}, [](nanguard::tracer& t) {
+         at::Tensor x = at::ones({4});
+         x[1] = NAN;
+         t.clear();
+         x.add_(1);
+       }},
+      {"in place producer", nanguard::tracer_options().keep_inputs(true), [](nanguard::tracer&) {
+         at::Tensor y = at::tensor({1.0f, 0.0f, 2.0f});
+         y.log_();
+       }},
+      {"custom backward", {}, [](nanguard::tracer&) {
+         ReturnsNanBackward::apply(torch::ones({3}, torch::requires_grad())).sum().backward();
+       }},
+      {"inside a kernel", nanguard::tracer_options().inside_kernels(true), [](nanguard::tracer&) {
+         at::full({8}, 3e38f).mean();
+       }},
+      {"an unreturned write", {}, [](nanguard::tracer&) {
+         std::vector<at::Tensor> state = {at::ones({3}), at::full({2}, 1e38f)};
+         at::_foreach_mul_(state, 10.0);
+       }},
+  };
+  for (const deferred_case& c : cases) {
+    const std::vector<std::string> eager = findings_of(c, false);
+    EXPECT_EQ(eager, findings_of(c, true)) << c.name;
+  }
+}
+
+TEST(tracer_deferred, holds_what_it_checks_until_it_reads_its_record) {
+  nanguard::tracer t(nanguard::tracer_options().deferred(true).deferred_bytes(1024));
+  const at::Tensor y = at::ones({8}) * 2;  // 32 bytes
+  EXPECT_GT(y.use_count(), 1) << "held until the record is read";
+  EXPECT_FALSE(t.found());
+  EXPECT_EQ(1, y.use_count()) << "found() read the record";
+  const at::Tensor z = at::ones({8}) * 2;
+  EXPECT_GT(z.use_count(), 1);
+  at::ones({512}) * 2;  // 2 KiB: over the window, the record is read
+  EXPECT_EQ(1, z.use_count());
+}
+
+// A gradient handed on unchanged by the op that made it is not read again
+// (a view of one, like SumBackward's expand, still is).
+TEST(tracer_deferred, reads_no_gradient_again_that_an_op_check_has) {
+  const at::Tensor w = torch::ones({1000}, torch::requires_grad());
+  nanguard::tracer t(nanguard::tracer_options().deferred(true).measure_cost(true));
+  (w * 2).exp().sum().backward();
+  int64_t node_input_bytes = 0;
+  for (const nanguard::tracer_op_scans& s : t.cost().scans_by_op)
+    if (s.op.find("(gradient into the node)") != std::string::npos) node_input_bytes += s.bytes;
+  EXPECT_LT(node_input_bytes, 2 * 4000) << "MulBackward0's and AccumulateGrad's gradients were read again";
+  EXPECT_FALSE(t.found());
+}
+
 TEST(finding, renders_one_line_text_and_json_round_trip) {
+  // Eager: the deferred path records no backtrace (the op's stack is gone).
   nanguard::tracer t(nanguard::tracer_options().capture_backtrace(true));
   t.set_step(3);
   {
@@ -833,7 +970,7 @@ TEST(tracer_torchscript, names_the_module_of_a_scripted_model) {
   ASSERT_TRUE(std::filesystem::exists(model_path("norm_net"))) << "tests/models were not scripted at build time";
   per_op_autograd per_op;
   torch::jit::Module m = torch::jit::load(model_path("norm_net").string());
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   m.forward({at::ones({8, 4})});
   const auto& f = only_finding(t);
   EXPECT_EQ("aten::div", f.op);
@@ -845,7 +982,7 @@ TEST(tracer_torchscript, links_a_scripted_backward_to_its_forward_op) {
   ASSERT_TRUE(std::filesystem::exists(model_path("sqrt_net"))) << "tests/models were not scripted at build time";
   per_op_autograd per_op;
   torch::jit::Module m = torch::jit::load(model_path("sqrt_net").string());
-  nanguard::tracer t;
+  nanguard::tracer t(options());
   // h - min(h) is 0 somewhere: sqrt(0) is fine forward, infinite backward.
   const at::Tensor out = m.forward({at::randn({16, 4})}).toTensor().sum();
   EXPECT_FALSE(t.found());

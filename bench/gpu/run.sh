@@ -6,12 +6,16 @@
 # 1. builds nanguard's library, CUDA kernels, C++ CUDA tests and Python module
 #    (scripts/device-build, into build-device/build: about a minute on 16 cores);
 # 2. runs the CUDA tests: tests/cuda_test.cpp (census, record and tracer on
-#    CUDA against the CPU) and the Python suites parametrised over devices
-#    (every tracer case on CUDA, the census, the guard), and the record's CPU tests;
+#    CUDA against the CPU, the tracer with no host sync per op, autocast, the
+#    loss scaler against GradScaler, the advisor, Gloo on CUDA gradients),
+#    the Python suites parametrised over devices (every tracer case on CUDA,
+#    the census, the guard), the record's CPU tests, the tracer's deferred
+#    path against its eager one (tracer_deferred.*), and `nanguard demo
+#    --device cuda` on two scenarios (tests/cli/demo_cli_test.sh's on_cuda);
 # 3. runs bench/gpu/overhead.py: step-time ratios of the checking tools on
 #    the reference and large workloads, interleaved rounds, medians, and the
 #    census throughput at 2^26 against x.sum().
-# About 4-5 minutes in all. Logs under $OUT (else build-device/out).
+# About 5 minutes in all (under 6). Logs under $OUT (else build-device/out).
 #
 #   bench/gpu/run.sh --dry-run   here, on the CPU: the same steps against the
 #     existing build/ (make build), the tests (their CUDA cases skip, saying
@@ -27,7 +31,7 @@ mkdir -p "$out"
 say() { echo "run.sh: $*"; }
 step_start=$SECONDS
 elapsed() { echo "$((SECONDS - step_start)) s"; }
-targets=(nanguard cuda_test census_test _nanguard)
+targets=(nanguard cuda_test census_test tracer_test nanguard_cli _nanguard)
 target_args=()
 for t in "${targets[@]}"; do target_args+=(--target "$t"); done
 
@@ -60,13 +64,17 @@ step_start=$SECONDS
 "${runner[@]}" "$build/tests/cuda_test" > "$out/cuda_test.log" 2>&1 || rc=1
 "${runner[@]}" "$build/tests/census_test" --gtest_filter='nonfinite_record.*' \
   > "$out/record_test.log" 2>&1 || rc=1
+"${runner[@]}" "$build/tests/tracer_test" --gtest_filter='tracer_deferred.*' > "$out/deferred_test.log" 2>&1 || rc=1
 grep -ahE "^\[  (PASSED|FAILED|SKIPPED) \] [0-9]+ test|^\[  FAILED  \] [a-z]|Failure$" "$out/cuda_test.log" \
-  "$out/record_test.log" | head -40
+  "$out/record_test.log" "$out/deferred_test.log" | head -40
 grep -ah "^no CUDA device found" "$out/cuda_test.log" | sort -u | sed 's/^/run.sh: skipped: /'
 PYTHONPATH=$build/python "${runner[@]}" "$python" -m pytest -q -p no:cacheprovider -rs \
   python/tests/test_trace.py python/tests/test_census.py python/tests/test_guard.py > "$out/pytest.log" 2>&1 || rc=1
 grep -aE "passed|failed|error" "$out/pytest.log" | tail -5
 grep -acE "^SKIPPED.*no CUDA device" "$out/pytest.log" | sed 's/^/run.sh: pytest cases skipped for want of a GPU: /'
+CLI_CASE=on_cuda "${runner[@]}" bash tests/cli/demo_cli_test.sh "$build/tools/cli/nanguard" "$out/demo" \
+  > "$out/demo_cuda.log" 2>&1 || rc=1
+tail -3 "$out/demo_cuda.log" | sed 's/^/run.sh: demo --device cuda: /'
 say "tests in $(elapsed) (exit $rc; logs in $out)"
 
 step_start=$SECONDS

@@ -138,7 +138,8 @@ class distributed {
 };
 
 /// A 64-bit checksum of the bytes of `tensors` (in order): equal checksums on
-/// two ranks mean bit-identical tensors (up to hash collisions).
+/// two ranks mean bit-identical tensors (up to hash collisions). A tensor on
+/// a GPU is read through a copy to the host.
 uint64_t checksum(const std::vector<at::Tensor>& tensors);
 
 }  // namespace nanguard

@@ -26,8 +26,8 @@
 //
 // The advice can be checked with a `precision_emulator`, which rounds every
 // op output to float16 (or bfloat16) in place and names the modules whose ops
-// turned finite inputs into NaN/Inf, and with `cpu_autocast` (bfloat16 autocast
-// on the CPU):
+// turned finite inputs into NaN/Inf, and with `autocast` (real float16 or
+// bfloat16 autocast, on the CPU or CUDA):
 //
 //   torch::NoGradGuard no_grad;
 //   nanguard::precision_emulator fp16;               // float16 by default
@@ -38,6 +38,7 @@
 #include <nanguard/finding.h>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 #include <torch/arg.h>
 
@@ -235,21 +236,35 @@ class precision_emulator {
 ///   for (auto p : scripted.parameters()) nanguard::round_to_precision_(p, at::kHalf);
 void round_to_precision_(at::Tensor& t, at::ScalarType dtype);
 
-/// Enables bfloat16 autocast on the CPU for this thread while it lives
-/// (matmul, linear, conv run in bfloat16), and restores the previous state.
+/// Enables autocast on one device type for this thread while it lives (on
+/// the CPU matmul, linear and conv run in `dtype`; on CUDA the ops of
+/// torch.autocast's lists), and restores the previous state. The same
+/// switch as `torch.autocast(device_type, dtype)`.
 ///
-///   { nanguard::cpu_autocast bf16; y = scripted.forward({x}).toTensor(); }
-class cpu_autocast {
+///   { nanguard::autocast fp16(at::kCUDA, at::kHalf); loss = scripted.forward({x}).toTensor().mean(); }
+class autocast {
  public:
-  /// Enables CPU autocast with `dtype` (at::kBFloat16 or at::kHalf).
-  explicit cpu_autocast(at::ScalarType dtype = at::kBFloat16);
-  ~cpu_autocast();
-  cpu_autocast(const cpu_autocast&) = delete;
-  cpu_autocast& operator=(const cpu_autocast&) = delete;
+  /// Enables autocast on `device` (at::kCPU or at::kCUDA) with `dtype`
+  /// (at::kBFloat16 or at::kHalf). Throws c10::Error for another dtype.
+  autocast(at::DeviceType device, at::ScalarType dtype);
+  ~autocast();
+  autocast(const autocast&) = delete;
+  autocast& operator=(const autocast&) = delete;
 
  private:
+  at::DeviceType device_;
   bool was_enabled_;
   at::ScalarType previous_dtype_;
+};
+
+/// Enables bfloat16 (or float16) autocast on the CPU for this thread while it
+/// lives (matmul, linear, conv run in bfloat16), and restores the previous state.
+///
+///   { nanguard::cpu_autocast bf16; y = scripted.forward({x}).toTensor(); }
+class cpu_autocast : public autocast {
+ public:
+  /// Enables CPU autocast with `dtype` (at::kBFloat16 or at::kHalf).
+  explicit cpu_autocast(at::ScalarType dtype = at::kBFloat16) : autocast(at::kCPU, dtype) {}
 };
 
 }  // namespace nanguard

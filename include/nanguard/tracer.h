@@ -17,6 +17,11 @@
 //   loss.backward();
 //   t.throw_if_found();                 // nanguard::nonfinite_error with the finding
 //
+// On a GPU the outputs are not read when each op ends, which would be a host
+// sync per op: their checks are enqueued on the op's stream into a
+// `nonfinite_record`, the op's context is kept host-side, and the record is
+// read once, when the findings are asked for (see tracer_options::deferred).
+//
 // NOTE: ATen swallows exceptions thrown inside RecordFunction callbacks, so
 // the tracer cannot throw from inside the op. It records the finding, stops
 // checking once max_findings are made, and throws at `throw_if_found()`,
@@ -74,6 +79,17 @@ struct tracer_options {
   /// what a repro bundle needs to run the op alone. Copies the inputs of every
   /// in-place op before it overwrites them; the guard's replay turns it on.
   TORCH_ARG(bool, keep_inputs) = false;
+  /// Check CPU tensors on the deferred path too, as tensors on a GPU always
+  /// are: an op's outputs are not read when it ends (a host sync per op on a
+  /// GPU) but enqueued on a `nonfinite_record`, read once when findings are
+  /// asked for (`found()`, `findings()`, `throw_if_found()`), at
+  /// `set_step()`, or when `deferred_bytes` are held; the findings are the
+  /// eager path's. For tests: on the CPU the eager path is faster.
+  TORCH_ARG(bool, deferred) = false;
+  /// The deferred path keeps each checked op's inputs and outputs alive until
+  /// its record is read; it is read once the outputs held reach this many
+  /// bytes (a host sync), between two outermost ops.
+  TORCH_ARG(int64_t, deferred_bytes) = int64_t(1) << 30;
 };
 
 /// The tensors a tracer read for one op, measured with `measure_cost(true)`.

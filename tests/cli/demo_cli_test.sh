@@ -2,7 +2,8 @@
 # CLI test of `nanguard demo`: every scenario goes non-finite without its
 # remedy (the tracer names the expected op) and trains to a finite, falling
 # loss with it; the event logs, a repro bundle and report.html are written;
-# --scenario, --list and a bad scenario name.
+# --scenario, --list, a bad scenario name, and --device cuda (refused
+# without a GPU).
 # Usage: demo_cli_test.sh path/to/nanguard WORK_DIR  (CLI_CASE=NAME runs one case)
 set -u
 source "$(dirname -- "${BASH_SOURCE[0]}")/check.sh"
@@ -93,7 +94,27 @@ case_bad_usage() {
   expect "cannot create the output directory 'afile/sub'"
 }
 
-run_cases the_demo bad_usage
+# --device cuda: on a GPU, a scenario whose finding needs the forward pass
+# and one whose finding is in the backward pass, named as on the CPU; without
+# a GPU, a clear refusal.
+case_on_cuda() {
+  out=$("$NANGUARD" demo --device cuda --scenario masked-attention --out demo 2>&1); rc=$?
+  if [ "$rc" -eq 2 ]; then
+    expect "--device cuda: no CUDA device found (torch sees none); run the demo with --device cpu"
+    [ -e demo ] && fail "the refused demo made its output directory"
+  else
+    [ "$rc" -eq 0 ] || fail "--device cuda exited $rc, expected 0 (a GPU) or 2 (none); output:
+$out"
+    expect "(on cuda)"
+    expect_row masked-attention 'aten::_softmax' attn forward producer fully_masked_softmax masked_softmax
+    run 0 "$NANGUARD" demo --device cuda --scenario fp16-overflow --out demo
+    expect_row fp16-overflow 'aten::_to_copy' fc2 backward producer precision_range 'loss scaling'
+  fi
+  run 2 "$NANGUARD" demo --device tpu --list
+  expect "tpu"
+}
+
+run_cases the_demo bad_usage on_cuda
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures check(s) failed"

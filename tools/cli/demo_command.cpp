@@ -44,8 +44,16 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 struct demo_args {
   std::string out = "nanguard-demo";
   std::string scenario;
+  std::string device = "cpu";
   bool list = false;
 };
+
+// The batch of `step` on `device` (built on the CPU, as a data loader does).
+std::vector<at::Tensor> batch_on(const demo_setup& s, int64_t step, const at::Device& device) {
+  std::vector<at::Tensor> batch = s.batch(step);
+  for (at::Tensor& t : batch) t = t.to(device);
+  return batch;
+}
 
 // What one run did, read back from its event log.
 struct run_result {
@@ -101,8 +109,9 @@ std::unique_ptr<progress> progress_on_tty(int64_t steps, const std::string& name
 // backward, optimizer step, with a tracer alive on every op; it stops at
 // the step where the tracer (or the loss, or a gradient) saw a NaN/Inf.
 // Every step is logged as the guard would log it.
-run_result run_traced_loop(demo_setup s, const std::string& name, const fs::path& dir) {
+run_result run_traced_loop(demo_setup s, const std::string& name, const fs::path& dir, const at::Device& device) {
   fs::create_directories(dir);
+  s.model->to(device);
   run_result r;
   r.name = name;
   r.log = (dir / "events.jsonl").string();
@@ -120,7 +129,7 @@ run_result run_traced_loop(demo_setup s, const std::string& name, const fs::path
       std::vector<at::Tensor> batch;
       {
         tracer_pause loading(t);  // the data loader is not under study
-        batch = s.batch(step);
+        batch = batch_on(s, step, device);
       }
       for (size_t i = 0; i < batch.size(); ++i) t.name_tensor(batch[i], fmt::format("batch[{}]", i));
       named.push_back(batch);
@@ -172,9 +181,11 @@ run_result run_traced_loop(demo_setup s, const std::string& name, const fs::path
 }
 
 // A run under nanguard::guard with the setup's options (the remedy, or
-// policy abort and no remedy); a firewall, if any, cleans every batch first.
-run_result run_guarded(demo_setup s, const std::string& name, const fs::path& dir) {
+// policy abort and no remedy); a firewall, if any, cleans every batch first,
+// on the CPU, before the batch goes to `device`.
+run_result run_guarded(demo_setup s, const std::string& name, const fs::path& dir, const at::Device& device) {
   fs::create_directories(dir);
+  s.model->to(device);
   run_result r;
   r.name = name;
   r.log = (dir / "events.jsonl").string();
@@ -200,6 +211,7 @@ run_result run_guarded(demo_setup s, const std::string& name, const fs::path& di
         }
         batch[0] = clean.batch;
       }
+      for (at::Tensor& t : batch) t = t.to(device);
       try {
         const step_event e = g.step(batch, s.loss);
         if (bar) bar->update(e);
@@ -263,7 +275,8 @@ struct scenario_result {
   }
 };
 
-scenario_result run_scenario(const demo_scenario& s, const fs::path& out, size_t index, size_t count) {
+scenario_result run_scenario(const demo_scenario& s, const fs::path& out, size_t index, size_t count,
+                             const at::Device& device) {
   const fs::path dir = out / s.name;
   scenario_result result{&s, {}, {}};
   fmt::print("\n[{}/{}] {}: {}\n", index, count, s.name, s.title);
@@ -272,10 +285,10 @@ scenario_result run_scenario(const demo_scenario& s, const fs::path& out, size_t
     demo_setup setup = s.make(false);
     setup.options = guard_options().policy(policy::abort);
     fmt::print("  unguarded (no remedy; nanguard::guard with policy abort replays the bad step under the tracer):\n");
-    result.unguarded = run_guarded(std::move(setup), s.name + "/unguarded", dir / "unguarded");
+    result.unguarded = run_guarded(std::move(setup), s.name + "/unguarded", dir / "unguarded", device);
   } else {
     fmt::print("  unguarded (a plain training loop under the tracer):\n");
-    result.unguarded = run_traced_loop(s.make(false), s.name + "/unguarded", dir / "unguarded");
+    result.unguarded = run_traced_loop(s.make(false), s.name + "/unguarded", dir / "unguarded", device);
   }
   const run_result& u = result.unguarded;
   if (u.first) {
@@ -288,11 +301,12 @@ scenario_result run_scenario(const demo_scenario& s, const fs::path& out, size_t
   if (!u.bundle.empty()) fmt::print("    repro bundle: {}\n", u.bundle);
 
   fmt::print("  remedy run: {}\n", s.remedy);
-  result.remedies.push_back(run_guarded(s.make(true), s.name + "/remedy", dir / "remedy"));
+  result.remedies.push_back(run_guarded(s.make(true), s.name + "/remedy", dir / "remedy", device));
   print_remedy_run(result.remedies.back());
   if (!s.extra_name.empty()) {
     fmt::print("  {}: {}\n", s.extra_name, s.extra_remedy);
-    result.remedies.push_back(run_guarded(s.make_extra(), s.name + "/" + s.extra_name, dir / s.extra_name));
+    result.remedies.push_back(
+        run_guarded(s.make_extra(), s.name + "/" + s.extra_name, dir / s.extra_name, device));
     print_remedy_run(result.remedies.back());
   }
   fmt::print("  events: {}/{{unguarded,remedy{}}}/events.jsonl\n", dir.string(),
@@ -326,6 +340,8 @@ void print_summary(const std::vector<scenario_result>& results) {
 }
 
 int run_demo(const demo_args& a) {
+  if (a.device == "cuda" && !at::hasCUDA())
+    throw usage_error("--device cuda: no CUDA device found (torch sees none); run the demo with --device cpu");
   const auto start = std::chrono::steady_clock::now();
   const std::vector<demo_scenario> all = demo_scenarios();
   if (a.list) {
@@ -346,10 +362,12 @@ int run_demo(const demo_args& a) {
   const run_directory out_dir(a.out, outputs, {});
   const fs::path out(a.out);
 
-  fmt::print("nanguard demo: {} scenario{}, each trained without and with its remedy; output in {}/\n",
-             chosen.size(), chosen.size() == 1 ? "" : "s", out.string());
+  fmt::print("nanguard demo: {} scenario{}, each trained without and with its remedy; output in {}/{}\n",
+             chosen.size(), chosen.size() == 1 ? "" : "s", out.string(), a.device == "cpu" ? "" : " (on " + a.device + ")");
+  const at::Device device(a.device);
   std::vector<scenario_result> results;
-  for (size_t i = 0; i < chosen.size(); ++i) results.push_back(run_scenario(*chosen[i], out, i + 1, chosen.size()));
+  for (size_t i = 0; i < chosen.size(); ++i)
+    results.push_back(run_scenario(*chosen[i], out, i + 1, chosen.size(), device));
   print_summary(results);
 
   std::vector<report_run> runs;
@@ -378,6 +396,9 @@ command add_demo_command(CLI::App& app) {
                                       "demo runs; its scenario folders are replaced)")
       ->capture_default_str();
   sub->add_option("--scenario", args->scenario, "Run only this scenario (see --list)");
+  sub->add_option("--device", args->device, "where the scenarios train: cpu, or cuda (the current GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
   sub->add_flag("--list", args->list, "List the scenarios and exit");
   sub->footer(exit_codes("every scenario went non-finite without its remedy and trained with it") +
               "\nA scenario that does not is the internal error 1: the demo tests nanguard too.");

@@ -238,7 +238,7 @@ struct attention_net : torch::nn::Module {
     {
       NANGUARD_SCOPE("attn");
       const at::Tensor scores = q(x).matmul(k(x).transpose(1, 2)) / std::sqrt(double(x.size(2)));
-      const at::Tensor causal = torch::ones({t, t}, at::kBool).triu(1);
+      const at::Tensor causal = torch::ones({t, t}, x.options().dtype(at::kBool)).triu(1);
       const at::Tensor mask = causal.unsqueeze(0) | padding.unsqueeze(1);  // [batch, query, key]
       const at::Tensor p = safe ? nanguard::masked_softmax(scores, mask, -1)
                                 : at::softmax(scores.masked_fill(mask, -INFINITY), -1);
