@@ -26,8 +26,13 @@ __version__ = _nanguard.__version__
 __all__ = [
     "census", "has_nonfinite", "census_many", "check_many", "RecordVerdict", "mark_written", "TensorStats", "trace", "Trace", "Finding",
     "NonFiniteError", "AllowRule", "Guard", "StepResult", "IsolationForest",
-    "Firewall", "FirewallReport", "WarmupCosine",
+    "Firewall", "FirewallReport", "WarmupCosine", "Distributed",
 ]
+
+#: ``nanguard::distributed`` over a torch.distributed process group, for
+#: ``Guard(distributed=...)``: ``Distributed(process_group,
+#: average_gradients=True)``; ``rank``, ``world_size``.
+Distributed = _nanguard.Distributed
 
 #: One-pass statistics of a tensor (``nanguard::tensor_stats``).
 TensorStats = _nanguard.TensorStats

@@ -58,6 +58,8 @@ class StepResult:
     rollback_to: int = -1
     remedy: str = ""
     note: str = ""
+    rank: int = -1
+    nonfinite_ranks: list = field(default_factory=list)
     _event: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -78,6 +80,7 @@ class StepResult:
                    top_norms=[(t["name"], _float(t["norm"])) for t in e.get("top_norms", [])],
                    clip_coef=_float(e.get("clip_coef", 1.0)), bundle=e.get("bundle", ""),
                    rollback_to=int(e.get("rollback_to", -1)), remedy=e.get("remedy", ""), note=e.get("note", ""),
+                   rank=int(e.get("rank", -1)), nonfinite_ranks=[int(r) for r in e.get("nonfinite_ranks", [])],
                    _event=e)
 
     def to_dict(self):
@@ -103,6 +106,26 @@ def _trainable_loss(loss):
                          f"model's trainable parameters, got {got} (computed under torch.no_grad, detached, "
                          "or from frozen parameters?)")
     return loss
+
+
+def _distributed(d):
+    """The C++ consensus for ``Guard(distributed=d)``: None, True (the
+    default process group), a torch.distributed ProcessGroup, or a
+    ``nanguard.Distributed``."""
+    if d is None or d is False:
+        return None
+    if isinstance(d, _nanguard.Distributed):
+        return d
+    import torch.distributed as dist
+    if d is True:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError("nanguard.Guard: distributed=True needs torch.distributed initialized first "
+                             "(torch.distributed.init_process_group, or run under torchrun)")
+        d = dist.group.WORLD
+    if not isinstance(d, dist.ProcessGroup):
+        raise TypeError("nanguard.Guard: distributed must be True, a torch.distributed ProcessGroup or a "
+                        f"nanguard.Distributed, got {type(d).__name__}")
+    return _nanguard.Distributed(d)
 
 
 def _call_of(micro_batch):
@@ -199,6 +222,13 @@ class Guard:
     ``schedule``: a :class:`WarmupCosine` (or a dict of its arguments) the
     guard applies to every param group at the start of each step, times the
     product of the rollback factors, as the C++ guard does.
+    ``distributed``: True (torch.distributed's default process group), a
+    ``ProcessGroup`` or a :class:`nanguard.Distributed`: data parallel as in
+    C++, on a model that is not wrapped in DistributedDataParallel. After
+    backward the guard averages the gradients over the ranks, and one small
+    all-reduce a step makes every rank take the same decision; a bad step
+    is skipped (or rolled back) on every rank, and every rank's result names
+    the ranks that saw the NaN/Inf (``nonfinite_ranks``) and their findings.
     ``tensorboard``: a log directory, a ``SummaryWriter`` or a
     :class:`nanguard.tensorboard.StepLogger`: every step's loss, grad norm,
     per-layer norms, loss scale, LR, skips and findings go to TensorBoard
@@ -215,7 +245,7 @@ class Guard:
                  loss_scale=False, replay=True, event_log=None, snapshot_every=100,
                  snapshot_keep=2, rollback_lr_factor=0.5, max_bad_steps=0, bundle_dir=None,
                  spike_window=50, spike_threshold=8.0, bundle_tags=None, log_top_norms=5, schedule=None,
-                 tensorboard=None):
+                 tensorboard=None, distributed=None):
         if policy not in POLICIES:
             raise ValueError(f"nanguard.Guard: policy must be one of {POLICIES}, got {policy!r}")
         if not (math.isfinite(max_norm) and max_norm >= 0 and math.isfinite(clip_value) and clip_value >= 0):
@@ -249,7 +279,7 @@ class Guard:
                        snapshot_every=int(snapshot_every), snapshot_keep=int(snapshot_keep),
                        rollback_lr_factor=float(rollback_lr_factor), max_bad_steps=int(max_bad_steps),
                        spike_window=int(spike_window), spike_threshold=float(spike_threshold), scaler=scaler,
-                       schedule=schedule)
+                       schedule=schedule, distributed=_distributed(distributed))
         self._tensorboard = self._own_tensorboard = None
         if tensorboard is not None:
             from .tensorboard import StepLogger

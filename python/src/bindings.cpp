@@ -5,6 +5,7 @@
 /// `nanguard` (python/nanguard) wraps these bindings in Pythonic classes.
 #include <nanguard/bundle.h>
 #include <nanguard/census.h>
+#include <nanguard/distributed.h>
 #include <nanguard/clip.h>
 #include <nanguard/events.h>
 #include <nanguard/finding.h>
@@ -223,6 +224,7 @@ nanguard::guard_options guard_options_of(const py::dict& o) {
                   .min_samples(std::min<int64_t>(10, get("spike_window").cast<int64_t>())));
   if (!get("scaler").is_none()) g.scaler(get("scaler").cast<nanguard::loss_scaler>().options());
   if (!get("schedule").is_none()) g.schedule(get("schedule").cast<nanguard::warmup_cosine>().options());
+  if (!get("distributed").is_none()) g.distributed(get("distributed").cast<std::shared_ptr<nanguard::distributed>>());
   return g;
 }
 
@@ -628,4 +630,17 @@ PYBIND11_MODULE(_nanguard, m) {
       .def_property_readonly("lr_factor", &nanguard::guard::lr_factor)
       .def_property_readonly("scaler", &nanguard::guard::scaler, py::return_value_policy::reference_internal)
       .def_property_readonly("sentinel", &nanguard::guard::sentinel, py::return_value_policy::reference_internal);
+
+  // ------------------------------------------------------------ distributed
+  py::class_<nanguard::distributed, std::shared_ptr<nanguard::distributed>>(
+      m, "Distributed",
+      "nanguard::distributed over a torch.distributed process group: the guard averages the gradients and "
+      "every rank takes the same decision each step.")
+      .def(py::init([](c10::intrusive_ptr<c10d::ProcessGroup> pg, bool average_gradients) {
+             return std::make_shared<nanguard::distributed>(
+                 std::move(pg), nanguard::distributed_options().average_gradients(average_gradients));
+           }),
+           py::arg("process_group"), py::arg("average_gradients") = true)
+      .def_property_readonly("rank", &nanguard::distributed::rank)
+      .def_property_readonly("world_size", &nanguard::distributed::world_size);
 }
