@@ -27,7 +27,7 @@ CLI = os.environ.get("NANGUARD_CLI", "")
 needs_cli = pytest.mark.skipif(not CLI, reason="NANGUARD_CLI is not set (CTest sets it to the built nanguard)")
 
 logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")
 
 
 class Classifier(pl.LightningModule):
@@ -209,3 +209,40 @@ def test_ddp_ranks_skip_the_same_step_and_the_bad_rank_names_the_op(tmp_path):
     assert res[0]["bad"][0]["verdict"] == "not reproduced"
     assert res[0]["finite"] and res[1]["finite"] and res[0]["checksum"] == res[1]["checksum"]
     assert len(events(tmp_path / "events.jsonl")) == len(events(tmp_path / "events.rank1.jsonl")) == 6
+
+
+def test_bf16_autocast_log_of_zero_is_named_under_autocast(tmp_path):
+    """precision="bf16-mixed" (autocast, no scaler): the replay runs under
+    Lightning's autocast too and names the op."""
+    model = Classifier(log0_at=2)
+    cb = NanGuard(policy="skip")
+    fit(model, [cb], steps=5, precision="bf16-mixed")
+    assert [r.step for r in cb.bad_steps] == [3] and cb.bad_steps[0].finding.op == "aten::log"
+    assert cb.scaler_skips == 0 and finite_params(model)
+
+
+def fp16_scaler_plugin(init_scale):
+    """Lightning's 16-bit AMP with a GradScaler, on the CPU (Lightning turns
+    precision="16-mixed" into bf16 on the CPU, so the plugin is given)."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+    return MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=init_scale))
+
+
+def test_the_grad_scalers_own_overflow_skips_are_left_to_it():
+    """A scale so high that the first steps' scaled gradients overflow: the
+    GradScaler skips them and halves its scale; nanguard counts them in
+    scaler_skips and neither replays nor acts on them."""
+    model = Classifier()
+    cb = NanGuard(policy="rollback")
+    trainer = fit(model, [cb], steps=8, plugins=[fp16_scaler_plugin(2.0 ** 20)])
+    scaler = trainer.precision_plugin.scaler
+    assert cb.scaler_skips >= 1 and cb.bad_steps == [], (cb.scaler_skips, cb.bad_steps)
+    assert scaler.get_scale() < 2.0 ** 20 and finite_params(model)
+
+
+def test_a_log_of_zero_under_the_grad_scaler_is_nanguards():
+    model = Classifier(log0_at=2)
+    cb = NanGuard(policy="skip")
+    fit(model, [cb], steps=5, plugins=[fp16_scaler_plugin(2.0 ** 8)])
+    assert [r.step for r in cb.bad_steps] == [3] and cb.bad_steps[0].finding.op == "aten::log"
+    assert cb.scaler_skips == 0 and finite_params(model)
