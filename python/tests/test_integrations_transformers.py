@@ -182,3 +182,21 @@ def test_the_callback_refuses_what_it_cannot_guard():
         NanGuardCallback(loss_scale=True)
     with pytest.raises(ValueError, match="policy must be one of"):
         NanGuardCallback(policy="retry")
+
+
+def test_a_loss_computed_outside_the_model_leaves_the_gradients_to_decide(tmp_path):
+    """compute_loss_func: the model gets no labels and returns no loss. The
+    healthy steps still train, and the bad batch is still skipped and named
+    (by its forward)."""
+    model = tiny_bert()
+    cb = NanGuardCallback(policy="skip", event_log=tmp_path / "events.jsonl")
+    targs = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True, max_steps=8, per_device_train_batch_size=4,
+        learning_rate=1e-3, save_strategy="no", disable_tqdm=True, seed=0, dataloader_num_workers=0)
+    loss_fn = lambda outputs, labels, num_items_in_batch=None: torch.nn.functional.cross_entropy(outputs.logits, labels)
+    transformers.Trainer(model=model, args=targs, train_dataset=Embedded(n=32, nan_at=9), callbacks=[cb],
+                         compute_loss_func=loss_fn).train()
+    lines = events(tmp_path / "events.jsonl")
+    assert [l["action"] for l in lines].count("skip") == 1 and len(lines) == 8
+    assert cb.bad_steps[0].finding is not None and cb.bad_steps[0].finding.role == "input"
+    assert finite_params(model)

@@ -138,12 +138,13 @@ class NanGuard(_pl.Callback):
             return  # no batch began this step (nothing to check against)
         window, loss = self._window, self._loss
         self._window, self._loss = None, None
-        loss_value = float(loss) if loss is not None else float("nan")
+        if loss is None:
+            loss = float("nan")  # no micro-batch ran backward: nothing trained this step
         scaler = _scaler(trainer)
-        if math.isfinite(loss_value) and found_inf(scaler, optimizer) and scaler.get_scale() > 1.0:
+        if found_inf(scaler, optimizer) and math.isfinite(float(loss)) and scaler.get_scale() > 1.0:
             self.scaler_skips += 1  # the GradScaler's own overflow: it skips the step and lowers the scale
             return
-        r = self.guard.check(loss_value, replay=lambda: self._replay(trainer, pl_module, window),
+        r = self.guard.check(loss, replay=lambda: self._replay(trainer, pl_module, window),
                              batch=_tensors([b for b, _ in window]))
         self.last = r
         if r.skipped:

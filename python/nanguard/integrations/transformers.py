@@ -43,9 +43,11 @@ NOTE: with ``max_grad_norm`` > 0 (the Trainer's default, 1.0) the Trainer's
 clipping multiplies every gradient by the NaN norm of a bad step before the
 callback sees them, so the event's per-parameter counts list every
 parameter; the replay still names the op that made the first NaN/Inf. The
-loss comes from the model's output: a Trainer whose ``compute_loss`` works
-outside the model replays the forward (the tracer still sees a forward NaN)
-without a backward.
+loss comes from the model's output: with a Trainer whose ``compute_loss``
+works outside the model, the gradients alone decide (the event's loss reads
+0.0) and the replay runs backward from the sum of the model's first
+output (the logits): the ops of the forward are checked both ways, those of
+the loss function are not.
 """
 import math
 
@@ -141,12 +143,14 @@ class NanGuardCallback(_hf.TrainerCallback):
             return
         window, losses = self._window, self._losses
         self._window, self._losses = None, []
-        loss_value = float(torch.stack([l.float() for l in losses]).mean()) if losses else float("nan")
+        # Without a loss from the model (a compute_loss outside it) the event
+        # says 0.0 and the gradients alone decide.
+        loss = _mean(losses) if losses else 0.0
         scaler = getattr(optimizer, "scaler", None)
-        if math.isfinite(loss_value) and found_inf(scaler, _inner(optimizer)) and scaler.get_scale() > 1.0:
+        if found_inf(scaler, _inner(optimizer)) and math.isfinite(float(loss)) and scaler.get_scale() > 1.0:
             self.scaler_skips += 1  # the GradScaler's own overflow: it skips the step and lowers the scale
             return
-        r = self.guard.check(loss_value, replay=lambda: self._replay(window),
+        r = self.guard.check(loss, replay=lambda: self._replay(window),
                              batch=[t for a, k in window for t in list(a) + list(k.values())
                                     if isinstance(t, torch.Tensor)])
         self.last = r
@@ -163,7 +167,10 @@ class NanGuardCallback(_hf.TrainerCallback):
         self._replaying = True
         try:
             for a, k in window:
-                loss = _loss_of(self._model(*a, **k))
+                out = self._model(*a, **k)
+                loss = _loss_of(out)
+                if loss is None:
+                    loss = _surrogate_loss(out)
                 if loss is not None:
                     losses.append(loss)
         finally:
@@ -194,6 +201,18 @@ def _loss_of(output):
     else:
         loss = getattr(output, "loss", None)
     return loss if isinstance(loss, torch.Tensor) and loss.dim() == 0 else None
+
+
+def _surrogate_loss(output):
+    """For a replay whose model gave no loss (the Trainer computes it outside
+    the model): the sum of the first floating-point output (the logits), so
+    that the replay's backward runs through every op of the forward."""
+    values = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) \
+        else [output]
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.requires_grad:
+            return v.float().sum()
+    return None
 
 
 def _rank_and_world():
