@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import subprocess
+import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be fetched
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -200,3 +201,22 @@ def test_a_loss_computed_outside_the_model_leaves_the_gradients_to_decide(tmp_pa
     assert [l["action"] for l in lines].count("skip") == 1 and len(lines) == 8
     assert cb.bad_steps[0].finding is not None and cb.bad_steps[0].finding.role == "input"
     assert finite_params(model)
+
+
+def test_ddp_ranks_skip_the_same_step_and_the_bad_rank_names_the_op(tmp_path):
+    """torchrun, 2 processes on the CPU (gloo): the NaN in rank 1's batch
+    reaches rank 0 through the gradient all-reduce; both skip that step
+    (their parameters stay equal), rank 1's replay names the input, rank 0's
+    does not reproduce it; each rank writes its own event log."""
+    script = os.path.join(os.path.dirname(__file__), "ddp_transformers_run.py")
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script,
+                        str(tmp_path)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = [json.loads((tmp_path / f"result-{rank}.json").read_text()) for rank in (0, 1)]
+    assert res[0]["world"] == 2
+    assert [b["step"] for b in res[0]["bad"]] == [b["step"] for b in res[1]["bad"]] == [4]
+    assert res[1]["bad"][0]["verdict"] == "reproduced" and res[1]["bad"][0]["role"] == "input"
+    assert res[0]["bad"][0]["verdict"] == "not reproduced"
+    assert res[0]["finite"] and res[1]["finite"] and res[0]["checksum"] == res[1]["checksum"]
+    assert len(events(tmp_path / "events.jsonl")) == len(events(tmp_path / "events.rank1.jsonl")) == 6
