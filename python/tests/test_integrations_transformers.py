@@ -220,3 +220,13 @@ def test_ddp_ranks_skip_the_same_step_and_the_bad_rank_names_the_op(tmp_path):
     assert res[0]["bad"][0]["verdict"] == "not reproduced"
     assert res[0]["finite"] and res[1]["finite"] and res[0]["checksum"] == res[1]["checksum"]
     assert len(events(tmp_path / "events.jsonl")) == len(events(tmp_path / "events.rank1.jsonl")) == 6
+
+
+def test_bf16_autocast_log_of_zero_is_named(tmp_path):
+    """bf16=True (accelerate's autocast on the CPU, no scaler): the replay
+    runs the model's forward under the same autocast and names the op."""
+    model = tiny_bert()
+    cb = NanGuardCallback(policy="skip")
+    train(tmp_path, model, [Plant(model, log0_at=2), cb], steps=5, bf16=True)
+    assert [r.step for r in cb.bad_steps] == [3] and cb.bad_steps[0].finding.op == "aten::log", cb.bad_steps
+    assert cb.scaler_skips == 0 and finite_params(model)
