@@ -107,14 +107,14 @@ class NanGuard(_pl.Callback):
             raise ValueError(f"NanGuard: configure_optimizers returned {len(trainer.optimizers)} optimizers; "
                              "the callback guards exactly one")
         rank, world = trainer.global_rank, trainer.world_size
-        tags = {"framework": "lightning", **self.guard_options.pop("bundle_tags", {})}
+        options = dict(self.guard_options)
+        tags = {"framework": "lightning", **(options.pop("bundle_tags", None) or {})}
         if world > 1:
             tags["rank"] = str(rank)
         self.guard = nanguard.Guard(pl_module, trainer.optimizers[0], policy=self.policy, max_norm=self.max_norm,
                                     event_log=per_rank_path(self.event_log, rank, world),
                                     bundle_dir=per_rank_path(self.bundle_dir, rank, world), bundle_tags=tags,
-                                    **self.guard_options)
-        self.guard_options["bundle_tags"] = tags  # a second fit builds the same guard
+                                    **options)
 
     # -- every step ------------------------------------------------------------
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):

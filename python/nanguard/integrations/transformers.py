@@ -111,14 +111,16 @@ class NanGuardCallback(_hf.TrainerCallback):
             raise ValueError("NanGuardCallback: the Trainer passed no model or optimizer to on_train_begin; "
                              "add the callback to a transformers.Trainer (Trainer(..., callbacks=[...]))")
         rank, world = _rank_and_world()
-        tags = {"framework": "transformers", **self.guard_options.pop("bundle_tags", {})}
+        options = dict(self.guard_options)
+        tags = {"framework": "transformers", **(options.pop("bundle_tags", None) or {})}
         if world > 1:
             tags["rank"] = str(rank)
         self.guard = nanguard.Guard(model, _inner(optimizer), policy=self.policy, max_norm=self.max_norm,
                                     event_log=per_rank_path(self.event_log, rank, world),
                                     bundle_dir=per_rank_path(self.bundle_dir, rank, world), bundle_tags=tags,
-                                    **self.guard_options)
-        self.guard_options["bundle_tags"] = tags
+                                    **options)
+        if self._hook is not None:  # a train() that stopped on an error left it
+            self._hook.remove()
         self._model = model
         self._hook = model.register_forward_hook(self._keep_micro_batch, with_kwargs=True)
 
