@@ -247,3 +247,16 @@ def test_a_log_of_zero_under_the_grad_scaler_is_nanguards():
     fit(model, [cb], steps=5, plugins=[fp16_scaler_plugin(2.0 ** 8)])
     assert [r.step for r in cb.bad_steps] == [3] and cb.bad_steps[0].finding.op == "aten::log"
     assert cb.scaler_skips == 0 and finite_params(model)
+
+
+def test_a_training_step_that_skips_its_batch_is_not_a_bad_step(tmp_path):
+    """Lightning skips a batch whose training_step returns None: no backward,
+    nothing to step; nanguard logs the step and does not act on it."""
+
+    class Skipping(Classifier):
+        def training_step(self, batch, batch_idx):
+            return None if batch_idx == 2 else super().training_step(batch, batch_idx)
+
+    cb = NanGuard(policy="rollback", event_log=tmp_path / "events.jsonl")
+    fit(Skipping(), [cb], steps=5)
+    assert cb.bad_steps == [] and all(l["action"] == "step" for l in events(tmp_path / "events.jsonl"))

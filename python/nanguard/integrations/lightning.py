@@ -139,7 +139,9 @@ class NanGuard(_pl.Callback):
         window, loss = self._window, self._loss
         self._window, self._loss = None, None
         if loss is None:
-            loss = float("nan")  # no micro-batch ran backward: nothing trained this step
+            # No micro-batch ran backward (training_step returned None to skip
+            # them): the event says 0.0 and the gradients alone decide.
+            loss = 0.0
         scaler = _scaler(trainer)
         if found_inf(scaler, optimizer) and math.isfinite(float(loss)) and scaler.get_scale() > 1.0:
             self.scaler_skips += 1  # the GradScaler's own overflow: it skips the step and lowers the scale
