@@ -33,7 +33,8 @@ process's CPU time (process_time: all its threads), which time spent
 waiting for a core shared with other jobs does not inflate.
 Environment: NANGUARD_BENCH_ROUNDS (default 20), NANGUARD_BENCH_STEPS per
 variant per round (default 10), NANGUARD_BENCH_ONLY (lightning |
-transformers: one framework).
+transformers: one framework), NANGUARD_BENCH_EVENT_LOG=0 (the guarded
+variant without an event log: what the log's line costs).
 """
 import logging
 import math
@@ -49,6 +50,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+
+def event_log(tmp, name):
+    """The guarded variant's event log (None with NANGUARD_BENCH_EVENT_LOG=0)."""
+    return None if os.environ.get("NANGUARD_BENCH_EVENT_LOG", "1") == "0" else os.path.join(tmp, name)
 
 
 def paired_ratio(variant, baseline):
@@ -141,7 +147,7 @@ def bench_lightning(rounds, steps, tmp):
 
     def run(guarded):
         timer = Timer()
-        guard = guard_class(policy="rollback", event_log=os.path.join(tmp, "l.jsonl"))
+        guard = guard_class(policy="rollback", event_log=event_log(tmp, "l.jsonl"))
         cbs = [timer] + ([guard] if guarded else [])
         pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                    enable_progress_bar=False, enable_model_summary=False, callbacks=cbs).fit(model, loader)
@@ -178,7 +184,7 @@ def bench_transformers(rounds, steps, tmp):
 
     def run(guarded):
         timer = Timer()
-        guard = guard_class(policy="rollback", event_log=os.path.join(tmp, "t.jsonl"))
+        guard = guard_class(policy="rollback", event_log=event_log(tmp, "t.jsonl"))
         cbs = [timer] + ([guard] if guarded else [])
         args = transformers.TrainingArguments(output_dir=os.path.join(tmp, "out"), max_steps=steps,
                                               per_device_train_batch_size=16, use_cpu=True, report_to=[],
@@ -212,7 +218,8 @@ def main():
     steps = int(os.environ.get("NANGUARD_BENCH_STEPS", "10"))
     only = os.environ.get("NANGUARD_BENCH_ONLY", "")
     benches = {"lightning": bench_lightning, "transformers": bench_transformers}
-    print(f"# {rounds} rounds x {steps} steps per variant, 2 threads, torch {torch.__version__}")
+    print(f"# {rounds} rounds x {steps} steps per variant, 2 threads, torch {torch.__version__}, event log "
+          f"{'off' if event_log('', 'x') is None else 'on'}")
     with tempfile.TemporaryDirectory() as tmp:
         for name, bench in benches.items():
             if only and name != only:
