@@ -69,6 +69,11 @@ def main(out):
               "checksum": float(sum(p.double().sum() for p in model.parameters()))}
     with open(os.path.join(out, f"result-{trainer.global_rank}.json"), "w") as f:
         json.dump(result, f)
+    # Both ranks done, then the process group goes: a gloo group left to
+    # the interpreter's exit can end the process with std::terminate.
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
