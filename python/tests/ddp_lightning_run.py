@@ -61,7 +61,7 @@ def main(out):
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=[guard])
     trainer.fit(model, loader)
-    result = {"rank": trainer.global_rank, "steps": guard.guard.steps,
+    result = {"rank": trainer.global_rank,
               "bad": [{"step": r.step, "action": r.action, "verdict": r.verdict,
                        "role": r.finding.role if r.finding else "", "op": r.finding.op if r.finding else ""}
                       for r in guard.bad_steps],

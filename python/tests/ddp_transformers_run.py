@@ -59,7 +59,7 @@ def main(out):
         dataloader_num_workers=0, logging_strategy="no")
     transformers.Trainer(model=model, args=args, train_dataset=Embedded(), callbacks=[cb]).train()
     rank = dist.get_rank()
-    result = {"rank": rank, "world": dist.get_world_size(), "steps": cb.guard.steps,
+    result = {"rank": rank, "world": dist.get_world_size(),
               "bad": [{"step": r.step, "action": r.action, "verdict": r.verdict,
                        "role": r.finding.role if r.finding else "", "op": r.finding.op if r.finding else ""}
                       for r in cb.bad_steps],

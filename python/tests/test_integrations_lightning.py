@@ -104,7 +104,7 @@ def test_a_healthy_run_is_untouched(tmp_path):
         assert torch.equal(a, b)
     lines = events(tmp_path / "events.jsonl")
     assert [l["step"] for l in lines] == list(range(1, 9)) and all(l["action"] == "step" for l in lines)
-    assert cb.bad_steps == [] and cb.guard.steps == 8
+    assert cb.bad_steps == [] and cb.last.step == 8
 
 
 def test_a_log_of_zero_in_the_model_is_skipped_and_named(tmp_path):
@@ -145,7 +145,8 @@ def test_an_lr_spike_is_rolled_back(tmp_path):
     cb = NanGuard(policy="rollback", snapshot_every=1, event_log=tmp_path / "events.jsonl")
     trainer = fit(model, [cb], steps=10)
     assert cb.bad_steps and all(r.action == "rollback" for r in cb.bad_steps)
-    assert cb.bad_steps[0].step == 5 and cb.bad_steps[0].rollback_to == 3  # before the spiked update of step 4
+    # step 5 is bad; the snapshot taken at step 4, before its spiked update, is restored
+    assert cb.bad_steps[0].step == 5 and cb.bad_steps[0].rollback_to == 4 and len(cb.bad_steps) == 1
     f = cb.bad_steps[0].finding  # the spiked weights overflow: inf - inf in the head's matmul
     assert f is not None and f.op == "aten::addmm" and f.role == "producer" and f.module == "head", f
     assert finite_params(model) and math.isfinite(model.losses[-1])

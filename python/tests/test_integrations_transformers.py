@@ -154,7 +154,8 @@ def test_an_lr_spike_is_rolled_back(tmp_path):
     cb = NanGuardCallback(policy="rollback", snapshot_every=1, event_log=tmp_path / "events.jsonl")
     trainer = train(tmp_path, model, [Plant(model, lr_spike_at=3), cb], steps=10)
     assert cb.bad_steps and all(r.action == "rollback" for r in cb.bad_steps)
-    assert cb.bad_steps[0].step == 5 and cb.bad_steps[0].rollback_to == 3  # before the spiked update of step 4
+    # step 5 is bad; the snapshot taken at step 4, before its spiked update, is restored
+    assert cb.bad_steps[0].step == 5 and cb.bad_steps[0].rollback_to == 4 and len(cb.bad_steps) == 1
     f = cb.bad_steps[0].finding  # the spiked embeddings overflow in the first LayerNorm
     assert f is not None and f.op == "aten::native_layer_norm" and f.role == "producer", f
     assert finite_params(model) and math.isfinite(final_loss(model))

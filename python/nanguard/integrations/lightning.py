@@ -72,7 +72,7 @@ class NanGuard(_pl.Callback):
     ``rollback_lr_factor``, ``max_bad_steps``, ``replay``, ...) pass through,
     except ``loss_scale``: Lightning's precision plugin owns the loss scale.
 
-    After ``fit``: ``guard`` is the :class:`nanguard.Guard`, ``bad_steps``
+    ``guard`` is the :class:`nanguard.Guard` (closed when ``fit`` ends), ``bad_steps``
     the :class:`nanguard.StepResult` of every step it skipped or rolled back,
     ``last`` the latest result, ``scaler_skips`` the steps Lightning's
     GradScaler skipped on its own.
@@ -146,14 +146,15 @@ class NanGuard(_pl.Callback):
         if found_inf(scaler, optimizer) and math.isfinite(float(loss)) and scaler.get_scale() > 1.0:
             self.scaler_skips += 1  # the GradScaler's own overflow: it skips the step and lowers the scale
             return
+        lr_factor = self.guard.lr_factor
         r = self.guard.check(loss, replay=lambda: self._replay(trainer, pl_module, window),
                              batch=_tensors([b for b, _ in window]))
         self.last = r
         if r.skipped:
             self.bad_steps.append(r)
-            if r.action == "rollback":
+            if r.action == "rollback":  # the factor this rollback applied
                 lower_scheduler_lrs([c.scheduler for c in trainer.lr_scheduler_configs],
-                                    self.guard.rollback_lr_factor)
+                                    self.guard.lr_factor / lr_factor)
 
     def _replay(self, trainer, pl_module, window):
         """The step's loss again: ``training_step`` of each micro-batch under

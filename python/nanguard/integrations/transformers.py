@@ -76,7 +76,7 @@ class NanGuardCallback(_hf.TrainerCallback):
     keyword argument of :class:`nanguard.Guard` pass through, except
     ``loss_scale`` (the Trainer's fp16 GradScaler owns it).
 
-    During and after ``train()``: ``guard`` is the :class:`nanguard.Guard`,
+    ``guard`` is the :class:`nanguard.Guard` (closed when ``train()`` ends),
     ``bad_steps`` the :class:`nanguard.StepResult` of each step skipped or
     rolled back, ``last`` the latest result, ``scaler_skips`` the steps the
     Trainer's GradScaler skipped on its own.
@@ -152,15 +152,16 @@ class NanGuardCallback(_hf.TrainerCallback):
         if found_inf(scaler, _inner(optimizer)) and math.isfinite(float(loss)) and scaler.get_scale() > 1.0:
             self.scaler_skips += 1  # the GradScaler's own overflow: it skips the step and lowers the scale
             return
+        lr_factor = self.guard.lr_factor
         r = self.guard.check(loss, replay=lambda: self._replay(window),
                              batch=[t for a, k in window for t in list(a) + list(k.values())
                                     if isinstance(t, torch.Tensor)])
         self.last = r
         if r.skipped:
             self.bad_steps.append(r)
-            if r.action == "rollback":
+            if r.action == "rollback":  # the factor this rollback applied
                 lower_scheduler_lrs([getattr(lr_scheduler, "scheduler", lr_scheduler)],
-                                    self.guard.rollback_lr_factor)
+                                    self.guard.lr_factor / lr_factor)
 
     def _replay(self, window):
         """The step's loss again: the model's forward on each micro-batch's
