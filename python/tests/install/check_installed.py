@@ -11,6 +11,10 @@ site = os.path.realpath(sys.argv[1])
 where = os.path.realpath(nanguard.__file__)
 assert where.startswith(site + os.sep), f"nanguard imported from {where}, not from the install under {site}"
 assert os.path.realpath(nanguard._nanguard.__file__).startswith(site + os.sep), nanguard._nanguard.__file__
+import nanguard.integrations  # noqa: E402  (the framework callbacks' package; imports no framework itself)
+assert os.path.realpath(nanguard.integrations.__file__).startswith(site + os.sep), nanguard.integrations.__file__
+for callback in ("lightning", "transformers"):
+    assert os.path.exists(os.path.join(os.path.dirname(nanguard.integrations.__file__), callback + ".py")), callback
 
 s = nanguard.census(torch.tensor([1.0, float("nan"), float("inf")]))
 assert (s.nan, s.pos_inf, s.finite) == (1, 1, 1), s.to_dict()

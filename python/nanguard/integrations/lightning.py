@@ -1,0 +1,208 @@
+"""``nanguard.integrations.lightning.NanGuard``: nanguard for PyTorch
+Lightning, as one callback.
+
+    import lightning.pytorch as pl
+    from nanguard.integrations.lightning import NanGuard
+
+    trainer = pl.Trainer(callbacks=[NanGuard(policy="rollback", event_log="events.jsonl")])
+    trainer.fit(model, loader)
+
+No change to the ``LightningModule``. Through Lightning's own hooks, for
+each optimizer step:
+
+- ``on_train_batch_start`` (the first micro-batch of an accumulation
+  window): ``Guard.begin_step()`` (counts the step, keeps the RNG state a
+  replay starts from); every micro-batch's batch is kept for the replay;
+- ``on_before_backward``: the micro-batch's loss (Lightning passes it
+  divided by ``accumulate_grad_batches``, and scaled under 16-bit AMP: the
+  callback unscales it), summed over the window: the step's mean loss;
+- ``on_before_optimizer_step`` (all micro-batches done; under AMP after
+  Lightning's GradScaler unscaled the gradients, before Lightning's
+  gradient clipping): ``Guard.check(loss, replay)``. A bad step is replayed
+  (``training_step`` of each micro-batch again, under Lightning's precision
+  context, from the step's RNG state) under the tracer, the policy acts and
+  the gradients are set to None, so Lightning's ``optimizer.step()`` changes
+  nothing.
+
+16-bit AMP with a GradScaler: when the scaler found an Inf/NaN in the
+gradients of a step whose loss is finite, at a scale above 1, that is its own
+overflow skip: the scaler skips the step and lowers its scale, and nanguard
+leaves it to it (counted in ``scaler_skips``, not as a bad step). A
+non-finite loss, or non-finite gradients at a scale of 1 or less (no
+overflow of the scaling then: the gradients themselves are bad), go to the
+guard.
+
+DDP (``strategy="ddp"``): every rank runs the callback. The gradient
+all-reduce carries a NaN from one rank to all, so every rank sees the same
+bad step and takes the same action (the parameters stay equal); each rank
+replays its own micro-batches without syncing (``no_sync``), so the rank
+whose batch was bad names the op and the others say "not reproduced". Rank
+0 writes ``event_log`` and ``bundle_dir``; rank N writes
+``<stem>.rankN<suffix>`` beside them.
+
+NOTE: a replay calls ``training_step`` again, so what it logs with
+``self.log`` is logged a second time for that (bad) step. Manual
+optimization and more than one optimizer are not supported (a clear
+ValueError at ``fit``).
+"""
+import contextlib
+import math
+
+import torch
+
+from ._common import found_inf, lower_scheduler_lrs, mean_loss as _mean, per_rank_path, require
+
+_pl = require("lightning", " (the `lightning` package: `import lightning.pytorch`)").pytorch
+
+import nanguard  # noqa: E402  (after the framework check: its error comes first)
+
+
+class NanGuard(_pl.Callback):
+    """A Lightning callback that keeps training finite with :class:`nanguard.Guard`.
+
+        trainer = lightning.pytorch.Trainer(
+            callbacks=[NanGuard(policy="rollback", event_log="events.jsonl")])
+
+    ``policy``: "skip", "rollback", "backoff" or "abort" (as
+    :class:`nanguard.Guard`). ``event_log``: the JSONL event log
+    (``nanguard report`` reads it); ``bundle_dir``: where an abort writes the
+    repro bundle (``nanguard inspect`` reads it). ``max_norm`` (default 0:
+    off; Lightning's ``gradient_clip_val`` still clips), and any other
+    keyword argument of :class:`nanguard.Guard` (``snapshot_every``,
+    ``rollback_lr_factor``, ``max_bad_steps``, ``replay``, ...) pass through,
+    except ``loss_scale``: Lightning's precision plugin owns the loss scale.
+
+    ``guard`` is the :class:`nanguard.Guard` (closed when ``fit`` ends), ``bad_steps``
+    the :class:`nanguard.StepResult` of every step it skipped or rolled back,
+    ``last`` the latest result, ``scaler_skips`` the steps Lightning's
+    GradScaler skipped on its own.
+    """
+
+    def __init__(self, policy="skip", event_log=None, bundle_dir=None, max_norm=0.0, **guard_options):
+        if "loss_scale" in guard_options:
+            raise ValueError("NanGuard: loss_scale is Lightning's to manage (Trainer(precision='16-mixed') "
+                             "uses a GradScaler, which the callback reads); drop loss_scale=")
+        if policy not in nanguard._guard.POLICIES:
+            raise ValueError(f"NanGuard: policy must be one of {nanguard._guard.POLICIES}, got {policy!r}")
+        self.policy = policy
+        self.event_log = event_log
+        self.bundle_dir = bundle_dir
+        self.max_norm = max_norm
+        self.guard_options = guard_options
+        self.guard = None
+        self.bad_steps = []
+        self.last = None
+        self.scaler_skips = 0
+        self._window = None  # [(batch, batch_idx)] of the current optimizer step
+        self._loss = None
+
+    # -- set up ----------------------------------------------------------------
+    def on_fit_start(self, trainer, pl_module):
+        """Builds the guard over the module and Lightning's optimizer."""
+        if not pl_module.automatic_optimization:
+            raise ValueError("NanGuard: manual optimization (automatic_optimization = False) is not supported: "
+                             "the callback needs Lightning's optimizer step; use nanguard.Guard in your "
+                             "training_step instead")
+        if len(trainer.optimizers) != 1:
+            raise ValueError(f"NanGuard: configure_optimizers returned {len(trainer.optimizers)} optimizers; "
+                             "the callback guards exactly one")
+        rank, world = trainer.global_rank, trainer.world_size
+        options = dict(self.guard_options)
+        tags = {"framework": "lightning", **(options.pop("bundle_tags", None) or {})}
+        if world > 1:
+            tags["rank"] = str(rank)
+        self.guard = nanguard.Guard(pl_module, trainer.optimizers[0], policy=self.policy, max_norm=self.max_norm,
+                                    event_log=per_rank_path(self.event_log, rank, world),
+                                    bundle_dir=per_rank_path(self.bundle_dir, rank, world), bundle_tags=tags,
+                                    **options)
+
+    # -- every step ------------------------------------------------------------
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        """Begins an optimizer step at the first micro-batch of its window."""
+        if self._window is None:
+            self.guard.begin_step()
+            self._window, self._loss = [], None
+        self._window.append((batch, batch_idx))
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        """Adds the micro-batch's loss (unscaled) to the step's."""
+        loss = loss.detach()
+        scaler = _scaler(trainer)
+        if scaler is not None and scaler.is_enabled():
+            loss = loss.float() / scaler.get_scale()
+        self._loss = loss if self._loss is None else self._loss + loss
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        """Checks the step; on a bad one, replays it, acts and clears the gradients."""
+        if self._window is None:
+            return  # no batch began this step (nothing to check against)
+        window, loss = self._window, self._loss
+        self._window, self._loss = None, None
+        if loss is None:
+            # No micro-batch ran backward (training_step returned None to skip
+            # them): the event says 0.0 and the gradients alone decide.
+            loss = 0.0
+        scaler = _scaler(trainer)
+        if found_inf(scaler, optimizer) and math.isfinite(float(loss)) and scaler.get_scale() > 1.0:
+            self.scaler_skips += 1  # the GradScaler's own overflow: it skips the step and lowers the scale
+            return
+        lr_factor = self.guard.lr_factor
+        r = self.guard.check(loss, replay=lambda: self._replay(trainer, pl_module, window),
+                             batch=_tensors([b for b, _ in window]))
+        self.last = r
+        if r.skipped:
+            self.bad_steps.append(r)
+            if r.action == "rollback":  # the factor this rollback applied
+                lower_scheduler_lrs([c.scheduler for c in trainer.lr_scheduler_configs],
+                                    self.guard.lr_factor / lr_factor)
+
+    def _replay(self, trainer, pl_module, window):
+        """The step's loss again: ``training_step`` of each micro-batch under
+        Lightning's precision context (autocast), without DDP's sync; their
+        mean, as Lightning's accumulation averages them."""
+        losses = []
+        wrapped = trainer.strategy.model
+        no_sync = wrapped.no_sync if isinstance(wrapped, torch.nn.parallel.DistributedDataParallel) \
+            else contextlib.nullcontext
+        with no_sync(), trainer.precision_plugin.train_step_context():
+            for batch, batch_idx in window:
+                out = pl_module.training_step(batch, batch_idx)
+                if isinstance(out, dict):
+                    out = out.get("loss")
+                if out is not None:
+                    losses.append(out)
+        return _mean(losses)
+
+    def on_fit_end(self, trainer, pl_module):
+        """Closes the event log."""
+        if self.guard is not None:
+            self.guard.close()
+
+    def on_exception(self, trainer, pl_module, exception):
+        """Closes the event log when training stops on an error (an abort)."""
+        self.on_fit_end(trainer, pl_module)
+
+
+def _scaler(trainer):
+    """Lightning's GradScaler (16-bit AMP), or None."""
+    return getattr(trainer.precision_plugin, "scaler", None)
+
+
+def _tensors(batches):
+    """The tensors of Lightning batches (tensors, tuples, lists, dicts), in
+    order: what an abort's repro bundle keeps as the batch."""
+    out = []
+
+    def walk(b):
+        if isinstance(b, torch.Tensor):
+            out.append(b)
+        elif isinstance(b, dict):
+            for v in b.values():
+                walk(v)
+        elif isinstance(b, (list, tuple)):
+            for v in b:
+                walk(v)
+
+    for b in batches:
+        walk(b)
+    return out

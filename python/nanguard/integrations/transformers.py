@@ -1,0 +1,224 @@
+"""``nanguard.integrations.transformers.NanGuardCallback``: nanguard for
+Hugging Face's ``Trainer``, as one callback.
+
+    from transformers import Trainer
+    from nanguard.integrations.transformers import NanGuardCallback
+
+    trainer = Trainer(model=model, args=args, train_dataset=ds,
+                      callbacks=[NanGuardCallback(policy="rollback", event_log="events.jsonl")])
+    trainer.train()
+
+No change to the model. Through the Trainer's own hooks, for each optimizer
+step:
+
+- ``on_step_begin`` (the first micro-batch of a gradient-accumulation
+  window): ``Guard.begin_step()`` (counts the step, keeps the RNG state a
+  replay starts from);
+- a forward hook on the model (``register_forward_hook(...,
+  with_kwargs=True)``) keeps each training micro-batch's inputs and its
+  ``loss`` output; the step's loss is their mean;
+- ``on_pre_optimizer_step`` (every micro-batch done; after the Trainer
+  unscaled the gradients under fp16 AMP and clipped them by
+  ``max_grad_norm``): ``Guard.check(loss, replay)``. A bad step is replayed
+  (``model(**inputs).loss`` of each micro-batch again, from the step's RNG
+  state) under the tracer, the policy acts and the gradients are set to
+  None, so the Trainer's ``optimizer.step()`` changes nothing.
+
+A rollback lowers the LR of the optimizer's param groups and the base LRs of
+the Trainer's LR scheduler alike (the scheduler recomputes the LR from them
+at every step).
+
+fp16 AMP (a GradScaler): when the scaler found an Inf/NaN in the gradients
+of a step whose loss is finite, at a scale above 1, that is its own overflow
+skip: it skips the step and lowers its scale, and nanguard leaves it to it
+(``scaler_skips``). A non-finite loss, or non-finite gradients at a scale of
+1 or less, go to the guard.
+
+Distributed (DDP): every rank runs the callback and, as the gradient
+all-reduce spreads a NaN to every rank, takes the same action; each rank
+replays its own micro-batches; rank 0 writes ``event_log`` and
+``bundle_dir``, rank N ``<stem>.rankN<suffix>`` beside them.
+
+NOTE: with ``max_grad_norm`` > 0 (the Trainer's default, 1.0) the Trainer's
+clipping multiplies every gradient by the NaN norm of a bad step before the
+callback sees them, so the event's per-parameter counts list every
+parameter; the replay still names the op that made the first NaN/Inf. The
+loss comes from the model's output: with a Trainer whose ``compute_loss``
+works outside the model, the gradients alone decide (the event's loss reads
+0.0) and the replay runs backward from the sum of the model's first
+output (the logits): the ops of the forward are checked both ways, those of
+the loss function are not.
+"""
+import math
+
+import torch
+
+from ._common import found_inf, lower_scheduler_lrs, mean_loss as _mean, per_rank_path, require
+
+_hf = require("transformers", " (and `accelerate`, which its Trainer needs)")
+
+import nanguard  # noqa: E402  (after the framework check: its error comes first)
+
+
+class NanGuardCallback(_hf.TrainerCallback):
+    """A Hugging Face ``TrainerCallback`` that keeps training finite with
+    :class:`nanguard.Guard`.
+
+        Trainer(model=model, args=args, train_dataset=ds,
+                callbacks=[NanGuardCallback(policy="rollback", event_log="events.jsonl")])
+
+    ``policy``: "skip", "rollback", "backoff" or "abort" (as
+    :class:`nanguard.Guard`; an abort raises :class:`nanguard.NonFiniteError`
+    out of ``trainer.train()``). ``event_log``: the JSONL event log
+    (``nanguard report`` reads it); ``bundle_dir``: where an abort writes the
+    repro bundle (``nanguard inspect`` reads it). ``max_norm`` (default 0:
+    off; ``TrainingArguments.max_grad_norm`` still clips), and any other
+    keyword argument of :class:`nanguard.Guard` pass through, except
+    ``loss_scale`` (the Trainer's fp16 GradScaler owns it).
+
+    ``guard`` is the :class:`nanguard.Guard` (closed when ``train()`` ends),
+    ``bad_steps`` the :class:`nanguard.StepResult` of each step skipped or
+    rolled back, ``last`` the latest result, ``scaler_skips`` the steps the
+    Trainer's GradScaler skipped on its own.
+    """
+
+    def __init__(self, policy="skip", event_log=None, bundle_dir=None, max_norm=0.0, **guard_options):
+        if "loss_scale" in guard_options:
+            raise ValueError("NanGuardCallback: loss_scale is the Trainer's to manage (TrainingArguments(fp16=True) "
+                             "uses a GradScaler, which the callback reads); drop loss_scale=")
+        if policy not in nanguard._guard.POLICIES:
+            raise ValueError(f"NanGuardCallback: policy must be one of {nanguard._guard.POLICIES}, got {policy!r}")
+        self.policy = policy
+        self.event_log = event_log
+        self.bundle_dir = bundle_dir
+        self.max_norm = max_norm
+        self.guard_options = guard_options
+        self.guard = None
+        self.bad_steps = []
+        self.last = None
+        self.scaler_skips = 0
+        self._model = None
+        self._hook = None
+        self._window = None  # [(args, kwargs)] of the step's micro-batches
+        self._losses = []
+        self._replaying = False
+
+    # -- set up ----------------------------------------------------------------
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        """Builds the guard over the model and the Trainer's optimizer, and
+        hooks the model's forward."""
+        if model is None or optimizer is None:
+            raise ValueError("NanGuardCallback: the Trainer passed no model or optimizer to on_train_begin; "
+                             "add the callback to a transformers.Trainer (Trainer(..., callbacks=[...]))")
+        rank, world = _rank_and_world()
+        options = dict(self.guard_options)
+        tags = {"framework": "transformers", **(options.pop("bundle_tags", None) or {})}
+        if world > 1:
+            tags["rank"] = str(rank)
+        self.guard = nanguard.Guard(model, _inner(optimizer), policy=self.policy, max_norm=self.max_norm,
+                                    event_log=per_rank_path(self.event_log, rank, world),
+                                    bundle_dir=per_rank_path(self.bundle_dir, rank, world), bundle_tags=tags,
+                                    **options)
+        if self._hook is not None:  # a train() that stopped on an error left it
+            self._hook.remove()
+        self._model = model
+        self._hook = model.register_forward_hook(self._keep_micro_batch, with_kwargs=True)
+
+    def _keep_micro_batch(self, module, args, kwargs, output):
+        """Forward hook: keeps a training micro-batch's inputs and loss."""
+        if self._window is None or self._replaying or not module.training:
+            return
+        self._window.append((args, kwargs))
+        loss = _loss_of(output)
+        if loss is not None:
+            self._losses.append(loss.detach())
+
+    # -- every step ------------------------------------------------------------
+    def on_step_begin(self, args, state, control, **kwargs):
+        """Begins an optimizer step (the first micro-batch of its window)."""
+        self.guard.begin_step()
+        self._window, self._losses = [], []
+
+    def on_pre_optimizer_step(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
+        """Checks the step; on a bad one, replays it, acts and clears the gradients."""
+        if self._window is None:
+            return
+        window, losses = self._window, self._losses
+        self._window, self._losses = None, []
+        # Without a loss from the model (a compute_loss outside it) the event
+        # says 0.0 and the gradients alone decide.
+        loss = _mean(losses) if losses else 0.0
+        scaler = getattr(optimizer, "scaler", None)
+        if found_inf(scaler, _inner(optimizer)) and math.isfinite(float(loss)) and scaler.get_scale() > 1.0:
+            self.scaler_skips += 1  # the GradScaler's own overflow: it skips the step and lowers the scale
+            return
+        lr_factor = self.guard.lr_factor
+        r = self.guard.check(loss, replay=lambda: self._replay(window),
+                             batch=[t for a, k in window for t in list(a) + list(k.values())
+                                    if isinstance(t, torch.Tensor)])
+        self.last = r
+        if r.skipped:
+            self.bad_steps.append(r)
+            if r.action == "rollback":  # the factor this rollback applied
+                lower_scheduler_lrs([getattr(lr_scheduler, "scheduler", lr_scheduler)],
+                                    self.guard.lr_factor / lr_factor)
+
+    def _replay(self, window):
+        """The step's loss again: the model's forward on each micro-batch's
+        inputs, the mean of their losses."""
+        losses = []
+        self._replaying = True
+        try:
+            for a, k in window:
+                out = self._model(*a, **k)
+                loss = _loss_of(out)
+                if loss is None:
+                    loss = _surrogate_loss(out)
+                if loss is not None:
+                    losses.append(loss)
+        finally:
+            self._replaying = False
+        return _mean(losses)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        """Removes the forward hook and closes the event log."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self.guard is not None:
+            self.guard.close()
+
+
+def _inner(optimizer):
+    """The torch optimizer inside accelerate's wrapper (or ``optimizer``)."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def _loss_of(output):
+    """The ``loss`` of a model output (a ModelOutput, dict or tuple whose
+    first item is the loss when labels were given), or None."""
+    if isinstance(output, dict):  # ModelOutput is a dict
+        loss = output.get("loss")
+    elif isinstance(output, (tuple, list)) and output:
+        loss = output[0]
+    else:
+        loss = getattr(output, "loss", None)
+    return loss if isinstance(loss, torch.Tensor) and loss.dim() == 0 else None
+
+
+def _surrogate_loss(output):
+    """For a replay whose model gave no loss (the Trainer computes it outside
+    the model): the sum of the first floating-point output (the logits), so
+    that the replay's backward runs through every op of the forward."""
+    values = output.values() if isinstance(output, dict) else output if isinstance(output, (tuple, list)) \
+        else [output]
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.requires_grad:
+            return v.float().sum()
+    return None
+
+
+def _rank_and_world():
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1

@@ -1,0 +1,263 @@
+"""nanguard.integrations.lightning.NanGuard on real Lightning Trainers (tiny
+models on the CPU): a healthy run is untouched; a planted NaN (a bad batch,
+an LR spike, a log of 0 in the model) is skipped or rolled back, named, and
+the run ends finite; `nanguard report` / `inspect` read what it wrote.
+
+The lightning package comes from python/requirements-frameworks.txt (`make
+setup`); without it, importing the callback fails and says so."""
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import nanguard
+from nanguard.integrations.lightning import NanGuard  # ImportError saying `make setup` installs lightning
+
+import lightning.pytorch as pl
+
+CLI = os.environ.get("NANGUARD_CLI", "")
+needs_cli = pytest.mark.skipif(not CLI, reason="NANGUARD_CLI is not set (CTest sets it to the built nanguard)")
+
+logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning", "ignore::FutureWarning")
+
+
+class Classifier(pl.LightningModule):
+    """A 2-layer MLP on 4 features; the test plants its bug through
+    ``log0_at`` (a log of 0 in the forward at that global step) or
+    ``lr_spike_at`` (the LR times 1e37 for that step)."""
+
+    def __init__(self, lr=0.1, log0_at=-1, lr_spike_at=-1):
+        super().__init__()
+        self.lin = nn.Linear(4, 16)
+        self.head = nn.Linear(16, 3)
+        self.lr, self.log0_at, self.lr_spike_at = lr, log0_at, lr_spike_at
+        self.losses = []
+
+    def forward(self, x):
+        h = torch.relu(self.lin(x))
+        if self.global_step == self.log0_at:
+            h = h + torch.log(torch.zeros_like(h[:, :1]))  # the planted bug: log(0) = -inf
+        return self.head(h)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self(x), y)
+        self.losses.append(float(loss))
+        return loss
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=self.lr)
+        spike = lambda step: 1e37 if step == self.lr_spike_at else 1.0
+        return {"optimizer": opt,
+                "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.LambdaLR(opt, spike), "interval": "step"}}
+
+
+def loader(n=64, batch=8, nan_in_batch=-1):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 4, generator=g)
+    y = (x[:, 0] > 0).long()
+    if nan_in_batch >= 0:
+        x[nan_in_batch * batch + 3, 2] = float("nan")  # a bad sample in that batch
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch)
+
+
+def fit(model, callbacks=(), steps=8, **trainer_args):
+    torch.manual_seed(0)
+    data = trainer_args.pop("train_dataloaders", None) or loader()
+    trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                         callbacks=list(callbacks), **trainer_args)
+    trainer.fit(model, data)
+    return trainer
+
+
+def finite_params(model):
+    return all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def events(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def cli(*args):
+    return subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def test_a_healthy_run_is_untouched(tmp_path):
+    plain = Classifier()
+    torch.manual_seed(0)
+    guarded = Classifier()
+    guarded.load_state_dict(plain.state_dict())
+    fit(plain)
+    cb = NanGuard(policy="rollback", event_log=tmp_path / "events.jsonl")
+    fit(guarded, [cb])
+    for a, b in zip(plain.parameters(), guarded.parameters()):
+        assert torch.equal(a, b)
+    lines = events(tmp_path / "events.jsonl")
+    assert [l["step"] for l in lines] == list(range(1, 9)) and all(l["action"] == "step" for l in lines)
+    assert cb.bad_steps == [] and cb.last.step == 8
+
+
+def test_a_log_of_zero_in_the_model_is_skipped_and_named(tmp_path):
+    model = Classifier(log0_at=3)
+    cb = NanGuard(policy="skip", event_log=tmp_path / "events.jsonl")
+    fit(model, [cb])
+    assert [r.step for r in cb.bad_steps] == [4]  # global_step 3 is the 4th optimizer step
+    r = cb.bad_steps[0]
+    assert r.action == "skip" and r.finding is not None and r.finding.op == "aten::log", r
+    assert r.verdict == "reproduced"
+    assert finite_params(model) and math.isfinite(model.losses[-1])
+    lines = events(tmp_path / "events.jsonl")
+    assert [l["action"] for l in lines].count("skip") == 1
+    assert lines[3]["findings"][0]["op"] == "aten::log"
+
+
+def test_without_the_callback_the_planted_bug_poisons_the_model():
+    """The control of the tests above: the same run without nanguard ends non-finite."""
+    model = Classifier(log0_at=3)
+    fit(model)
+    assert not finite_params(model)
+
+
+def test_a_bad_batch_is_skipped_with_gradient_accumulation(tmp_path):
+    cb = NanGuard(policy="skip", event_log=tmp_path / "events.jsonl")
+    model = Classifier()
+    fit(model, [cb], steps=4, accumulate_grad_batches=2, train_dataloaders=loader(nan_in_batch=5))
+    lines = events(tmp_path / "events.jsonl")
+    assert len(lines) == 4  # one event per optimizer step, not per micro-batch
+    assert [l["action"] for l in lines] == ["step", "step", "skip", "step"]  # batch 5 is in step 3
+    f = cb.bad_steps[0].finding
+    assert f is not None and f.role == "input" and f.op == "aten::addmm", f  # the NaN came with the batch
+    assert finite_params(model) and math.isfinite(model.losses[-1])
+
+
+def test_an_lr_spike_is_rolled_back(tmp_path):
+    model = Classifier(lr_spike_at=3)
+    cb = NanGuard(policy="rollback", snapshot_every=1, event_log=tmp_path / "events.jsonl")
+    trainer = fit(model, [cb], steps=10)
+    assert cb.bad_steps and all(r.action == "rollback" for r in cb.bad_steps)
+    # step 5 is bad; the snapshot taken at step 4, before its spiked update, is restored
+    assert cb.bad_steps[0].step == 5 and cb.bad_steps[0].rollback_to == 4 and len(cb.bad_steps) == 1
+    f = cb.bad_steps[0].finding  # the spiked weights overflow: inf - inf in the head's matmul
+    assert f is not None and f.op == "aten::addmm" and f.role == "producer" and f.module == "head", f
+    assert finite_params(model) and math.isfinite(model.losses[-1])
+    # The rollback halved the LR, and the scheduler keeps it halved.
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.05)
+
+
+def test_skip_cannot_undo_an_lr_spike_without_rollback():
+    """Control: skipping alone leaves the spiked parameters in place."""
+    model = Classifier(lr_spike_at=3)
+    cb = NanGuard(policy="skip")
+    fit(model, [cb], steps=10)
+    assert len(cb.bad_steps) >= 4  # every step after the spike is bad
+
+
+@needs_cli
+def test_nanguard_report_and_inspect_read_what_the_callback_wrote(tmp_path):
+    log, bundles = tmp_path / "events.jsonl", tmp_path / "bundles"
+    model = Classifier(log0_at=2)
+    with pytest.raises(nanguard.NonFiniteError, match="aten::log"):
+        fit(model, [NanGuard(policy="abort", event_log=log, bundle_dir=bundles)])
+    lines = events(log)
+    assert lines[-1]["action"] == "abort" and lines[-1]["bundle"]
+    r = cli("report", log, "-o", tmp_path / "report.html")
+    assert r.returncode == 0, r.stderr
+    assert "aten::log" in (tmp_path / "report.html").read_text()
+    r = cli("inspect", lines[-1]["bundle"])
+    assert r.returncode == 0, r.stderr
+    assert "aten::log" in r.stdout and "lightning" in r.stdout
+
+
+def test_the_callback_refuses_what_it_cannot_guard():
+    with pytest.raises(ValueError, match="loss_scale is Lightning's"):
+        NanGuard(loss_scale=True)
+    with pytest.raises(ValueError, match="policy must be one of"):
+        NanGuard(policy="retry")
+
+    class Manual(Classifier):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+    with pytest.raises(ValueError, match="manual optimization"):
+        fit(Manual(), [NanGuard()])
+
+
+def test_ddp_ranks_skip_the_same_step_and_the_bad_rank_names_the_op(tmp_path):
+    """strategy="ddp", 2 processes on the CPU (gloo): the NaN in rank 1's
+    batch reaches rank 0 through the gradient all-reduce; both skip that
+    step (their parameters stay equal), rank 1's replay names the input,
+    rank 0's does not reproduce it; each rank writes its own event log."""
+    script = os.path.join(os.path.dirname(__file__), "ddp_lightning_run.py")
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env.pop("LOCAL_RANK", None)
+    r = subprocess.run([sys.executable, script, str(tmp_path)], capture_output=True, text=True, timeout=300,
+                       env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = [json.loads((tmp_path / f"result-{rank}.json").read_text()) for rank in (0, 1)]
+    assert [b["step"] for b in res[0]["bad"]] == [b["step"] for b in res[1]["bad"]] == [4]
+    assert all(b["action"] == "skip" for x in res for b in x["bad"])
+    assert res[1]["bad"][0]["verdict"] == "reproduced" and res[1]["bad"][0]["role"] == "input"
+    assert res[0]["bad"][0]["verdict"] == "not reproduced"
+    assert res[0]["finite"] and res[1]["finite"] and res[0]["checksum"] == res[1]["checksum"]
+    assert len(events(tmp_path / "events.jsonl")) == len(events(tmp_path / "events.rank1.jsonl")) == 6
+
+
+def test_bf16_autocast_log_of_zero_is_named_under_autocast(tmp_path):
+    """precision="bf16-mixed" (autocast, no scaler): the replay runs under
+    Lightning's autocast too and names the op."""
+    model = Classifier(log0_at=2)
+    cb = NanGuard(policy="skip")
+    fit(model, [cb], steps=5, precision="bf16-mixed")
+    assert [r.step for r in cb.bad_steps] == [3] and cb.bad_steps[0].finding.op == "aten::log"
+    assert cb.scaler_skips == 0 and finite_params(model)
+
+
+def fp16_scaler_plugin(init_scale):
+    """Lightning's 16-bit AMP with a GradScaler, on the CPU (Lightning turns
+    precision="16-mixed" into bf16 on the CPU, so the plugin is given)."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+    return MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=init_scale))
+
+
+def test_the_grad_scalers_own_overflow_skips_are_left_to_it():
+    """A scale so high that the first steps' scaled gradients overflow: the
+    GradScaler skips them and halves its scale; nanguard counts them in
+    scaler_skips and neither replays nor acts on them."""
+    model = Classifier()
+    cb = NanGuard(policy="rollback")
+    trainer = fit(model, [cb], steps=8, plugins=[fp16_scaler_plugin(2.0 ** 20)])
+    scaler = trainer.precision_plugin.scaler
+    assert cb.scaler_skips >= 1 and cb.bad_steps == [], (cb.scaler_skips, cb.bad_steps)
+    assert scaler.get_scale() < 2.0 ** 20 and finite_params(model)
+
+
+def test_a_log_of_zero_under_the_grad_scaler_is_nanguards():
+    model = Classifier(log0_at=2)
+    cb = NanGuard(policy="skip")
+    fit(model, [cb], steps=5, plugins=[fp16_scaler_plugin(2.0 ** 8)])
+    assert [r.step for r in cb.bad_steps] == [3] and cb.bad_steps[0].finding.op == "aten::log"
+    assert cb.scaler_skips == 0 and finite_params(model)
+
+
+def test_a_training_step_that_skips_its_batch_is_not_a_bad_step(tmp_path):
+    """Lightning skips a batch whose training_step returns None: no backward,
+    nothing to step; nanguard logs the step and does not act on it."""
+
+    class Skipping(Classifier):
+        def training_step(self, batch, batch_idx):
+            return None if batch_idx == 2 else super().training_step(batch, batch_idx)
+
+    cb = NanGuard(policy="rollback", event_log=tmp_path / "events.jsonl")
+    fit(Skipping(), [cb], steps=5)
+    assert cb.bad_steps == [] and all(l["action"] == "step" for l in events(tmp_path / "events.jsonl"))

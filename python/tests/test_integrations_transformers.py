@@ -1,0 +1,234 @@
+"""nanguard.integrations.transformers.NanGuardCallback on real Hugging Face
+Trainers (a tiny BERT built from its config on the CPU: nothing is
+downloaded): a healthy run is untouched; a planted NaN (a bad batch, an LR
+spike, a log of 0 in the model) is skipped or rolled back, named, and the
+run ends finite; `nanguard report` / `inspect` read what it wrote.
+
+transformers and accelerate come from python/requirements-frameworks.txt
+(`make setup`); without them, importing the callback fails and says so."""
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may be fetched
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+import pytest
+import torch
+
+import nanguard
+from nanguard.integrations.transformers import NanGuardCallback  # ImportError saying `make setup` installs it
+
+import transformers
+
+CLI = os.environ.get("NANGUARD_CLI", "")
+needs_cli = pytest.mark.skipif(not CLI, reason="NANGUARD_CLI is not set (CTest sets it to the built nanguard)")
+
+transformers.logging.set_verbosity_error()
+logging.getLogger("accelerate").setLevel(logging.ERROR)
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning", "ignore::DeprecationWarning")
+
+HIDDEN, SEQ = 32, 8
+
+
+def tiny_bert():
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=100, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=SEQ, num_labels=3)
+    return transformers.BertForSequenceClassification(config)
+
+
+class Embedded(torch.utils.data.Dataset):
+    """Samples of inputs_embeds [SEQ, HIDDEN] and a label; ``nan_at``: the
+    sample holding a NaN (the bad batch)."""
+
+    def __init__(self, n=64, nan_at=-1):
+        g = torch.Generator().manual_seed(1)
+        self.x = torch.randn(n, SEQ, HIDDEN, generator=g)
+        self.y = (self.x[:, 0, 0] > 0).long()
+        if nan_at >= 0:
+            self.x[nan_at, 2, 5] = float("nan")
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"inputs_embeds": self.x[i], "labels": self.y[i]}
+
+
+class Plant(transformers.TrainerCallback):
+    """The test's own callback, planting a bug at one optimizer step: a log
+    of 0 in the embeddings' output (a forward hook), or the LR times 1e35."""
+
+    def __init__(self, model, log0_at=-1, lr_spike_at=-1):
+        self.log0_at, self.lr_spike_at, self.now = log0_at, lr_spike_at, False
+        model.bert.embeddings.register_forward_hook(
+            lambda m, a, out: out + torch.log(torch.zeros_like(out[..., :1])) if self.now else None)
+
+    def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
+        self.now = state.global_step == self.log0_at
+        if state.global_step == self.lr_spike_at:
+            for g in optimizer.param_groups:
+                g["lr"] *= 1e35  # the scheduler sets it back at its next step
+
+
+def train(tmp_path, model, callbacks=(), steps=8, data=None, **args):
+    targs = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True, max_steps=steps, per_device_train_batch_size=4,
+        learning_rate=1e-3, lr_scheduler_type="constant", save_strategy="no", disable_tqdm=True, seed=0,
+        logging_steps=1, dataloader_num_workers=0, **args)
+    trainer = transformers.Trainer(model=model, args=targs, train_dataset=data or Embedded(),
+                                   callbacks=list(callbacks))
+    trainer.train()
+    return trainer
+
+
+def final_loss(model):
+    """The loss on the first 16 clean samples after training (eval mode)."""
+    d = Embedded()
+    model.eval()
+    with torch.no_grad():
+        return float(model(inputs_embeds=d.x[:16], labels=d.y[:16]).loss)
+
+
+def finite_params(model):
+    return all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def events(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def cli(*args):
+    return subprocess.run([CLI, *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def test_a_healthy_run_is_untouched(tmp_path):
+    plain, guarded = tiny_bert(), tiny_bert()
+    train(tmp_path, plain)
+    cb = NanGuardCallback(policy="rollback", event_log=tmp_path / "events.jsonl")
+    train(tmp_path, guarded, [cb])
+    for a, b in zip(plain.parameters(), guarded.parameters()):
+        assert torch.equal(a, b)
+    lines = events(tmp_path / "events.jsonl")
+    assert [l["step"] for l in lines] == list(range(1, 9)) and all(l["action"] == "step" for l in lines)
+    assert cb.bad_steps == []
+
+
+def test_a_log_of_zero_in_the_model_is_skipped_and_named(tmp_path):
+    model = tiny_bert()
+    cb = NanGuardCallback(policy="skip", event_log=tmp_path / "events.jsonl")
+    train(tmp_path, model, [Plant(model, log0_at=3), cb])
+    assert [r.step for r in cb.bad_steps] == [4]
+    f = cb.bad_steps[0].finding
+    assert f is not None and f.op == "aten::log" and cb.bad_steps[0].verdict == "reproduced", cb.bad_steps[0]
+    assert finite_params(model) and math.isfinite(final_loss(model))
+    assert events(tmp_path / "events.jsonl")[3]["findings"][0]["op"] == "aten::log"
+
+
+def test_without_the_callback_the_planted_bug_poisons_the_model(tmp_path):
+    """The control of the tests above: the same run without nanguard ends non-finite."""
+    model = tiny_bert()
+    train(tmp_path, model, [Plant(model, log0_at=3)])
+    assert not finite_params(model)
+
+
+def test_a_bad_batch_is_skipped_with_gradient_accumulation(tmp_path):
+    model = tiny_bert()
+    cb = NanGuardCallback(policy="skip", event_log=tmp_path / "events.jsonl")
+    # 4 steps of 2 micro-batches of 4 samples: one epoch of the 32 samples, one of them bad.
+    train(tmp_path, model, [cb], steps=4, data=Embedded(n=32, nan_at=21), gradient_accumulation_steps=2)
+    lines = events(tmp_path / "events.jsonl")
+    assert len(lines) == 4  # one event per optimizer step, not per micro-batch
+    assert [l["action"] for l in lines].count("skip") == 1
+    f = cb.bad_steps[0].finding
+    assert f is not None and f.role == "input", f  # the NaN came with the batch
+    assert finite_params(model) and math.isfinite(final_loss(model))
+
+
+def test_an_lr_spike_is_rolled_back(tmp_path):
+    model = tiny_bert()
+    cb = NanGuardCallback(policy="rollback", snapshot_every=1, event_log=tmp_path / "events.jsonl")
+    trainer = train(tmp_path, model, [Plant(model, lr_spike_at=3), cb], steps=10)
+    assert cb.bad_steps and all(r.action == "rollback" for r in cb.bad_steps)
+    # step 5 is bad; the snapshot taken at step 4, before its spiked update, is restored
+    assert cb.bad_steps[0].step == 5 and cb.bad_steps[0].rollback_to == 4 and len(cb.bad_steps) == 1
+    f = cb.bad_steps[0].finding  # the spiked embeddings overflow in the first LayerNorm
+    assert f is not None and f.op == "aten::native_layer_norm" and f.role == "producer", f
+    assert finite_params(model) and math.isfinite(final_loss(model))
+    # The rollback halved the LR, and the scheduler keeps it halved.
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.5e-3)
+
+
+@needs_cli
+def test_nanguard_report_and_inspect_read_what_the_callback_wrote(tmp_path):
+    log, bundles = tmp_path / "events.jsonl", tmp_path / "bundles"
+    model = tiny_bert()
+    with pytest.raises(nanguard.NonFiniteError, match="aten::log"):
+        train(tmp_path, model, [Plant(model, log0_at=2),
+                                NanGuardCallback(policy="abort", event_log=log, bundle_dir=bundles)])
+    lines = events(log)
+    assert lines[-1]["action"] == "abort" and lines[-1]["bundle"]
+    r = cli("report", log, "-o", tmp_path / "report.html")
+    assert r.returncode == 0, r.stderr
+    assert "aten::log" in (tmp_path / "report.html").read_text()
+    r = cli("inspect", lines[-1]["bundle"])
+    assert r.returncode == 0, r.stderr
+    assert "aten::log" in r.stdout and "transformers" in r.stdout
+
+
+def test_the_callback_refuses_what_it_cannot_guard():
+    with pytest.raises(ValueError, match="loss_scale is the Trainer's"):
+        NanGuardCallback(loss_scale=True)
+    with pytest.raises(ValueError, match="policy must be one of"):
+        NanGuardCallback(policy="retry")
+
+
+def test_a_loss_computed_outside_the_model_leaves_the_gradients_to_decide(tmp_path):
+    """compute_loss_func: the model gets no labels and returns no loss. The
+    healthy steps still train, and the bad batch is still skipped and named
+    (by its forward)."""
+    model = tiny_bert()
+    cb = NanGuardCallback(policy="skip", event_log=tmp_path / "events.jsonl")
+    targs = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True, max_steps=8, per_device_train_batch_size=4,
+        learning_rate=1e-3, save_strategy="no", disable_tqdm=True, seed=0, dataloader_num_workers=0)
+    loss_fn = lambda outputs, labels, num_items_in_batch=None: torch.nn.functional.cross_entropy(outputs.logits, labels)
+    transformers.Trainer(model=model, args=targs, train_dataset=Embedded(n=32, nan_at=9), callbacks=[cb],
+                         compute_loss_func=loss_fn).train()
+    lines = events(tmp_path / "events.jsonl")
+    assert [l["action"] for l in lines].count("skip") == 1 and len(lines) == 8
+    assert cb.bad_steps[0].finding is not None and cb.bad_steps[0].finding.role == "input"
+    assert finite_params(model)
+
+
+def test_ddp_ranks_skip_the_same_step_and_the_bad_rank_names_the_op(tmp_path):
+    """torchrun, 2 processes on the CPU (gloo): the NaN in rank 1's batch
+    reaches rank 0 through the gradient all-reduce; both skip that step
+    (their parameters stay equal), rank 1's replay names the input, rank 0's
+    does not reproduce it; each rank writes its own event log."""
+    script = os.path.join(os.path.dirname(__file__), "ddp_transformers_run.py")
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script,
+                        str(tmp_path)], capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = [json.loads((tmp_path / f"result-{rank}.json").read_text()) for rank in (0, 1)]
+    assert res[0]["world"] == 2
+    assert [b["step"] for b in res[0]["bad"]] == [b["step"] for b in res[1]["bad"]] == [4]
+    assert res[1]["bad"][0]["verdict"] == "reproduced" and res[1]["bad"][0]["role"] == "input"
+    assert res[0]["bad"][0]["verdict"] == "not reproduced"
+    assert res[0]["finite"] and res[1]["finite"] and res[0]["checksum"] == res[1]["checksum"]
+    assert len(events(tmp_path / "events.jsonl")) == len(events(tmp_path / "events.rank1.jsonl")) == 6
+
+
+def test_bf16_autocast_log_of_zero_is_named(tmp_path):
+    """bf16=True (accelerate's autocast on the CPU, no scaler): the replay
+    runs the model's forward under the same autocast and names the op."""
+    model = tiny_bert()
+    cb = NanGuardCallback(policy="skip")
+    train(tmp_path, model, [Plant(model, log0_at=2), cb], steps=5, bf16=True)
+    assert [r.step for r in cb.bad_steps] == [3] and cb.bad_steps[0].finding.op == "aten::log", cb.bad_steps
+    assert cb.scaler_skips == 0 and finite_params(model)
