@@ -17,7 +17,7 @@ import torch  # noqa: F401  (loads LibTorch before the extension)
 
 from . import _nanguard
 from ._trace import AllowRule, Finding, NonFiniteError, Trace, trace
-from ._guard import Guard, StepResult
+from ._guard import POLICIES, Guard, StepResult
 from . import data, tensorboard  # noqa: E402  (nanguard.data, nanguard.tensorboard)
 
 #: nanguard's version (the C++ core's: one number for the library, the CLI and the module).
@@ -25,7 +25,7 @@ __version__ = _nanguard.__version__
 
 __all__ = [
     "census", "has_nonfinite", "census_many", "check_many", "RecordVerdict", "mark_written", "TensorStats", "trace", "Trace", "Finding",
-    "NonFiniteError", "AllowRule", "Guard", "StepResult", "IsolationForest",
+    "NonFiniteError", "AllowRule", "Guard", "StepResult", "POLICIES", "IsolationForest",
     "Firewall", "FirewallReport", "WarmupCosine", "Distributed",
 ]
 

@@ -82,8 +82,8 @@ class NanGuard(_pl.Callback):
         if "loss_scale" in guard_options:
             raise ValueError("NanGuard: loss_scale is Lightning's to manage (Trainer(precision='16-mixed') "
                              "uses a GradScaler, which the callback reads); drop loss_scale=")
-        if policy not in nanguard._guard.POLICIES:
-            raise ValueError(f"NanGuard: policy must be one of {nanguard._guard.POLICIES}, got {policy!r}")
+        if policy not in nanguard.POLICIES:
+            raise ValueError(f"NanGuard: policy must be one of {nanguard.POLICIES}, got {policy!r}")
         self.policy = policy
         self.event_log = event_log
         self.bundle_dir = bundle_dir

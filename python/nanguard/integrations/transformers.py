@@ -86,8 +86,8 @@ class NanGuardCallback(_hf.TrainerCallback):
         if "loss_scale" in guard_options:
             raise ValueError("NanGuardCallback: loss_scale is the Trainer's to manage (TrainingArguments(fp16=True) "
                              "uses a GradScaler, which the callback reads); drop loss_scale=")
-        if policy not in nanguard._guard.POLICIES:
-            raise ValueError(f"NanGuardCallback: policy must be one of {nanguard._guard.POLICIES}, got {policy!r}")
+        if policy not in nanguard.POLICIES:
+            raise ValueError(f"NanGuardCallback: policy must be one of {nanguard.POLICIES}, got {policy!r}")
         self.policy = policy
         self.event_log = event_log
         self.bundle_dir = bundle_dir
