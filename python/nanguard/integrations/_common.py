@@ -1,9 +1,13 @@
-"""What the framework callbacks share: the framework check, per-rank event
-logs, and keeping an LR scheduler in step with a rollback."""
+"""What the framework callbacks share: the guard they build and check steps
+with, the framework check, per-rank event logs, and keeping an LR scheduler
+in step with a rollback."""
 import importlib
+import math
 import os
 
 import torch
+
+import nanguard
 
 
 def require(package, extra_hint=""):
@@ -55,3 +59,59 @@ def mean_loss(losses):
     if not losses:
         return torch.zeros((), requires_grad=True)
     return losses[0] if len(losses) == 1 else torch.stack([l.float() for l in losses]).mean()
+
+
+class CallbackGuard:
+    """The guard of a framework callback and what it did: ``guard`` (the
+    :class:`nanguard.Guard`, built at the start of training), ``bad_steps``
+    (the :class:`nanguard.StepResult` of every step it skipped or rolled
+    back), ``last`` (the latest result) and ``scaler_skips`` (the steps the
+    framework's GradScaler skipped on its own).
+
+    ``name`` and ``scaler_owner`` word the errors: the framework manages
+    the loss scale, so ``loss_scale=`` is refused."""
+
+    def __init__(self, name, scaler_owner, policy, event_log, bundle_dir, max_norm, guard_options):
+        if "loss_scale" in guard_options:
+            raise ValueError(f"{name}: loss_scale is {scaler_owner} to manage (it uses a GradScaler, which the "
+                             "callback reads); drop loss_scale=")
+        if policy not in nanguard.POLICIES:
+            raise ValueError(f"{name}: policy must be one of {nanguard.POLICIES}, got {policy!r}")
+        self.policy = policy
+        self.event_log = event_log
+        self.bundle_dir = bundle_dir
+        self.max_norm = max_norm
+        self.guard_options = guard_options
+        self.guard = None
+        self.bad_steps = []
+        self.last = None
+        self.scaler_skips = 0
+
+    def build(self, model, optimizer, framework, rank, world_size):
+        """The guard over ``model`` and ``optimizer`` on this rank: rank 0
+        writes ``event_log`` and ``bundle_dir``, rank N beside them."""
+        options = dict(self.guard_options)
+        tags = {"framework": framework, **(options.pop("bundle_tags", None) or {})}
+        if world_size > 1:
+            tags["rank"] = str(rank)
+        self.guard = nanguard.Guard(model, optimizer, policy=self.policy, max_norm=self.max_norm,
+                                    event_log=per_rank_path(self.event_log, rank, world_size),
+                                    bundle_dir=per_rank_path(self.bundle_dir, rank, world_size), bundle_tags=tags,
+                                    **options)
+
+    def check(self, loss, replay, batch, scaler, optimizer, schedulers):
+        """Checks the step the guard began; returns its result, or None when
+        the framework's GradScaler skips it on its own (an overflow of the
+        scaling: an Inf/NaN in the gradients of a finite loss at a scale
+        above 1). A rollback lowers the ``schedulers``' base LRs with it."""
+        if found_inf(scaler, optimizer) and math.isfinite(float(loss)) and scaler.get_scale() > 1.0:
+            self.scaler_skips += 1  # the GradScaler's own overflow: it skips the step and lowers the scale
+            return None
+        lr_factor = self.guard.lr_factor
+        r = self.guard.check(loss, replay=replay, batch=batch)
+        self.last = r
+        if r.skipped:
+            self.bad_steps.append(r)
+            if r.action == "rollback":  # the factor this rollback applied
+                lower_scheduler_lrs(schedulers, self.guard.lr_factor / lr_factor)
+        return r

@@ -46,18 +46,15 @@ optimization and more than one optimizer are not supported (a clear
 ValueError at ``fit``).
 """
 import contextlib
-import math
 
 import torch
 
-from ._common import found_inf, lower_scheduler_lrs, mean_loss as _mean, per_rank_path, require
+from ._common import CallbackGuard, mean_loss as _mean, require
 
 _pl = require("lightning", " (the `lightning` package: `import lightning.pytorch`)").pytorch
 
-import nanguard  # noqa: E402  (after the framework check: its error comes first)
 
-
-class NanGuard(_pl.Callback):
+class NanGuard(_pl.Callback, CallbackGuard):
     """A Lightning callback that keeps training finite with :class:`nanguard.Guard`.
 
         trainer = lightning.pytorch.Trainer(
@@ -79,20 +76,8 @@ class NanGuard(_pl.Callback):
     """
 
     def __init__(self, policy="skip", event_log=None, bundle_dir=None, max_norm=0.0, **guard_options):
-        if "loss_scale" in guard_options:
-            raise ValueError("NanGuard: loss_scale is Lightning's to manage (Trainer(precision='16-mixed') "
-                             "uses a GradScaler, which the callback reads); drop loss_scale=")
-        if policy not in nanguard.POLICIES:
-            raise ValueError(f"NanGuard: policy must be one of {nanguard.POLICIES}, got {policy!r}")
-        self.policy = policy
-        self.event_log = event_log
-        self.bundle_dir = bundle_dir
-        self.max_norm = max_norm
-        self.guard_options = guard_options
-        self.guard = None
-        self.bad_steps = []
-        self.last = None
-        self.scaler_skips = 0
+        CallbackGuard.__init__(self, "NanGuard", "Lightning's (Trainer(precision='16-mixed'))", policy, event_log,
+                               bundle_dir, max_norm, guard_options)
         self._window = None  # [(batch, batch_idx)] of the current optimizer step
         self._loss = None
 
@@ -106,15 +91,7 @@ class NanGuard(_pl.Callback):
         if len(trainer.optimizers) != 1:
             raise ValueError(f"NanGuard: configure_optimizers returned {len(trainer.optimizers)} optimizers; "
                              "the callback guards exactly one")
-        rank, world = trainer.global_rank, trainer.world_size
-        options = dict(self.guard_options)
-        tags = {"framework": "lightning", **(options.pop("bundle_tags", None) or {})}
-        if world > 1:
-            tags["rank"] = str(rank)
-        self.guard = nanguard.Guard(pl_module, trainer.optimizers[0], policy=self.policy, max_norm=self.max_norm,
-                                    event_log=per_rank_path(self.event_log, rank, world),
-                                    bundle_dir=per_rank_path(self.bundle_dir, rank, world), bundle_tags=tags,
-                                    **options)
+        self.build(pl_module, trainer.optimizers[0], "lightning", trainer.global_rank, trainer.world_size)
 
     # -- every step ------------------------------------------------------------
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -142,19 +119,9 @@ class NanGuard(_pl.Callback):
             # No micro-batch ran backward (training_step returned None to skip
             # them): the event says 0.0 and the gradients alone decide.
             loss = 0.0
-        scaler = _scaler(trainer)
-        if found_inf(scaler, optimizer) and math.isfinite(float(loss)) and scaler.get_scale() > 1.0:
-            self.scaler_skips += 1  # the GradScaler's own overflow: it skips the step and lowers the scale
-            return
-        lr_factor = self.guard.lr_factor
-        r = self.guard.check(loss, replay=lambda: self._replay(trainer, pl_module, window),
-                             batch=_tensors([b for b, _ in window]))
-        self.last = r
-        if r.skipped:
-            self.bad_steps.append(r)
-            if r.action == "rollback":  # the factor this rollback applied
-                lower_scheduler_lrs([c.scheduler for c in trainer.lr_scheduler_configs],
-                                    self.guard.lr_factor / lr_factor)
+        CallbackGuard.check(self, loss, lambda: self._replay(trainer, pl_module, window),
+                            _tensors([b for b, _ in window]), _scaler(trainer), optimizer,
+                            [c.scheduler for c in trainer.lr_scheduler_configs])
 
     def _replay(self, trainer, pl_module, window):
         """The step's loss again: ``training_step`` of each micro-batch under

@@ -49,18 +49,15 @@ works outside the model, the gradients alone decide (the event's loss reads
 output (the logits): the ops of the forward are checked both ways, those of
 the loss function are not.
 """
-import math
 
 import torch
 
-from ._common import found_inf, lower_scheduler_lrs, mean_loss as _mean, per_rank_path, require
+from ._common import CallbackGuard, mean_loss as _mean, require
 
 _hf = require("transformers", " (and `accelerate`, which its Trainer needs)")
 
-import nanguard  # noqa: E402  (after the framework check: its error comes first)
 
-
-class NanGuardCallback(_hf.TrainerCallback):
+class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
     """A Hugging Face ``TrainerCallback`` that keeps training finite with
     :class:`nanguard.Guard`.
 
@@ -83,20 +80,8 @@ class NanGuardCallback(_hf.TrainerCallback):
     """
 
     def __init__(self, policy="skip", event_log=None, bundle_dir=None, max_norm=0.0, **guard_options):
-        if "loss_scale" in guard_options:
-            raise ValueError("NanGuardCallback: loss_scale is the Trainer's to manage (TrainingArguments(fp16=True) "
-                             "uses a GradScaler, which the callback reads); drop loss_scale=")
-        if policy not in nanguard.POLICIES:
-            raise ValueError(f"NanGuardCallback: policy must be one of {nanguard.POLICIES}, got {policy!r}")
-        self.policy = policy
-        self.event_log = event_log
-        self.bundle_dir = bundle_dir
-        self.max_norm = max_norm
-        self.guard_options = guard_options
-        self.guard = None
-        self.bad_steps = []
-        self.last = None
-        self.scaler_skips = 0
+        CallbackGuard.__init__(self, "NanGuardCallback", "the Trainer's (TrainingArguments(fp16=True))", policy,
+                               event_log, bundle_dir, max_norm, guard_options)
         self._model = None
         self._hook = None
         self._window = None  # [(args, kwargs)] of the step's micro-batches
@@ -110,15 +95,7 @@ class NanGuardCallback(_hf.TrainerCallback):
         if model is None or optimizer is None:
             raise ValueError("NanGuardCallback: the Trainer passed no model or optimizer to on_train_begin; "
                              "add the callback to a transformers.Trainer (Trainer(..., callbacks=[...]))")
-        rank, world = _rank_and_world()
-        options = dict(self.guard_options)
-        tags = {"framework": "transformers", **(options.pop("bundle_tags", None) or {})}
-        if world > 1:
-            tags["rank"] = str(rank)
-        self.guard = nanguard.Guard(model, _inner(optimizer), policy=self.policy, max_norm=self.max_norm,
-                                    event_log=per_rank_path(self.event_log, rank, world),
-                                    bundle_dir=per_rank_path(self.bundle_dir, rank, world), bundle_tags=tags,
-                                    **options)
+        self.build(model, _inner(optimizer), "transformers", *_rank_and_world())
         if self._hook is not None:  # a train() that stopped on an error left it
             self._hook.remove()
         self._model = model
@@ -148,20 +125,10 @@ class NanGuardCallback(_hf.TrainerCallback):
         # Without a loss from the model (a compute_loss outside it) the event
         # says 0.0 and the gradients alone decide.
         loss = _mean(losses) if losses else 0.0
-        scaler = getattr(optimizer, "scaler", None)
-        if found_inf(scaler, _inner(optimizer)) and math.isfinite(float(loss)) and scaler.get_scale() > 1.0:
-            self.scaler_skips += 1  # the GradScaler's own overflow: it skips the step and lowers the scale
-            return
-        lr_factor = self.guard.lr_factor
-        r = self.guard.check(loss, replay=lambda: self._replay(window),
-                             batch=[t for a, k in window for t in list(a) + list(k.values())
-                                    if isinstance(t, torch.Tensor)])
-        self.last = r
-        if r.skipped:
-            self.bad_steps.append(r)
-            if r.action == "rollback":  # the factor this rollback applied
-                lower_scheduler_lrs([getattr(lr_scheduler, "scheduler", lr_scheduler)],
-                                    self.guard.lr_factor / lr_factor)
+        CallbackGuard.check(self, loss, lambda: self._replay(window),
+                            [t for a, k in window for t in list(a) + list(k.values()) if isinstance(t, torch.Tensor)],
+                            getattr(optimizer, "scaler", None), _inner(optimizer),
+                            [getattr(lr_scheduler, "scheduler", lr_scheduler)])
 
     def _replay(self, window):
         """The step's loss again: the model's forward on each micro-batch's
