@@ -261,3 +261,17 @@ def test_a_training_step_that_skips_its_batch_is_not_a_bad_step(tmp_path):
     cb = NanGuard(policy="rollback", event_log=tmp_path / "events.jsonl")
     fit(Skipping(), [cb], steps=5)
     assert cb.bad_steps == [] and all(l["action"] == "step" for l in events(tmp_path / "events.jsonl"))
+
+
+def test_the_callback_logs_its_steps_to_tensorboard(tmp_path):
+    """NanGuard(tensorboard=DIR) hands the directory to the Guard: every
+    optimizer step's loss and skip flag are in TensorBoard, the bad step's
+    finding as text."""
+    from tensorboard.backend.event_processing.event_accumulator import TENSORS, EventAccumulator
+    fit(Classifier(log0_at=3), [NanGuard(policy="skip", tensorboard=str(tmp_path / "tb"))])
+    acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={TENSORS: 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss")] == list(range(1, 9))
+    assert [e.value for e in acc.Scalars("skipped")] == [0, 0, 0, 1, 0, 0, 0, 0]
+    texts = [e.tensor_proto.string_val[0].decode() for e in acc.Tensors("nanguard/findings")]
+    assert any("aten::log" in t for t in texts), texts
