@@ -60,6 +60,10 @@ class user_time {
   step_clock::time_point start_ = step_clock::now();
 };
 
+// A micro-batch's share of the step's loss: the mean over `n` micro-batches
+// is the gradient of the whole batch (one micro-batch: the loss itself).
+at::Tensor share_of(const at::Tensor& loss, size_t n) { return n == 1 ? loss : loss / double(n); }
+
 // The host's module scopes, open while it lives (a replay that throws closes them too).
 class module_scopes {
  public:
@@ -231,7 +235,7 @@ struct guard::impl {
       tracer_pause pause(t);
       loss_ok = sentinel.check_loss(loss);
     }
-    if (loss_ok) scaler.scale(n == 1 ? loss : loss / double(n)).backward();
+    if (loss_ok) scaler.scale(share_of(loss, n)).backward();
     return loss_ok;
   }
 
@@ -382,7 +386,7 @@ struct guard::impl {
       }
       loss_sum += e.loss;
       user_time plain_work(user_s);
-      scaler.scale(batches.size() == 1 ? loss : loss / double(batches.size())).backward();
+      scaler.scale(share_of(loss, batches.size())).backward();
     }
     e.loss = loss_sum / double(batches.size());
     return inspect(report, e);
@@ -619,7 +623,7 @@ step_event guard::check(const at::Tensor& loss, const step_fn& replay, const std
   }
   size_t bad_batch = 0;
   const micro_batches batches{batch};
-  s.localize(batches, replay ? replay : step_fn(), s.started_rng, report, locally_finite, bad_batch, e);
+  s.localize(batches, replay, s.started_rng, report, locally_finite, bad_batch, e);
   const policy p = s.decide(e);
   s.act(p, batch, s.started_rng, e);  // abort throws
   return e;

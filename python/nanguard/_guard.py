@@ -67,18 +67,18 @@ class StepResult:
         """The result of the C++ step event ``event_json``."""
         e = json.loads(event_json)
         bad = [(p["name"], int(p["nonfinite"])) for p in e.get("nonfinite_params", [])]
-        loss = _float(e["loss"])
+        loss = float(e["loss"])  # float() reads the log's "nan", "inf", "-inf" too
         reason = "" if not e["skipped"] else "non-finite loss" if not math.isfinite(loss) else "non-finite gradient"
         findings = e.get("findings", [])
-        return cls(step=int(e["step"]), loss=loss, grad_norm=_float(e["grad_norm"]), action=e["action"],
-                   skipped=bool(e["skipped"]), scale=_float(e["scale"]), lr=_float(e["lr"]), reason=reason,
+        return cls(step=int(e["step"]), loss=loss, grad_norm=float(e["grad_norm"]), action=e["action"],
+                   skipped=bool(e["skipped"]), scale=float(e["scale"]), lr=float(e["lr"]), reason=reason,
                    first_nonfinite_param=bad[0][0] if bad else "",
                    finding=Finding(json.dumps(findings[0])) if findings else None,
                    verdict=e.get("verdict", ""),
-                   spikes=[(s["series"], _float(s["value"]), _float(s["z"])) for s in e.get("spikes", [])],
+                   spikes=[(s["series"], float(s["value"]), float(s["z"])) for s in e.get("spikes", [])],
                    nonfinite_params=bad,
-                   top_norms=[(t["name"], _float(t["norm"])) for t in e.get("top_norms", [])],
-                   clip_coef=_float(e.get("clip_coef", 1.0)), bundle=e.get("bundle", ""),
+                   top_norms=[(t["name"], float(t["norm"])) for t in e.get("top_norms", [])],
+                   clip_coef=float(e.get("clip_coef", 1.0)), bundle=e.get("bundle", ""),
                    rollback_to=int(e.get("rollback_to", -1)), remedy=e.get("remedy", ""), note=e.get("note", ""),
                    rank=int(e.get("rank", -1)), nonfinite_ranks=[int(r) for r in e.get("nonfinite_ranks", [])],
                    _event=e)
@@ -87,11 +87,6 @@ class StepResult:
         """The event as the event log holds it (``nanguard::step_event``; NaN
         and Inf as "nan", "inf", "-inf")."""
         return dict(self._event)
-
-
-def _float(x):
-    """A number of the event's JSON ("nan", "inf", "-inf" for those)."""
-    return float(x)
 
 
 def _trainable_loss(loss):
@@ -246,16 +241,9 @@ class Guard:
                  snapshot_keep=2, rollback_lr_factor=0.5, max_bad_steps=0, bundle_dir=None,
                  spike_window=50, spike_threshold=8.0, bundle_tags=None, log_top_norms=5, schedule=None,
                  tensorboard=None, distributed=None):
+        # The numeric options are checked by the C++ guard (ValueError).
         if policy not in POLICIES:
             raise ValueError(f"nanguard.Guard: policy must be one of {POLICIES}, got {policy!r}")
-        if not (math.isfinite(max_norm) and max_norm >= 0 and math.isfinite(clip_value) and clip_value >= 0):
-            raise ValueError("nanguard.Guard: max_norm and clip_value must be finite and >= 0 (0: off), got "
-                             f"{max_norm}, {clip_value}")
-        if snapshot_every < 1 or snapshot_keep < 1:
-            raise ValueError("nanguard.Guard: snapshot_every and snapshot_keep must be >= 1, got "
-                             f"{snapshot_every}, {snapshot_keep}")
-        if not 0 < rollback_lr_factor <= 1:
-            raise ValueError(f"nanguard.Guard: rollback_lr_factor must be in (0, 1], got {rollback_lr_factor}")
         self.model = model
         self.optimizer = optimizer
         self.policy = policy

@@ -108,14 +108,15 @@ py::dict stats_dict(const nanguard::tensor_stats& s) {
 }
 
 /// The enum value named `name` among `names` (in enum order), or a ValueError
-/// that lists the valid names.
+/// that names `what` ("nanguard.Firewall: nonfinite policy") and lists the
+/// valid names.
 template <typename E, size_t N>
 E enum_of(const std::string& name, const char* const (&names)[N], const char* what) {
   for (size_t i = 0; i < N; ++i)
     if (name == names[i]) return static_cast<E>(i);
   std::string valid;
   for (size_t i = 0; i < N; ++i) valid += (i ? ", " : "") + std::string(names[i]);
-  throw py::value_error("nanguard.Firewall: unknown " + std::string(what) + " '" + name + "'; use one of: " + valid);
+  throw py::value_error(std::string(what) + ": unknown '" + name + "'; use one of: " + valid);
 }
 
 // Names in the order of the enums in firewall.h.
@@ -206,7 +207,7 @@ nanguard::guard_options guard_options_of(const py::dict& o) {
   const auto get = [&](const char* key) { return o[key]; };
   static const char* const policies[] = {"skip", "backoff", "rollback", "abort"};
   nanguard::guard_options g;
-  g.policy(enum_of<nanguard::policy>(get("policy").cast<std::string>(), policies, "policy"))
+  g.policy(enum_of<nanguard::policy>(get("policy").cast<std::string>(), policies, "nanguard.Guard: policy"))
       .max_norm(get("max_norm").cast<double>())
       .clip_value(get("clip_value").cast<double>())
       .replay(get("replay").cast<bool>())
@@ -524,9 +525,9 @@ PYBIND11_MODULE(_nanguard, m) {
                        std::vector<std::string> column_names) {
              return nanguard::firewall(
                  nanguard::firewall_options()
-                     .nonfinite(enum_of<nanguard::nonfinite_policy>(nonfinite, nonfinite_names, "nonfinite policy"))
-                     .outliers(enum_of<nanguard::outlier_policy>(outliers, outlier_names, "outlier policy"))
-                     .rule(enum_of<nanguard::outlier_rule>(rule, rule_names, "outlier rule"))
+                     .nonfinite(enum_of<nanguard::nonfinite_policy>(nonfinite, nonfinite_names, "nanguard.Firewall: nonfinite policy"))
+                     .outliers(enum_of<nanguard::outlier_policy>(outliers, outlier_names, "nanguard.Firewall: outlier policy"))
+                     .rule(enum_of<nanguard::outlier_rule>(rule, rule_names, "nanguard.Firewall: outlier rule"))
                      .low_quantile(low_quantile)
                      .high_quantile(high_quantile)
                      .sigmas(sigmas)
