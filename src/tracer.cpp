@@ -175,6 +175,13 @@ struct deferred_op {
 // a dead one's entry. Writes behind LibTorch's back (through data_ptr())
 // bump nothing, so what the memo knows lasts one tracer step (see
 // generation).
+//
+// A weak reference pins the TensorImpl or StorageImpl object (not the data)
+// of a dead tensor until its entry goes. Pinned all over the heap, such
+// objects keep glibc from reusing the freed blocks between them: a traced
+// loop grew by tens of MB a step and paid for it in page faults inside
+// ATen's kernels. So the entries of a past generation go at the first
+// write of a new one, and those whose storage died every kSweepEvery writes.
 class range_memo {
   using weak_impl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
   using weak_storage = c10::weak_intrusive_ptr<c10::StorageImpl>;
@@ -195,6 +202,7 @@ class range_memo {
   }
   void insert(const at::TensorBase& t, const value_range& range) {
     if (!rememberable(t)) return;
+    if (writes_ - swept_at_ >= kSweepEvery || swept_generation_ != generation.load(std::memory_order_relaxed)) sweep();
     entry& e = slot_for(t);
     entry next{weak_impl::reclaim_copy(t.unsafeGetTensorImpl()),
                weak_storage::reclaim_copy(t.storage().unsafeGetStorageImpl()),
@@ -216,6 +224,15 @@ class range_memo {
   }
   /// Forgets what every thread's memo knows.
   static void forget_all() { generation.fetch_add(1, std::memory_order_relaxed); }
+  /// Drops the entries that can no longer match: of a past generation, or
+  /// over a storage that died (what they pin goes back to the allocator).
+  void sweep() {
+    const uint64_t now = generation.load(std::memory_order_relaxed);
+    for (entry& e : slots_)
+      if (e.data && (e.generation != now || e.storage.expired())) e = entry();
+    swept_at_ = writes_;
+    swept_generation_ = now;
+  }
 
  private:
   struct entry {
@@ -310,9 +327,12 @@ class range_memo {
       if (set[way].generation != now) return set[way];
     return set[0].write < set[1].write ? set[0] : set[1];
   }
+  static constexpr uint64_t kSweepEvery = 512;  // a few sweeps a step of a transformer layer stack
   static inline std::atomic<uint64_t> generation{1};
   std::vector<entry> slots_ = std::vector<entry>(kSets * kWays);
   uint64_t writes_ = 0;
+  uint64_t swept_at_ = 0;           // writes_ at the last sweep
+  uint64_t swept_generation_ = 0;  // the generation then
 };
 
 range_memo& this_thread_memo() {
@@ -1421,7 +1441,10 @@ tracer::tracer(tracer_options options) : state_(std::make_unique<state>()) {
   resume();
 }
 
-tracer::~tracer() = default;
+tracer::~tracer() {
+  range_memo::forget_all();
+  this_thread_memo().sweep();  // nothing of this trace stays pinned (other threads' memos: at their next write)
+}
 
 void tracer::name_parameters(const torch::nn::Module& module, const std::string& prefix) {
   std::lock_guard<std::mutex> lock(state_->mutex);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -527,6 +528,31 @@ TEST(tracer, does_not_rescan_values_it_saw_finite) {
   EXPECT_GT(t.cost().scan_seconds, 0);
   EXPECT_LE(t.cost().scan_seconds, t.cost().seconds);
   EXPECT_FALSE(t.found());
+}
+
+// The memo's weak references pin a dead tensor's TensorImpl: held for long,
+// such pins fragment the heap (a traced loop grew by tens of MB a step).
+TEST(tracer, lets_go_of_the_tensors_it_remembered) {
+  EAGER_ONLY();
+  using weak_impl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+  // weak_use_count(): the weak references, plus one while the tensor lives.
+  const at::Tensor x = at::randn({1000});
+  at::Tensor kept;
+  std::optional<weak_impl> dead, alive;
+  {
+    nanguard::tracer t(options());
+    at::Tensor y = at::relu(x);  // remembered: its range is known
+    dead.emplace(y.getIntrusivePtr());
+    y.reset();
+    EXPECT_EQ(2u, dead->weak_use_count()) << "ours and the memo's";
+    at::Tensor z = x * 0.5;
+    for (int i = 0; i < 600; ++i) z = z * 0.5;  // enough writes for a sweep
+    EXPECT_EQ(1u, dead->weak_use_count()) << "a dead storage's entry goes at a sweep";
+    kept = at::relu(x);
+    alive.emplace(kept.getIntrusivePtr());
+    EXPECT_EQ(3u, alive->weak_use_count()) << "ours, the memo's and the live one";
+  }
+  EXPECT_EQ(2u, alive->weak_use_count()) << "the trace's end lets go of what it remembered";
 }
 
 TEST(tracer, knows_a_write_through_a_view_changes_its_base) {
