@@ -154,12 +154,18 @@ bool any_chunk(int64_t n, bool parallel, const F& chunk_has_nonfinite) {
   return found.load();
 }
 
+// `x`'s elements as one block of memory, in some order: `x` itself when it
+// is non-overlapping and dense (a transposed weight, a permuted activation),
+// else a contiguous copy. For what does not depend on the order: whether a
+// value is not finite, the range.
+at::Tensor dense_block(const at::Tensor& x) { return x.is_non_overlapping_and_dense() ? x : x.contiguous(); }
+
 bool scan_for_nonfinite(const at::Tensor& x, bool parallel, const char* caller) {
   check_has_data(x, caller);
   if (x.is_complex()) return scan_for_nonfinite(at::view_as_real(x), parallel, caller);
   if (!x.is_floating_point()) return false;
   if (!x.is_cpu()) return on_cuda_kernel(x) ? !check_many(x).all_finite() : !at::isfinite(x).all().item<bool>();
-  const at::Tensor c = x.contiguous();
+  const at::Tensor c = dense_block(x);
   const int64_t n = c.numel();
   switch (c.scalar_type()) {
     case at::kFloat: {
@@ -249,7 +255,7 @@ value_range value_range_on_this_thread(const at::Tensor& x) {
     return s.all_finite() ? value_range{std::min(s.min, 0.0), std::max(s.max, 0.0)} : value_range{NAN, NAN};
   }
   if (!x.is_cpu()) return range_by_aten(x);
-  if (!x.is_contiguous()) return value_range_on_this_thread(x.contiguous());
+  if (!x.is_non_overlapping_and_dense()) return value_range_on_this_thread(x.contiguous());
   const int64_t n = x.numel();
   switch (x.scalar_type()) {
     case at::kFloat:

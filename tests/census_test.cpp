@@ -353,6 +353,16 @@ TEST(value_range, bounds_every_dtype_sign_and_special_value_on_every_isa) {
       }
   });
   EXPECT_EQ(4.0, value_range_on_this_thread(at::arange(5.0).flip(0).expand({3, 5})).hi) << "a strided view";
+  // Dense views are read in memory order, without a copy: the range is the same.
+  at::Tensor block = at::randn({6, 7, 8});
+  for (const at::Tensor& view : {block.permute({2, 0, 1}), block.transpose(0, 2), block.select(0, 3).t()}) {
+    const auto r = value_range_on_this_thread(view);
+    EXPECT_EQ(view.min().item<double>(), r.lo);
+    EXPECT_EQ(view.max().item<double>(), r.hi);
+  }
+  block[5][6][7] = kInf;
+  EXPECT_FALSE(value_range_on_this_thread(block.permute({2, 0, 1})).finite()) << "its last element in memory";
+  EXPECT_TRUE(value_range_on_this_thread(block.slice(0, 0, 5).transpose(1, 2)).finite()) << "only what it views";
   const auto empty = value_range_on_this_thread(at::empty({0}));
   EXPECT_TRUE(empty.finite());
 }
