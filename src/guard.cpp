@@ -140,6 +140,12 @@ struct guard::impl {
   // The step begin_step() started for check(), and the RNG state then.
   std::optional<step_event> started;
   detail::generator_states started_rng;
+  // trace_every_step: the tracer of the step's forward and backward, and
+  // the host's module scopes it attributes ops by.
+  std::optional<tracer> live;
+  std::optional<module_scopes> live_scopes;
+  bundle_tag_list bundle_tags = options.bundle_tags();
+  std::optional<step_event> last;  // the last step's event
 
   // The LR of the first param group (0 when there is none).
   double first_lr() const {
@@ -178,7 +184,32 @@ struct guard::impl {
   // Stamps the guard's own time so far on `e` and logs it.
   void write(step_event& e) {
     e.guard_ms = (seconds_since(step_started) - user_s) * 1e3;
+    last = e;
     if (log) log->write(e);
+  }
+
+  // trace_every_step: starts the tracer of this step's forward and backward,
+  // naming what a replay's tracer names (`batches`: none when a framework
+  // runs the step).
+  void start_trace(const micro_batches& batches) {
+    if (!options.trace_every_step()) return;
+    live_scopes.reset();
+    live.reset();  // a step begun and never checked
+    live.emplace(options.tracer());
+    live->name_parameters(host->named_parameters());
+    live->set_step(step);
+    for (const auto& batch : batches)
+      for (size_t j = 0; j < batch.size(); ++j)
+        if (batch[j].defined()) live->name_tensor(batch[j], batch_name(j));
+    live_scopes.emplace(*host);
+  }
+
+  // Ends it: its findings are the step's.
+  void finish_trace(step_event& e) {
+    if (!live) return;
+    live_scopes.reset();
+    e.findings = live->findings();
+    live.reset();
   }
 
   // Runs the step again from the same RNG state, under the tracer; fills the
@@ -344,7 +375,7 @@ struct guard::impl {
     if (options.bundle_parameters())
       b.parameters = host->named_parameters();
     if (b.finding && b.finding->role == role::producer) b.culprit_inputs = b.finding->input_values;
-    b.tags = options.bundle_tags();
+    b.tags = bundle_tags;
     return write_bundle(options.bundle_dir(), b);
   }
 
@@ -372,6 +403,20 @@ struct guard::impl {
       user_time plain_work(user_s);
       host->zero_grad();
     }
+    start_trace(batches);
+    const bool losses_finite = forward_backward(batches, fn, bad_batch, e);
+    finish_trace(e);
+    if (!losses_finite) {
+      e.grad_norm = std::numeric_limits<double>::quiet_NaN();
+      return false;
+    }
+    return inspect(report, e);
+  }
+
+  // Forward, the loss check and the (scaled) backward of each micro-batch;
+  // returns whether every loss was finite (else `bad_batch` is the first
+  // that was not). The event's loss is their mean.
+  bool forward_backward(const micro_batches& batches, const step_fn& fn, size_t& bad_batch, step_event& e) {
     double loss_sum = 0;
     for (size_t i = 0; i < batches.size(); ++i) {
       at::Tensor loss;
@@ -381,7 +426,6 @@ struct guard::impl {
       }
       if (!sentinel.check_loss(loss, &e.loss)) {
         bad_batch = i;
-        e.grad_norm = std::numeric_limits<double>::quiet_NaN();
         return false;
       }
       loss_sum += e.loss;
@@ -389,7 +433,7 @@ struct guard::impl {
       scaler.scale(share_of(loss, batches.size())).backward();
     }
     e.loss = loss_sum / double(batches.size());
-    return inspect(report, e);
+    return true;
   }
 
   // The sentinel's pass over the gradients; returns whether they are finite.
@@ -435,7 +479,8 @@ struct guard::impl {
                 const grad_report& report, bool locally_finite, size_t& bad_batch, step_event& e) {
     for (size_t i = 0; i < report.nonfinite_counts.size(); ++i)
       if (report.nonfinite_counts[i] > 0) e.nonfinite_params.push_back({sentinel.names()[i], report.nonfinite_counts[i]});
-    if (options.replay() && fn && !locally_finite) replay(batches, fn, rng_before, bad_batch, e);
+    if (options.replay() && !options.trace_every_step() && fn && !locally_finite)
+      replay(batches, fn, rng_before, bad_batch, e);
     if (options.replay() && options.distributed()) share_findings(e);
     if (batches.size() > 1 && !locally_finite)
       e.note += fmt::format("{}micro-batch {} of {}", e.note.empty() ? "" : "; ", bad_batch, batches.size());
@@ -513,8 +558,16 @@ struct guard::impl {
     if (options.bundle_dir().empty()) {
       // no bundle asked for
     } else if (!options.distributed() || e.rank == writer) {
-      e.bundle = write_repro_bundle(batch, rng_before, e);
-      e.remedy += "; repro bundle in " + e.bundle;
+      try {
+        e.bundle = write_repro_bundle(batch, rng_before, e);
+        e.remedy += "; repro bundle in " + e.bundle;
+      } catch (const std::exception& ex) {
+        // The run still stops on its NaN/Inf: that is the error to raise.
+        const auto* error = dynamic_cast<const c10::Error*>(&ex);
+        const std::string why = error ? error->what_without_backtrace() : ex.what();
+        e.note += std::string(e.note.empty() ? "" : "; ") + "no repro bundle: " + why;
+        TORCH_WARN("nanguard::guard: step ", e.step, ": no repro bundle: ", why);
+      }
     } else {
       e.note += std::string(e.note.empty() ? "" : "; ") + "the repro bundle is written by rank " +
                 std::to_string(writer);
@@ -604,6 +657,7 @@ void guard::begin_step() {
   impl& s = *impl_;
   s.started = s.begin();
   s.started_rng = detail::capture_generators();
+  s.start_trace({});
 }
 
 step_event guard::check(const at::Tensor& loss, const step_fn& replay, const std::vector<at::Tensor>& batch) {
@@ -612,6 +666,7 @@ step_event guard::check(const at::Tensor& loss, const step_fn& replay, const std
               "first forward");
   step_event e = std::move(*s.started);
   s.started.reset();
+  s.finish_trace(e);
   grad_report report;
   bool locally_finite = s.sentinel.check_loss(loss, &e.loss);
   if (locally_finite) locally_finite = s.inspect(report, e);
@@ -627,6 +682,13 @@ step_event guard::check(const at::Tensor& loss, const step_fn& replay, const std
   const policy p = s.decide(e);
   s.act(p, batch, s.started_rng, e);  // abort throws
   return e;
+}
+
+void guard::set_bundle_tags(bundle_tag_list tags) { impl_->bundle_tags = std::move(tags); }
+
+const step_event& guard::last_event() const {
+  TORCH_CHECK(impl_->last, "nanguard::guard::last_event: no step has ended yet");
+  return *impl_->last;
 }
 
 int64_t guard::steps() const { return impl_->step; }

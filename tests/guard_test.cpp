@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 
 namespace {
 
@@ -619,4 +620,71 @@ TEST(guard, checks_a_step_a_framework_runs) {
   EXPECT_FALSE(r.model->weight.grad().defined()) << "the framework's optimizer step would use the bad gradients";
   const std::string error = nanguard::test::error_of([&] { g.check(loss); });
   EXPECT_NE(std::string::npos, error.find("no step was begun")) << error;
+}
+
+// trace_every_step: the tracer watches each step as it runs, and a bad
+// step needs no replay.
+TEST(guard, traces_every_step_without_a_replay) {
+  regression r;
+  torch::optim::SGD opt(r.model->parameters(), 0.1);
+  guard g(r.model, opt, guard_options().trace_every_step(true).tracer(nanguard::tracer_options()));
+  int64_t replays = 0;
+  step_event e = g.step({r.x, r.y}, r.loss_fn());
+  EXPECT_FALSE(e.skipped);
+  EXPECT_TRUE(e.findings.empty());
+  const nanguard::step_fn bad = [&](const std::vector<at::Tensor>& b) {
+    ++replays;
+    return r.loss_fn()(b) + (r.model->bias * 0).sqrt().sum();
+  };
+  replays = 0;
+  e = g.step({r.x, r.y}, bad);
+  EXPECT_TRUE(e.skipped);
+  EXPECT_EQ(1, replays) << "the step ran once: its own trace named the op";
+  ASSERT_FALSE(e.findings.empty());
+  EXPECT_EQ("SqrtBackward0", e.findings.front().node);
+  EXPECT_EQ(2, e.findings.front().step);
+  EXPECT_EQ("", e.verdict) << "no replay";
+  EXPECT_EQ(nanguard::cause::sqrt_at_zero, e.findings.front().diagnosis.cause);
+  // A framework's step: traced from begin_step() to check().
+  g.begin_step();
+  opt.zero_grad();
+  const at::Tensor loss = bad({r.x, r.y});
+  loss.backward();
+  e = g.check(loss);
+  ASSERT_FALSE(e.findings.empty());
+  EXPECT_EQ("SqrtBackward0", e.findings.front().node);
+  EXPECT_EQ(3, e.findings.front().step);
+  nanguard::tracer after;  // no tracer of the guard's is left on the thread
+}
+
+// An abort's bundle carries the tags set for its step, and last_event() is
+// the abort's event; a bundle that cannot be written does not hide the NaN.
+TEST(guard, an_abort_tags_its_bundle_and_leaves_its_event) {
+  regression r;
+  torch::optim::SGD opt(r.model->parameters(), 0.1);
+  const fs::path dir = fresh_dir("abort_tags");
+  guard g(r.model, opt, guard_options().policy(policy::abort).bundle_dir((dir / "bundles").string())
+                            .bundle_tags({{"task", "regress"}}));
+  EXPECT_NE(std::string::npos, nanguard::test::error_of([&] { g.last_event(); }).find("no step has ended yet"));
+  const nanguard::step_fn bad = [&](const std::vector<at::Tensor>& b) { return r.loss_fn()(b) / 0.0; };
+  g.step({r.x, r.y}, r.loss_fn());
+  EXPECT_EQ(1, g.last_event().step);
+  g.set_bundle_tags({{"task", "regress"}, {"csv_lines", "3,4"}});
+  EXPECT_THROW(g.step({r.x, r.y}, bad), nanguard::nonfinite_error);
+  const step_event& e = g.last_event();
+  EXPECT_EQ(2, e.step);
+  EXPECT_EQ("abort", e.action);
+  ASSERT_FALSE(e.bundle.empty());
+  const nanguard::bundle b = nanguard::read_bundle(e.bundle);
+  const nanguard::bundle_tag_list expected = {{"csv_lines", "3,4"}, {"task", "regress"}};
+  EXPECT_EQ(expected, b.tags);
+
+  const fs::path blocked = dir / "a_file";
+  std::ofstream(blocked) << "not a directory";
+  guard h(r.model, opt, guard_options().policy(policy::abort).bundle_dir((blocked / "bundles").string()));
+  EXPECT_THROW(h.step({r.x, r.y}, bad), nanguard::nonfinite_error);
+  EXPECT_TRUE(h.last_event().bundle.empty());
+  EXPECT_NE(std::string::npos, h.last_event().note.find("no repro bundle: nanguard::write_bundle: cannot create"))
+      << h.last_event().note;
+  fs::remove_all(dir);
 }

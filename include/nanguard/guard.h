@@ -90,8 +90,13 @@ struct guard_options {
   TORCH_ARG(spike_options, spikes) = {};
   /// Replay a bad step under the tracer to name the op (and give a verdict).
   TORCH_ARG(bool, replay) = true;
-  /// Options of the replay's tracer. A replay runs once per bad step, so it
-  /// also checks inside kernels to name the op within.
+  /// Trace the forward and backward of every step instead: a bad step's
+  /// findings come from the step itself, with no replay (and no verdict).
+  /// Costs the tracer's overhead on every step (docs/performance.md).
+  TORCH_ARG(bool, trace_every_step) = false;
+  /// Options of the replay's tracer (and of trace_every_step's). A replay
+  /// runs once per bad step, so it also checks inside kernels to name the
+  /// op within.
   TORCH_ARG(tracer_options, tracer) = tracer_options().inside_kernels(true);
   /// Each event lists this many of the largest per-parameter grad norms.
   TORCH_ARG(int64_t, log_top_norms) = 5;
@@ -102,7 +107,7 @@ struct guard_options {
   /// Where abort writes repro bundles ("": none).
   TORCH_ARG(std::string, bundle_dir) = "nanguard-bundles";
   /// Tags a bundle carries (meta.json), e.g. {"task", "classify"} for
-  /// `nanguard replay`.
+  /// `nanguard replay`; guard::set_bundle_tags changes them between steps.
   TORCH_ARG(bundle_tag_list, bundle_tags) = {};
   /// Save the parameters in the bundle too.
   TORCH_ARG(bool, bundle_parameters) = true;
@@ -150,8 +155,9 @@ class guard {
   /// Runs one guarded step on `batch`: zero grads, loss = fn(batch), checks,
   /// (scaled) backward, sentinel pass, unscale + clip, optimizer step, or the
   /// policy. Returns the step's event (also written to the log).
-  /// Throws nonfinite_error under policy abort (after writing the bundle),
-  /// and c10::Error when the loss scale falls below its minimum.
+  /// Throws nonfinite_error under policy abort (after writing the bundle;
+  /// one that cannot be written is a warning and a note in the event), and
+  /// c10::Error when the loss scale falls below its minimum.
   step_event step(const std::vector<at::Tensor>& batch, const step_fn& fn);
 
   /// The micro-batches of one optimizer step.
@@ -182,6 +188,13 @@ class guard {
   /// step changes nothing. `batch` is what an abort's bundle keeps.
   /// Throws c10::Error when no step was begun, nonfinite_error under abort.
   step_event check(const at::Tensor& loss, const step_fn& replay = {}, const std::vector<at::Tensor>& batch = {});
+
+  /// The tags of the bundles written from now on (what the next batch is,
+  /// e.g. {"csv_lines", "12,13"}), instead of the options' bundle_tags.
+  void set_bundle_tags(bundle_tag_list tags);
+  /// The event of the last step (after an abort's nonfinite_error: its
+  /// bundle, notes and findings). Throws c10::Error before the first step.
+  const step_event& last_event() const;
 
   /// Steps run so far.
   int64_t steps() const;

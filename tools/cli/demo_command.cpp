@@ -17,7 +17,6 @@
 #include <nanguard/guard.h>
 #include <nanguard/report.h>
 #include <nanguard/schedule.h>
-#include <nanguard/sentinel.h>
 #include <nanguard/tracer.h>
 
 #include <ATen/ATen.h>
@@ -31,7 +30,6 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
-#include <numeric>
 
 #include <unistd.h>
 
@@ -47,13 +45,6 @@ struct demo_args {
   std::string device = "cpu";
   bool list = false;
 };
-
-// The batch of `step` on `device` (built on the CPU, as a data loader does).
-std::vector<at::Tensor> batch_on(const demo_setup& s, int64_t step, const at::Device& device) {
-  std::vector<at::Tensor> batch = s.batch(step);
-  for (at::Tensor& t : batch) t = t.to(device);
-  return batch;
-}
 
 // What one run did, read back from its event log.
 struct run_result {
@@ -86,18 +77,6 @@ std::string show(double v) {
   return fmt::format("{:.4g}", v);
 }
 
-// The `k` largest per-parameter norms, largest first.
-std::vector<std::pair<std::string, double>> top_norms(const std::vector<std::string>& names,
-                                                      const std::vector<double>& norms, size_t k) {
-  std::vector<size_t> order(norms.size());
-  std::iota(order.begin(), order.end(), size_t(0));
-  const auto key = [&](size_t i) { return std::isnan(norms[i]) ? HUGE_VAL : norms[i]; };
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return key(a) > key(b); });
-  std::vector<std::pair<std::string, double>> out;
-  for (size_t i = 0; i < order.size() && i < k; ++i) out.emplace_back(names[order[i]], norms[order[i]]);
-  return out;
-}
-
 // A progress line for a run on a terminal; none otherwise (the demo prints
 // its own lines about each run).
 std::unique_ptr<progress> progress_on_tty(int64_t steps, const std::string& name) {
@@ -105,79 +84,16 @@ std::unique_ptr<progress> progress_on_tty(int64_t steps, const std::string& name
   return std::make_unique<progress>(steps, "    " + name);
 }
 
-// The unguarded run as plain training: zero_grad, forward, (scaled)
-// backward, optimizer step, with a tracer alive on every op; it stops at
-// the step where the tracer (or the loss, or a gradient) saw a NaN/Inf.
-// Every step is logged as the guard would log it.
-run_result run_traced_loop(demo_setup s, const std::string& name, const fs::path& dir, const at::Device& device) {
-  fs::create_directories(dir);
-  s.model->to(device);
-  run_result r;
-  r.name = name;
-  r.log = (dir / "events.jsonl").string();
-  {
-    event_log log(r.log, /*truncate=*/true);
-    nanguard::sentinel sentinel(s.model->named_parameters().pairs());
-    tracer t;
-    t.name_parameters(*s.model);
-    // The tracer knows named tensors by address: they must outlive it, or a
-    // later tensor at the same address would be taken for the batch.
-    std::vector<std::vector<at::Tensor>> named;
-    const auto bar = progress_on_tty(s.steps, name);
-    for (int64_t step = 1; step <= s.steps; ++step) {
-      t.set_step(step);
-      std::vector<at::Tensor> batch;
-      {
-        tracer_pause loading(t);  // the data loader is not under study
-        batch = batch_on(s, step, device);
-      }
-      for (size_t i = 0; i < batch.size(); ++i) t.name_tensor(batch[i], fmt::format("batch[{}]", i));
-      named.push_back(batch);
-      step_event e;
-      e.step = step;
-      e.lr = get_lr(*s.optimizer);
-      e.scale = s.loss_scale;
-      s.optimizer->zero_grad();
-      const at::Tensor loss = s.loss(batch);
-      bool finite;
-      {
-        tracer_pause checking(t);
-        finite = sentinel.check_loss(loss, &e.loss);
-      }
-      if (finite) {
-        (s.loss_scale == 1 ? loss : loss * s.loss_scale).backward();
-        tracer_pause checking(t);
-        const grad_report g = sentinel.inspect_grads(1.0 / s.loss_scale);
-        e.grad_norm = g.total_norm;
-        e.top_norms = top_norms(sentinel.names(), g.norms, 5);
-        for (size_t i = 0; i < g.nonfinite_counts.size(); ++i)
-          if (g.nonfinite_counts[i] > 0) e.nonfinite_params.push_back({sentinel.names()[i], g.nonfinite_counts[i]});
-        finite = g.finite();
-      } else {
-        e.grad_norm = kNaN;
-      }
-      if (t.found() || !finite) {
-        e.skipped = true;
-        e.action = "abort";
-        e.findings = t.findings();
-        e.note = "unguarded run: stopped at its first NaN/Inf";
-        log.write(e);
-        if (bar) bar->update(e);
-        break;
-      }
-      if (s.loss_scale != 1) {
-        tracer_pause unscaling(t);
-        sentinel.apply_factor_(1.0 / s.loss_scale);
-      }
-      s.optimizer->step();  // traced too: an optimizer can overflow a parameter
-      log.write(e);
-      if (bar) bar->update(e);
-    }
-    if (bar) bar->finish();
-    if (t.found()) r.first = t.findings().front();
-  }
-  r.events = read_events(r.log);
-  return r;
+// The guard of a scenario's unguarded run: no remedy, policy abort, and the
+// setup's static loss scale (as fixed-scale fp16 training has). A traced
+// loop is a tracer on every step, as over a plain loop, and no bundle; the
+// other mode replays the bad step and writes the bundle.
+guard_options unguarded_options(unguarded_mode mode, double loss_scale) {
+  guard_options o = guard_options().policy(policy::abort);
+  if (loss_scale != 1)
+    o.scaler(loss_scaler_options().init_scale(loss_scale).growth_interval(std::numeric_limits<int64_t>::max()));
+  if (mode == unguarded_mode::traced_loop) o.trace_every_step(true).tracer(tracer_options()).bundle_dir("");
+  return o;
 }
 
 // A run under nanguard::guard with the setup's options (the remedy, or
@@ -190,7 +106,8 @@ run_result run_guarded(demo_setup s, const std::string& name, const fs::path& di
   r.name = name;
   r.log = (dir / "events.jsonl").string();
   guard_options options = s.options;
-  options.event_log(r.log).truncate_event_log(true).bundle_dir((dir / "bundles").string());
+  options.event_log(r.log).truncate_event_log(true);
+  if (!options.bundle_dir().empty()) options.bundle_dir((dir / "bundles").string());
   {
     guard g(*s.model, *s.optimizer, options);
     const auto bar = progress_on_tty(s.steps, name);
@@ -281,15 +198,12 @@ scenario_result run_scenario(const demo_scenario& s, const fs::path& out, size_t
   scenario_result result{&s, {}, {}};
   fmt::print("\n[{}/{}] {}: {}\n", index, count, s.name, s.title);
 
-  if (s.mode == unguarded_mode::guard_abort) {
-    demo_setup setup = s.make(false);
-    setup.options = guard_options().policy(policy::abort);
-    fmt::print("  unguarded (no remedy; nanguard::guard with policy abort replays the bad step under the tracer):\n");
-    result.unguarded = run_guarded(std::move(setup), s.name + "/unguarded", dir / "unguarded", device);
-  } else {
-    fmt::print("  unguarded (a plain training loop under the tracer):\n");
-    result.unguarded = run_traced_loop(s.make(false), s.name + "/unguarded", dir / "unguarded", device);
-  }
+  demo_setup setup = s.make(false);
+  setup.options = unguarded_options(s.mode, setup.loss_scale);
+  fmt::print("  unguarded (no remedy; nanguard::guard with policy abort {}):\n",
+             s.mode == unguarded_mode::traced_loop ? "and a tracer on every step"
+                                                   : "replays the bad step under the tracer");
+  result.unguarded = run_guarded(std::move(setup), s.name + "/unguarded", dir / "unguarded", device);
   const run_result& u = result.unguarded;
   if (u.first) {
     fmt::print("    went non-finite at step {} of the run; the tracer's first finding and its diagnosis:\n",

@@ -39,7 +39,7 @@ struct demo_setup {
 
 /// How a scenario's unguarded run watches the training.
 enum class unguarded_mode {
-  traced_loop,  ///< a plain training loop with a tracer alive on every step
+  traced_loop,  ///< a guard with policy abort and a tracer on every step, as over a plain loop
   guard_abort,  ///< a guard with no remedy and policy abort: replay under the tracer, repro bundle
 };
 

@@ -17,7 +17,6 @@
 #include "temp_file.h"
 #include "validators.h"
 
-#include <nanguard/bundle.h>
 #include <nanguard/census.h>
 #include <nanguard/csv.h>
 #include <nanguard/events.h>
@@ -28,7 +27,6 @@
 #include <nanguard/tracer.h>
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
@@ -40,7 +38,6 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <mutex>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -148,10 +145,12 @@ json first_json(const step_event& e, const std::vector<int64_t>& rows) {
   return j;
 }
 
-at::Tensor cpu_rng_state() {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
+// What an abort's bundle says of the run and the batch (`nanguard replay`
+// reads the task, and names the CSV lines of a NaN in the data).
+bundle_tag_list bundle_tags(const train_args& a, const batch& b) {
+  std::string lines;
+  for (int64_t l : b.lines) lines += (lines.empty() ? "" : ",") + std::to_string(l);
+  return {{"task", a.task}, {"model", a.model}, {"data", a.data}, {"target", a.target}, {"csv_lines", lines}};
 }
 
 std::string describe(const finding& f) {
@@ -273,20 +272,20 @@ int run_train(const train_args& a) {
     optimizer = std::make_unique<torch::optim::SGD>(params->parameters(), torch::optim::SGDOptions(a.lr));
   else
     optimizer = std::make_unique<torch::optim::AdamW>(params->parameters(), torch::optim::AdamWOptions(a.lr));
-  const bool trace_always = a.trace == "always";
-  const bool abort_on_nonfinite = a.policy == "abort";
   guard_options options;
-  // Abort is done here (with the task in the bundle); the guard skips the step.
-  options.policy(a.policy == "backoff" ? policy::backoff
+  options.policy(a.policy == "backoff"    ? policy::backoff
                  : a.policy == "rollback" ? policy::rollback
+                 : a.policy == "abort"    ? policy::abort
                                           : policy::skip)
       .max_norm(a.clip)
-      // A tracer on every step sees what the replay would; two cannot live at once.
       .replay(a.trace == "on-failure")
-      .snapshot_every(std::clamp<int64_t>(a.steps / 10, 1, 100));
+      .snapshot_every(std::clamp<int64_t>(a.steps / 10, 1, 100))
+      .bundle_dir(bundle_dir);
+  if (a.trace == "always") options.trace_every_step(true).tracer(tracer_options());
   if (a.warmup > 0)
     options.schedule(schedule_options(a.lr).warmup_steps(a.warmup).total_steps(a.steps).min_lr(a.lr));
   guard g(*params, *optimizer, options);
+  // The log is written here: a full disk is exit 2, as for the other outputs.
   event_log log = as_input_error([&] { return event_log(events_path, /*truncate=*/true); });
 
   std::optional<firewall> fw;
@@ -354,19 +353,14 @@ int run_train(const train_args& a) {
     for (int64_t step = 1; step <= a.steps; ++step) {
       const batch bt = next_batch();
       const std::vector<at::Tensor> tensors = {bt.x.to(device), bt.y.to(device)};
-      const at::Tensor rng_before = cpu_rng_state();
+      g.set_bundle_tags(bundle_tags(a, bt));
       step_event e;
-      if (trace_always) {
-        // A fresh tracer each step: its names never outlive the batch.
-        tracer always;
-        always.name_parameters(*params);
-        always.name_tensor(tensors[0], "batch[0]");
-        always.name_tensor(tensors[1], "batch[1]");
-        always.set_step(step);
+      try {
         e = g.step(tensors, fn);
-        if (e.findings.empty() && always.found()) e.findings = always.findings();
-      } else {
-        e = g.step(tensors, fn);
+      } catch (const nonfinite_error&) {
+        e = g.last_event();  // the abort's, with its bundle
+        aborted = true;
+        bundle_path = e.bundle;
       }
       ++steps_run;
       guard_acted |= e.skipped;
@@ -375,36 +369,11 @@ int run_train(const train_args& a) {
         first_bad = e;
         first_rows = nonfinite_lines(bt);
       }
-      if (e.skipped && abort_on_nonfinite) {
-        // The guard skipped the step and left the parameters as they were
-        // at its start: bundle them with the batch and the RNG state.
-        bundle bd;
-        bd.step = e.step;
-        bd.lr = e.lr;
-        bd.scale = e.scale;
-        bd.loss = e.loss;
-        bd.policy = "abort";
-        bd.verdict = e.verdict;
-        bd.batch = {bt.x, bt.y};  // on the CPU: the bundle loads anywhere
-        bd.rng_state = rng_before;
-        if (!e.findings.empty()) bd.finding = e.findings.front();
-        for (const auto& p : params->named_parameters()) bd.parameters.emplace_back(p.key(), p.value());
-        // The guard's replay kept the producer's inputs as the op started.
-        if (bd.finding && bd.finding->role == role::producer) bd.culprit_inputs = bd.finding->input_values;
-        std::string lines;
-        for (int64_t l : bt.lines) lines += (lines.empty() ? "" : ",") + std::to_string(l);
-        bd.tags = {{"task", a.task}, {"model", a.model}, {"data", a.data}, {"target", a.target}, {"csv_lines", lines}};
-        signals_held hold;  // no half-written bundle directory
-        bundle_path = as_input_error([&] { return write_bundle(bundle_dir, bd); });
-        e.action = "abort";
-        e.bundle = bundle_path;
-        aborted = true;
-      }
       if (!e.skipped) {
         last_taken_step = step;
         last_taken_loss = e.loss;
       }
-      as_input_error([&] { log.write(e); });  // a full disk is exit 2, as for the other outputs
+      as_input_error([&] { log.write(e); });
       bar.update(e);
       if (aborted) break;
     }
