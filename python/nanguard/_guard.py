@@ -211,6 +211,12 @@ class Guard:
       BUNDLE --model scripted.pt`` run it again on a TorchScript copy of the
       model.
 
+    ``trace_every_step``: trace every step's forward and backward (the
+    cost of :func:`nanguard.trace` on every step) instead of replaying a bad
+    one: its findings come from the step itself.
+    After an abort, the :class:`NonFiniteError`'s ``result`` is the step's
+    :class:`StepResult` (its ``bundle``).
+
     ``loss_scale``: False (off, default), True (GradScaler defaults) or a
     dict of ``LossScaler`` options (init_scale, growth_factor, ...).
     ``max_bad_steps`` > 0 aborts after that many bad steps in a row.
@@ -237,7 +243,7 @@ class Guard:
     """
 
     def __init__(self, model, optimizer, policy="skip", max_norm=0.0, clip_value=0.0,
-                 loss_scale=False, replay=True, event_log=None, snapshot_every=100,
+                 loss_scale=False, replay=True, trace_every_step=False, event_log=None, snapshot_every=100,
                  snapshot_keep=2, rollback_lr_factor=0.5, max_bad_steps=0, bundle_dir=None,
                  spike_window=50, spike_threshold=8.0, bundle_tags=None, log_top_norms=5, schedule=None,
                  tensorboard=None, distributed=None):
@@ -261,6 +267,7 @@ class Guard:
         if loss_scale:
             scaler = _nanguard.LossScaler(**({} if loss_scale is True else dict(loss_scale)))
         options = dict(policy=policy, max_norm=float(max_norm), clip_value=float(clip_value), replay=bool(replay),
+                       trace_every_step=bool(trace_every_step),
                        log_top_norms=int(log_top_norms), event_log=str(event_log or ""),
                        bundle_dir=str(bundle_dir or ""),
                        bundle_tags=[("front_end", "python")] + [(str(k), str(v)) for k, v in (bundle_tags or {}).items()],
@@ -337,7 +344,8 @@ class Guard:
         try:
             result = StepResult.from_event(call(self._active()))
         except _nanguard.GuardAbort as abort:
-            raise NonFiniteError(Finding(abort.args[0])) from None
+            event = StepResult.from_event(self._active().last_event())
+            raise NonFiniteError(Finding(abort.args[0]), result=event) from None
         if self._tensorboard is not None:
             self._tensorboard.log(result)
         return result

@@ -105,11 +105,14 @@ class Finding:
 
 
 class NonFiniteError(RuntimeError):
-    """A NaN or Inf that must stop the caller; ``.finding`` says where it was born."""
+    """A NaN or Inf that must stop the caller; ``.finding`` says where it was
+    born. From a Guard's abort, ``.result`` is the step's StepResult (its
+    ``bundle``); None otherwise."""
 
-    def __init__(self, finding):
+    def __init__(self, finding, result=None):
         super().__init__("non-finite value: " + str(finding))
         self.finding = finding
+        self.result = result
 
 
 def open_module_scopes(model, prefix=""):

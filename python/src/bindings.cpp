@@ -223,6 +223,8 @@ nanguard::guard_options guard_options_of(const py::dict& o) {
                   .window(get("spike_window").cast<int64_t>())
                   .threshold(get("spike_threshold").cast<double>())
                   .min_samples(std::min<int64_t>(10, get("spike_window").cast<int64_t>())));
+  // A tracer on every step costs what nanguard.trace does: not inside kernels.
+  if (get("trace_every_step").cast<bool>()) g.trace_every_step(true).tracer(nanguard::tracer_options());
   if (!get("scaler").is_none()) g.scaler(get("scaler").cast<nanguard::loss_scaler>().options());
   if (!get("schedule").is_none()) g.schedule(get("schedule").cast<nanguard::warmup_cosine>().options());
   if (!get("distributed").is_none()) g.distributed(get("distributed").cast<std::shared_ptr<nanguard::distributed>>());
@@ -625,6 +627,8 @@ PYBIND11_MODULE(_nanguard, m) {
               const std::vector<at::Tensor>& batch) { return nanguard::to_json(g.check(loss, replay, batch)); },
            py::arg("loss"), py::arg("replay"), py::arg("batch"), py::call_guard<py::gil_scoped_release>(),
            "Checks a step a framework ran; returns the step event's JSON.")
+      .def("last_event", [](const nanguard::guard& g) { return nanguard::to_json(g.last_event()); },
+           "The last step's event JSON (after an abort: its bundle).")
       .def_property_readonly("steps", &nanguard::guard::steps)
       .def_property_readonly("skipped", &nanguard::guard::skipped)
       .def_property_readonly("rollbacks", &nanguard::guard::rollbacks)

@@ -127,6 +127,24 @@ def test_abort_raises_with_the_finding(tmp_path):
         g.step(lambda: torch.log(model(x) * 0).sum())
     assert e.value.finding.op == "aten::log"
     assert (tmp_path / "b" / "step-000001" / "meta.json").exists()
+    assert e.value.result.action == "abort" and e.value.result.step == 1
+    assert e.value.result.bundle == str(tmp_path / "b" / "step-000001")
+
+
+def test_trace_every_step_names_the_op_without_a_replay():
+    x, y = data()
+    model = Net()
+    g = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), trace_every_step=True)
+    runs = []
+
+    def loss():
+        runs.append(1)
+        return torch.log(model(x) * 0).sum()
+
+    r = g.step(loss)
+    assert r.skipped and len(runs) == 1, "the step's own trace named the op: no replay"
+    assert r.finding.op == "aten::log" and r.verdict == ""
+    assert g.step(lambda: F.cross_entropy(model(x), y)).action == "step"
 
 
 def test_loss_scaler_backs_off():
