@@ -473,7 +473,9 @@ struct tracer::state {
   std::unordered_map<std::string, tracer_op_scans> scans_by_op;  // under mutex
   tensor_names parameters;
   tensor_names named;
-  std::unordered_map<int64_t, forward_record> forward_ops;  // by sequence number
+  std::unordered_map<int64_t, forward_record> forward_ops;  // by sequence number (remember_forward_op)
+  std::vector<int64_t> forward_order;                       // their sequence numbers, oldest first from forward_next
+  size_t forward_next = 0;
   marked_data allowed;   // outputs holding intentional non-finite values
   marked_data reported;  // non-finite outputs seen, marked with the record of their origin
   // The deferred path (see settle): its record, what it holds until read,
@@ -1326,6 +1328,28 @@ void check_node_inputs(tracer_state& st, const at::RecordFunction& fn) {
   ran.push_back({node, fn.name(), fn.seqNr()});
 }
 
+// Remembers a forward op by its sequence number, which the backward nodes
+// it made carry. set_step() forgets them all; a trace that spans many steps
+// without it keeps the newest kForwardOpsKept (the few thousand ops of a
+// step, many times over), so that its memory stays bounded.
+constexpr size_t kForwardOpsKept = size_t(1) << 18;
+
+void forget_forward_ops(tracer_state& st) {
+  st.forward_ops.clear();
+  st.forward_order.clear();
+  st.forward_next = 0;
+}
+
+void remember_forward_op(tracer_state& st, int64_t sequence_nr, forward_record op) {
+  st.forward_ops.insert_or_assign(sequence_nr, std::move(op));
+  std::vector<int64_t>& order = st.forward_order;  // a ring once full
+  if (order.size() < kForwardOpsKept) return order.push_back(sequence_nr);
+  int64_t& oldest = order[st.forward_next];
+  st.forward_next = (st.forward_next + 1) % kForwardOpsKept;
+  if (oldest != sequence_nr) st.forward_ops.erase(oldest);
+  oldest = sequence_nr;
+}
+
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   tracer_state* st = current_state();
   if (!st) return nullptr;
@@ -1376,7 +1400,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   if (!backward) {
     std::lock_guard<std::mutex> lock(st->mutex);
     ctx->module = module_of(*st, ctx->inputs);
-    if (fn.seqNr() >= 0) st->forward_ops[fn.seqNr()] = {fn.name(), ctx->module};
+    if (fn.seqNr() >= 0) remember_forward_op(*st, fn.seqNr(), {fn.name(), ctx->module});
   }
   // The ops it runs go unobserved (a bmm's per-slice ops, a kernel's inner
   // work); its outputs are checked as a whole. Last, so that nothing can
@@ -1469,7 +1493,7 @@ void tracer::set_step(int64_t step) {
   std::lock_guard<std::mutex> lock(state_->mutex);
   state_->step = step;
   range_memo::forget_all();
-  state_->forward_ops.clear();
+  forget_forward_ops(*state_);
   state_->allowed.clear();
 }
 

@@ -141,6 +141,20 @@ TEST(tracer, names_the_backward_node_of_sqrt_at_zero) {
   EXPECT_EQ(kInf, f.value);
 }
 
+// A trace over many steps without set_step() keeps only the newest forward
+// ops (its memory stays bounded), and still names those of the graph at hand.
+TEST(tracer, keeps_the_newest_forward_ops_of_a_long_trace) {
+  EAGER_ONLY();
+  const at::Tensor w = torch::ones({1}, torch::requires_grad());
+  nanguard::tracer t(options());
+  for (int i = 0; i < 160000; ++i) (w * 2.0).sum();  // 320,000 forward ops: the ring wraps
+  const at::Tensor x = torch::zeros({5}, torch::requires_grad());
+  torch::sqrt(x).sum().backward();
+  ASSERT_TRUE(t.found());
+  EXPECT_EQ("SqrtBackward0", t.findings().front().node);
+  EXPECT_EQ("aten::sqrt", t.findings().front().forward_op);
+}
+
 TEST(tracer, names_a_nan_in_the_input_batch_as_input) {
   torch::manual_seed(0);
   torch::nn::Linear lin(4, 3);
