@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Where a traced step's extra time goes: wall time, user and system CPU
+time and minor page faults per step of the reference workload
+(bench_overhead.py's model), plain and under nanguard.trace(model),
+interleaved step by step.
+
+Prints `<variant>_wall_ms`, `_user_ms`, `_sys_ms` and `_page_faults`
+(means over the steps). Environment: NANGUARD_BENCH_STEPS (default 30).
+Run with glibc's thresholds fixed to take its allocator's dynamics out:
+MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4000000000.
+"""
+import os
+import resource
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import nanguard
+from bench_overhead import Model
+
+
+def main():
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    steps = int(os.environ.get("NANGUARD_BENCH_STEPS", "30"))
+    model = Model().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens = torch.randint(0, 1000, (16, 64))
+    labels = torch.randint(0, 10, (16,))
+
+    def plain():
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(tokens), labels).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    def trace():
+        with nanguard.trace(model):
+            plain()
+
+    variants = {"plain": plain, "trace": trace}
+    for fn in variants.values():  # warm-up
+        fn()
+        fn()
+    totals = {k: [0.0, 0.0, 0.0, 0] for k in variants}
+    for _ in range(steps):
+        for name, fn in variants.items():
+            before, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+            fn()
+            wall, after = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+            total = totals[name]
+            total[0] += wall
+            total[1] += after.ru_utime - before.ru_utime
+            total[2] += after.ru_stime - before.ru_stime
+            total[3] += after.ru_minflt - before.ru_minflt
+    for name, (wall, user, system, faults) in totals.items():
+        print(f"{name}_wall_ms: {wall / steps * 1e3:.1f}")
+        print(f"{name}_user_ms: {user / steps * 1e3:.1f}")
+        print(f"{name}_sys_ms: {system / steps * 1e3:.1f}")
+        print(f"{name}_page_faults: {faults / steps:.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
