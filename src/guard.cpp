@@ -481,7 +481,7 @@ struct guard::impl {
       if (report.nonfinite_counts[i] > 0) e.nonfinite_params.push_back({sentinel.names()[i], report.nonfinite_counts[i]});
     if (options.replay() && !options.trace_every_step() && fn && !locally_finite)
       replay(batches, fn, rng_before, bad_batch, e);
-    if (options.replay() && options.distributed()) share_findings(e);
+    if ((options.replay() || options.trace_every_step()) && options.distributed()) share_findings(e);
     if (batches.size() > 1 && !locally_finite)
       e.note += fmt::format("{}micro-batch {} of {}", e.note.empty() ? "" : "; ", bad_batch, batches.size());
     const diagnosis_context h = history(e, batches[bad_batch]);

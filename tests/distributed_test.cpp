@@ -124,6 +124,24 @@ TEST(distributed, guard_events_carry_the_rank) {
   EXPECT_EQ(e.verdict, "reproduced");
 }
 
+// A tracer on every step instead of a replay: its findings are shared and
+// carry the rank as the replay's do.
+TEST(distributed, traced_steps_share_their_findings) {
+  torch::manual_seed(0);
+  torch::nn::Linear model(4, 1);
+  torch::optim::SGD opt(model->parameters(), 0.1);
+  nanguard::guard g(model, opt, nanguard::guard_options().distributed(one_rank("traced")).replay(false)
+                                    .trace_every_step(true).tracer(nanguard::tracer_options()));
+  at::Tensor x = torch::ones({8, 4});
+  x[2][1] = -1;
+  const nanguard::step_event e =
+      g.step({x}, [&](const std::vector<at::Tensor>& b) { return model->forward(b[0].sqrt()).pow(2).mean(); });
+  EXPECT_TRUE(e.skipped);
+  ASSERT_FALSE(e.findings.empty());
+  EXPECT_EQ(e.findings.front().op, "aten::sqrt");
+  EXPECT_EQ(e.findings.front().rank, 0) << "shared: tagged with the rank that saw it";
+}
+
 // Two ranks on two threads. A collective writes its tensors without a
 // recorded op: the tracer on rank 0 must not trust what it knew of the
 // bucket before the all-reduce brought rank 1's NaN into it.
