@@ -4,6 +4,7 @@
 #include "detail/json_number.h"
 
 #include <c10/util/Exception.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <cerrno>
@@ -123,6 +124,14 @@ step_event step_event_from_json(const std::string& line) {
   return e;
 }
 
+namespace {
+
+[[noreturn]] void throw_event_log_error(std::string message) {
+  throw event_log_error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, std::move(message));
+}
+
+}  // namespace
+
 event_log::event_log(const std::string& path, bool truncate) : path_(path) {
   // Opened for appending even after truncating it: lines other writers
   // append to the same log (nanguard.data's data events) are never
@@ -131,8 +140,9 @@ event_log::event_log(const std::string& path, bool truncate) : path_(path) {
     if (std::FILE* emptied = std::fopen(path.c_str(), "w")) std::fclose(emptied);
   }
   file_ = std::fopen(path.c_str(), "a");
-  TORCH_CHECK(file_ != nullptr, "nanguard::event_log: cannot open '", path, "' for writing: ",
-              std::strerror(errno), "; check that the directory exists and is writable");
+  if (!file_)
+    throw_event_log_error(fmt::format("nanguard::event_log: cannot open '{}' for writing: {}; check that the "
+                                      "directory exists and is writable", path, std::strerror(errno)));
 }
 
 event_log::~event_log() {
@@ -142,8 +152,9 @@ event_log::~event_log() {
 void event_log::write(const step_event& e) {
   const std::string line = to_json(e) + "\n";
   const bool ok = std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
-  TORCH_CHECK(ok, "nanguard::event_log: writing to '", path_, "' failed: ", std::strerror(errno),
-              "; is the disk full?");
+  if (!ok)
+    throw_event_log_error(
+        fmt::format("nanguard::event_log: writing to '{}' failed: {}; is the disk full?", path_, std::strerror(errno)));
 }
 
 std::vector<step_event> read_events(const std::string& path) {

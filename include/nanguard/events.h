@@ -11,6 +11,8 @@
 #include <nanguard/finding.h>
 #include <nanguard/sentinel.h>
 
+#include <c10/util/Exception.h>
+
 #include <cstdint>
 #include <cstdio>
 #include <optional>
@@ -89,15 +91,23 @@ std::string to_json(const step_event& e);
 step_event step_event_from_json(const std::string& line);
 
 /// Appends step events to a JSONL file, one flushed line each.
+/// What event_log throws when its file cannot be opened or written (a full
+/// disk): an error of the output, not of the training, which a caller may
+/// want to tell apart (`nanguard train` exits 2 on it).
+class event_log_error : public c10::Error {
+ public:
+  using c10::Error::Error;
+};
+
 class event_log {
  public:
   /// Opens `path` for appending (truncates first when `truncate`).
-  /// Throws c10::Error when the file cannot be opened.
+  /// Throws event_log_error when the file cannot be opened.
   explicit event_log(const std::string& path, bool truncate = false);
   ~event_log();
   event_log(const event_log&) = delete;
   event_log& operator=(const event_log&) = delete;
-  /// Writes one line and flushes it.
+  /// Writes one line and flushes it; throws event_log_error when it cannot.
   void write(const step_event& e);
   /// The file it writes.
   const std::string& path() const { return path_; }

@@ -176,6 +176,12 @@ case_a_full_disk() {
   expect "cannot write 'full/report.html': File too large"
   no_backtrace
   no_temporaries full
+  # the event log itself (1 KiB: a few steps' lines), which the guard writes
+  tiny() { bash -c 'ulimit -f 1; trap "" XFSZ; exec "$@"' tiny "$@"; }
+  run 2 tiny "$NANGUARD" train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress \
+    --steps 20 --out full_log
+  expect "nanguard::event_log: writing to 'full_log/events.jsonl' failed: File too large; is the disk full?"
+  no_backtrace
   run 2 limited "$NANGUARD" report full/events.jsonl -o full.html
   expect "cannot write 'full.html': File too large"
   no_backtrace

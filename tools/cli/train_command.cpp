@@ -280,13 +280,12 @@ int run_train(const train_args& a) {
       .max_norm(a.clip)
       .replay(a.trace == "on-failure")
       .snapshot_every(std::clamp<int64_t>(a.steps / 10, 1, 100))
+      .event_log(events_path)
       .bundle_dir(bundle_dir);
   if (a.trace == "always") options.trace_every_step(true).tracer(tracer_options());
   if (a.warmup > 0)
     options.schedule(schedule_options(a.lr).warmup_steps(a.warmup).total_steps(a.steps).min_lr(a.lr));
-  guard g(*params, *optimizer, options);
-  // The log is written here: a full disk is exit 2, as for the other outputs.
-  event_log log = as_input_error([&] { return event_log(events_path, /*truncate=*/true); });
+  guard g = as_input_error([&] { return guard(*params, *optimizer, options); });  // a log it cannot open: exit 2
 
   std::optional<firewall> fw;
   if (a.firewall != "off") {
@@ -361,6 +360,8 @@ int run_train(const train_args& a) {
         e = g.last_event();  // the abort's, with its bundle
         aborted = true;
         bundle_path = e.bundle;
+      } catch (const event_log_error& err) {
+        throw usage_error(err.what_without_backtrace());  // a full disk is exit 2, as for the other outputs
       }
       ++steps_run;
       guard_acted |= e.skipped;
@@ -373,7 +374,6 @@ int run_train(const train_args& a) {
         last_taken_step = step;
         last_taken_loss = e.loss;
       }
-      as_input_error([&] { log.write(e); });
       bar.update(e);
       if (aborted) break;
     }
