@@ -181,7 +181,10 @@ struct deferred_op {
 // objects keep glibc from reusing the freed blocks between them: a traced
 // loop grew by tens of MB a step and paid for it in page faults inside
 // ATen's kernels. So the entries of a past generation go at the first
-// write of a new one, and those whose storage died every kSweepEvery writes.
+// write of a new one, and those whose storage died every kSweepEvery writes:
+// a sweep visits only the slots in use (a few hundred of the 4096), so it
+// can run often enough that a freed activation's objects go back to the
+// allocator within a few ops of its death.
 class range_memo {
   using weak_impl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
   using weak_storage = c10::weak_intrusive_ptr<c10::StorageImpl>;
@@ -216,6 +219,7 @@ class range_memo {
                range};
     carry_owner(e, next, t);
     e = std::move(next);
+    list(size_t(&e - slots_.data()));
   }
   /// Forgets the range of `t` and of any tensor remembered over its elements.
   void erase(const at::TensorBase& t) {
@@ -228,8 +232,14 @@ class range_memo {
   /// over a storage that died (what they pin goes back to the allocator).
   void sweep() {
     const uint64_t now = generation.load(std::memory_order_relaxed);
-    for (entry& e : slots_)
+    size_t kept = 0;
+    for (const uint32_t slot : in_use_) {
+      entry& e = slots_[slot];
       if (e.data && (e.generation != now || e.storage.expired())) e = entry();
+      if (e.data) in_use_[kept++] = slot;
+      else listed_[slot] = false;
+    }
+    in_use_.resize(kept);
     swept_at_ = writes_;
     swept_generation_ = now;
   }
@@ -292,6 +302,12 @@ class range_memo {
       next.owner_version = e.owner_version;
     }
   }
+  // Adds a slot that now holds an entry to those a sweep visits.
+  void list(size_t slot) {
+    if (listed_[slot]) return;
+    listed_[slot] = true;
+    in_use_.push_back(uint32_t(slot));
+  }
   // Inference tensors have no version counter, sparse ones no storage.
   static bool rememberable(const at::TensorBase& t) { return !t.is_inference() && t.has_storage(); }
   // True when every element of `t` is among the `numel` that follow its first.
@@ -327,9 +343,12 @@ class range_memo {
       if (set[way].generation != now) return set[way];
     return set[0].write < set[1].write ? set[0] : set[1];
   }
-  static constexpr uint64_t kSweepEvery = 512;  // a few sweeps a step of a transformer layer stack
+  // Pins held longer cost page faults (see above); a sweep costs ~1 us.
+  static constexpr uint64_t kSweepEvery = 16;
   static inline std::atomic<uint64_t> generation{1};
   std::vector<entry> slots_ = std::vector<entry>(kSets * kWays);
+  std::vector<uint32_t> in_use_;                           // the slots a sweep visits
+  std::vector<bool> listed_ = std::vector<bool>(kSets * kWays);  // in in_use_
   uint64_t writes_ = 0;
   uint64_t swept_at_ = 0;           // writes_ at the last sweep
   uint64_t swept_generation_ = 0;  // the generation then
