@@ -205,6 +205,17 @@ TEST(range_rules, decline_what_they_cannot_bound) {
   EXPECT_EQ(nullptr, range_rule_for("aten::pow"));
 }
 
+TEST(range_rules, take_any_finite_argument_where_the_kernel_computes_nothing_else) {
+  const auto lookup = [](const at::Tensor& t) -> maybe_range { return exact_range(t); };
+  const std::vector<c10::IValue> huge{at::full({2}, 1e30)};  // Adam's second moment of a loose gradient bound
+  const maybe_range root = range_rule_for("aten::sqrt")->output(op_arguments(view(huge), lookup), 0);
+  ASSERT_TRUE(root.has_value());
+  EXPECT_LE(root->hi, 1.01e15);
+  EXPECT_TRUE(range_rule_for("aten::log")->output(op_arguments(view(huge), lookup), 0).has_value());
+  EXPECT_FALSE(range_rule_for("aten::mul")->output(op_arguments(view(huge), lookup), 0).has_value())
+      << "other rules keep the limit";
+}
+
 TEST(range_rules, store_ranges_finite_in_the_output_dtype) {
   using nanguard::detail::stored_range;
   const auto& computes = *range_rule_for("aten::mul");

@@ -113,10 +113,9 @@ maybe_range div(const op_arguments& a, size_t) {
   return q;
 }
 
-// A function increasing on the range, with its domain's lower end.
+// A function increasing on x, with its domain's lower end.
 template <double (*F)(double)>
-maybe_range increasing(const op_arguments& a, double domain_lo, bool open) {
-  const maybe_range x = a.range(0);
+maybe_range increasing(const maybe_range& x, double domain_lo, bool open) {
   if (!x || x->lo < domain_lo || (open && x->lo == domain_lo)) return c10::nullopt;
   return rounded(value_range{F(x->lo), F(x->hi)}, kTranscendental);
 }
@@ -128,11 +127,16 @@ double log_of(double x) { return std::log(x); }
 double tanh_of(double x) { return std::tanh(x); }
 double sigmoid_of(double x) { return 1 / (1 + std::exp(-x)); }
 
-maybe_range sqrt_rule(const op_arguments& a, size_t) { return increasing<sqrt_of>(a, 0, false); }
-maybe_range exp_rule(const op_arguments& a, size_t) { return increasing<exp_of>(a, -INFINITY, false); }
-maybe_range log_rule(const op_arguments& a, size_t) { return increasing<log_of>(a, 0, true); }
-maybe_range tanh_rule(const op_arguments& a, size_t) { return increasing<tanh_of>(a, -INFINITY, false); }
-maybe_range sigmoid_rule(const op_arguments& a, size_t) { return increasing<sigmoid_of>(a, -INFINITY, false); }
+// sqrt and log map any finite argument in their domain to a finite value
+// and compute nothing else: they take arguments past kLargestArgument
+// (Adam's second moment, bounded by the square of a gradient's bound).
+maybe_range sqrt_rule(const op_arguments& a, size_t) { return increasing<sqrt_of>(a.any_finite_range(0), 0, false); }
+maybe_range log_rule(const op_arguments& a, size_t) { return increasing<log_of>(a.any_finite_range(0), 0, true); }
+maybe_range exp_rule(const op_arguments& a, size_t) { return increasing<exp_of>(a.range(0), -INFINITY, false); }
+maybe_range tanh_rule(const op_arguments& a, size_t) { return increasing<tanh_of>(a.range(0), -INFINITY, false); }
+maybe_range sigmoid_rule(const op_arguments& a, size_t) {
+  return increasing<sigmoid_of>(a.range(0), -INFINITY, false);
+}
 
 maybe_range rsqrt_rule(const op_arguments& a, size_t) {
   const maybe_range x = a.range(0);
@@ -361,6 +365,11 @@ const std::unordered_map<std::string_view, range_rule>& rules() {
 }  // namespace
 
 maybe_range op_arguments::range(size_t i) const {
+  const maybe_range r = any_finite_range(i);
+  return r && r->magnitude() <= kLargestArgument ? r : c10::nullopt;
+}
+
+maybe_range op_arguments::any_finite_range(size_t i) const {
   if (i >= args_.size()) return c10::nullopt;
   const c10::IValue& v = args_[i];
   maybe_range r;
@@ -370,8 +379,7 @@ maybe_range op_arguments::range(size_t i) const {
     if (t->dim() == 0 && t->is_cpu()) r = value_range::of(number(i, NAN));
     else if (t->is_floating_point()) r = range_of_(*t);
   }
-  if (!r || !r->finite() || r->magnitude() > kLargestArgument) return c10::nullopt;
-  return r;
+  return r && r->finite() ? r : c10::nullopt;
 }
 
 maybe_range op_arguments::list_range(size_t i) const {

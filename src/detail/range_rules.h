@@ -34,6 +34,9 @@ class op_arguments {
   /// The range of argument i (a number, or a tensor seen finite), when it
   /// is known and small enough for any rule's arithmetic; nullopt otherwise.
   maybe_range range(size_t i) const;
+  /// The range of argument i when known and finite, at any magnitude: for
+  /// rules whose kernels do no arithmetic beyond the function they bound.
+  maybe_range any_finite_range(size_t i) const;
   /// The hull of the ranges of a tensor-list argument (aten::cat).
   maybe_range list_range(size_t i) const;
   /// Argument i as a number (also a 0-dim CPU tensor); `absent` when it is
