@@ -42,6 +42,12 @@ std::string applied_remedy(const step_event& e, double lr_after, double scale_af
   return r;
 }
 
+// Adds `note` to a step's notes, "; " between two.
+void add_note(std::string& notes, const std::string& note) {
+  if (!notes.empty()) notes += "; ";
+  notes += note;
+}
+
 double seconds_since(step_clock::time_point start) {
   return std::chrono::duration<double>(step_clock::now() - start).count();
 }
@@ -196,12 +202,18 @@ struct guard::impl {
     live_scopes.reset();
     live.reset();  // a step begun and never checked
     live.emplace(options.tracer());
-    live->name_parameters(host->named_parameters());
-    live->set_step(step);
+    prepare(*live, batches);
+    live_scopes.emplace(*host);
+  }
+
+  // Tags a tracer's findings with this step and names what they may name:
+  // the parameters and the tensors of every micro-batch.
+  void prepare(tracer& t, const micro_batches& batches) const {
+    t.name_parameters(host->named_parameters());
+    t.set_step(step);
     for (const auto& batch : batches)
       for (size_t j = 0; j < batch.size(); ++j)
-        if (batch[j].defined()) live->name_tensor(batch[j], batch_name(j));
-    live_scopes.emplace(*host);
+        if (batch[j].defined()) t.name_tensor(batch[j], batch_name(j));
   }
 
   // Ends it: its findings are the step's.
@@ -224,14 +236,11 @@ struct guard::impl {
     bool reproduced = false, failed = false;
     try {
       tracer t(tracer_options(options.tracer()).keep_inputs(true));  // the bundle's culprit inputs
-      t.name_parameters(host->named_parameters());
+      prepare(t, batches);
       const module_scopes scopes(*host);
-      t.set_step(step);
       size_t i = 0;
       try {
         for (; i < batches.size(); ++i) {
-          for (size_t j = 0; j < batches[i].size(); ++j)
-            if (batches[i][j].defined()) t.name_tensor(batches[i][j], batch_name(j));
           if (!replay_forward_backward(batches[i], fn, batches.size(), t) || t.found()) {
             reproduced = true;
             break;
@@ -243,7 +252,7 @@ struct guard::impl {
         }
       } catch (const nonfinite_error& ex) {
         reproduced = true;
-        e.note = std::string("replay: ") + ex.what();
+        add_note(e.note, std::string("replay: ") + ex.what());
       }
       if (i < batches.size()) bad_batch = i;
       reproduced = reproduced || t.found();
@@ -251,7 +260,7 @@ struct guard::impl {
     } catch (const std::exception& ex) {
       // E.g. a tracer already lives on this thread, or the step itself threw.
       failed = true;
-      e.note = std::string("replay failed: ") + ex.what();
+      add_note(e.note, std::string("replay failed: ") + ex.what());
     }
     e.verdict = failed ? "replay failed" : reproduced ? "reproduced" : "not reproduced";
     host->zero_grad();
@@ -291,8 +300,9 @@ struct guard::impl {
     e.top_norms = top_norms(sentinel.names(), report.norms, options.log_top_norms());
     if (!report.finite()) {
       // Identical on every rank: the sum overflowed in the all-reduce.
-      e.note = "the averaged gradients are not finite although every rank's were (overflow in the gradient "
-               "all-reduce)";
+      add_note(e.note,
+               "the averaged gradients are not finite although every rank's were (overflow in the gradient "
+               "all-reduce)");
       return false;
     }
     return true;
@@ -323,7 +333,7 @@ struct guard::impl {
       const nlohmann::json j = nlohmann::json::parse(d.broadcast(payload, r));
       if (verdict.empty()) verdict = j.value("verdict", std::string());
       const std::string n = j.value("note", std::string());
-      if (!n.empty()) note += (note.empty() ? "" : "; ") + ("rank " + std::to_string(r) + ": " + n);
+      if (!n.empty()) add_note(note, "rank " + std::to_string(r) + ": " + n);
       if (r == d.rank()) {
         all.insert(all.end(), own.begin(), own.end());
       } else {
@@ -346,9 +356,10 @@ struct guard::impl {
     if (differ.empty()) return false;
     std::string ranks;
     for (int64_t r : differ) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-    e.note = "gradient checksum differs after averaging on rank(s) " + ranks +
-             " (silent data corruption?): the step was skipped on every rank";
-    TORCH_WARN("nanguard::guard: step ", step, ": ", e.note);
+    const std::string note = "gradient checksum differs after averaging on rank(s) " + ranks +
+                             " (silent data corruption?): the step was skipped on every rank";
+    add_note(e.note, note);
+    TORCH_WARN("nanguard::guard: step ", step, ": ", note);
     host->zero_grad();
     e.skipped = true;
     e.action = "skip";
@@ -483,7 +494,7 @@ struct guard::impl {
       replay(batches, fn, rng_before, bad_batch, e);
     if ((options.replay() || options.trace_every_step()) && options.distributed()) share_findings(e);
     if (batches.size() > 1 && !locally_finite)
-      e.note += fmt::format("{}micro-batch {} of {}", e.note.empty() ? "" : "; ", bad_batch, batches.size());
+      add_note(e.note, fmt::format("micro-batch {} of {}", bad_batch, batches.size()));
     const diagnosis_context h = history(e, batches[bad_batch]);
     for (finding& f : e.findings) f.diagnosis = diagnose(f, h);
     host->zero_grad();
@@ -495,7 +506,7 @@ struct guard::impl {
   // The policy for this bad step: the options', or abort after max_bad_steps in a row.
   policy decide(step_event& e) const {
     if (options.max_bad_steps() > 0 && bad_in_a_row >= options.max_bad_steps()) {
-      e.note = "max_bad_steps=" + std::to_string(options.max_bad_steps()) + " non-finite steps in a row";
+      add_note(e.note, "max_bad_steps=" + std::to_string(options.max_bad_steps()) + " non-finite steps in a row");
       return policy::abort;
     }
     return options.policy();
@@ -510,7 +521,7 @@ struct guard::impl {
       case policy::abort: abort_step(batch, rng_before, e);
       case policy::skip: break;
       case policy::backoff:
-        if (!scaler.enabled()) e.note = "loss scaling is disabled: the step was skipped";
+        if (!scaler.enabled()) add_note(e.note, "loss scaling is disabled: the step was skipped");
         break;
       case policy::rollback: roll_back(e); break;
     }
@@ -523,7 +534,7 @@ struct guard::impl {
     try {
       scaler.update(true);
     } catch (const std::exception& ex) {
-      e.note = ex.what();
+      add_note(e.note, ex.what());
       write(e);
       throw;
     }
@@ -536,7 +547,7 @@ struct guard::impl {
     std::string moved = "moved most since the snapshot:";
     for (size_t i = 0; i < changes.size() && i < 3; ++i)
       moved += " " + changes[i].name + " (x" + c10::str(changes[i].relative) + ")";
-    e.note = e.note.empty() ? moved : e.note + "; " + moved;
+    add_note(e.note, moved);
     // Diverging again from the snapshot just restored (no newer one since):
     // it was taken on the way up; go one further back when there is one.
     if (ring.newest_step() == restored_step && ring.size() > 1) ring.drop_newest();
@@ -565,12 +576,11 @@ struct guard::impl {
         // The run still stops on its NaN/Inf: that is the error to raise.
         const auto* error = dynamic_cast<const c10::Error*>(&ex);
         const std::string why = error ? error->what_without_backtrace() : ex.what();
-        e.note += std::string(e.note.empty() ? "" : "; ") + "no repro bundle: " + why;
+        add_note(e.note, "no repro bundle: " + why);
         TORCH_WARN("nanguard::guard: step ", e.step, ": no repro bundle: ", why);
       }
     } else {
-      e.note += std::string(e.note.empty() ? "" : "; ") + "the repro bundle is written by rank " +
-                std::to_string(writer);
+      add_note(e.note, "the repro bundle is written by rank " + std::to_string(writer));
     }
     write(e);
     throw nonfinite_error(thrown_finding(e, batch));

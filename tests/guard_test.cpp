@@ -536,6 +536,17 @@ TEST(guard, a_bad_micro_batch_skips_the_step_and_the_bundle_keeps_it) {
   fs::remove_all(dir);
 }
 
+TEST(guard, a_step_keeps_every_note_it_gathers) {
+  regression r;
+  r.x[40][3] = std::numeric_limits<float>::infinity();  // in the third of four micro-batches
+  torch::optim::SGD opt(r.model->parameters(), 0.1);
+  guard g(r.model, opt, guard_options().max_bad_steps(1).bundle_dir("").replay(false));
+  EXPECT_THROW(g.step_accumulated({rows(r, 0, 16), rows(r, 16, 32), rows(r, 32, 48), rows(r, 48, 64)}, r.loss_fn()),
+               nanguard::nonfinite_error);
+  EXPECT_EQ("micro-batch 2 of 4; max_bad_steps=1 non-finite steps in a row", g.last_event().note)
+      << "the abort's note replaced the micro-batch's";
+}
+
 TEST(guard, accumulating_no_micro_batches_is_a_clear_error) {
   regression r;
   torch::optim::SGD opt(r.model->parameters(), 0.1);
