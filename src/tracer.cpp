@@ -277,11 +277,13 @@ class range_memo {
     if (e.owner._unsafe_get_target() == t.unsafeGetTensorImpl())
       return e.owner_version == t._version() && e.numel == t.numel() ? &e : nullptr;
     if (!e.contiguous || !within(t, e.numel)) return nullptr;
-    // Unchanged: the remembered tensor is at its version; once it is gone,
-    // only writes through others could change them, and a write through
-    // `t` would have bumped its own version (a new alias starts at 0).
-    const int64_t now = e.impl.use_count() > 0 ? remembered->version_counter().current_version() : t._version();
-    return now == e.version ? &e : nullptr;
+    // Unchanged: the remembered tensor is at its version. Once it is gone,
+    // only writes through others could change them, and a write through `t`
+    // would have bumped `t`'s version: a view shares the remembered one's
+    // counter, an alias of its own (detach(), .data) starts at 0. So a
+    // gradient stays known after a clip wrote it through grad.data().
+    if (e.impl.use_count() > 0) return remembered->version_counter().current_version() == e.version ? &e : nullptr;
+    return t._version() == e.version || t._version() == 0 ? &e : nullptr;
   }
   static bool unchanged_since(const weak_impl& impl, int64_t version) {
     return impl.use_count() > 0 && impl._unsafe_get_target()->version_counter().current_version() == version;

@@ -609,6 +609,24 @@ TEST(tracer, follows_writes_through_another_tensor_over_the_same_values) {
   EXPECT_EQ("aten::mul", t.findings().front().op);
 }
 
+TEST(tracer, follows_a_write_through_an_alias_once_the_tensor_it_saw_is_gone) {
+  EAGER_ONLY();
+  // AccumulateGrad keeps an alias of the gradient a backward op made, and
+  // clip_grad_norm_ in C++ rescales that through grad.data(): when AdamW
+  // reads the gradient, neither the op's output nor the alias written
+  // through lives.
+  nanguard::tracer t(options().measure_cost(true));
+  at::Tensor grad;
+  {
+    const at::Tensor made = at::randn({100}) * 2;
+    grad = made.variable_data();  // the same values, a version counter of its own
+  }
+  grad.variable_data().mul_(0.5);
+  const int64_t seen = t.cost().scanned_bytes;
+  const at::Tensor h = grad * 2;  // bounded by what mul_ wrote
+  EXPECT_EQ(seen, t.cost().scanned_bytes) << "the gradient's range was lost with the alias written through";
+}
+
 TEST(tracer, still_finds_what_value_keeping_and_scaling_ops_pass_on_or_make) {
   const at::Tensor nan = at::full({3}, NAN);
   at::Tensor big = at::full({3}, 1e30f);
