@@ -345,7 +345,7 @@ class range_memo {
       if (set[way].generation != now) return set[way];
     return set[0].write < set[1].write ? set[0] : set[1];
   }
-  // Pins held longer cost page faults (see above); a sweep costs ~1 us.
+  // Pins held longer cost page faults (see above); a sweep costs a few us.
   static constexpr uint64_t kSweepEvery = 16;
   static inline std::atomic<uint64_t> generation{1};
   std::vector<entry> slots_ = std::vector<entry>(kSets * kWays);

@@ -129,12 +129,10 @@ def main():
     for k, v in med.items():
         print(f"# {k:8s} median step {v * 1000:8.1f} ms  (min {min(times[k]) * 1000:.1f} ms)")
     for k in ("hooks", "anomaly", "trace", "guard"):
-        ratio, low, high = paired_ratio(times[k], times["plain"])
-        print(f"py_{k}_ratio: {ratio:.3f}")
-        print(f"py_{k}_ratio_ci95: {low:.3f}..{high:.3f}")
-        ratio, low, high = paired_ratio(cpu_times[k], cpu_times["plain"])
-        print(f"py_{k}_cpu_ratio: {ratio:.3f}")
-        print(f"py_{k}_cpu_ratio_ci95: {low:.3f}..{high:.3f}")
+        for key, samples in (("ratio", times), ("cpu_ratio", cpu_times)):
+            ratio, low, high = paired_ratio(samples[k], samples["plain"])
+            print(f"py_{k}_{key}: {ratio:.3f}")
+            print(f"py_{k}_{key}_ci95: {low:.3f}..{high:.3f}")
     return 0
 
 
