@@ -175,103 +175,135 @@ void validate(const train_args& a) {
     throw usage_error(fmt::format("--warmup must be in [0, --steps) = [0, {}), got {}", a.steps, a.warmup));
 }
 
-int run_train(const train_args& a) {
-  validate(a);
-  torch::jit::Module model = load_script_model(a.model);
-  const table t = read_table(a.data);
+// The training rows, their columns in the order the firewall sees them: the
+// features, then the target (a label column: never repaired, its row
+// dropped when not finite).
+struct training_data {
+  at::Tensor values;                       // [rows, features + 1] float64
+  std::vector<std::string> feature_names;  // the CSV's columns but the target, in order
+  std::vector<int64_t> lines;              // 1-based file line of each row
+
+  int64_t rows() const { return values.size(0); }
+  int64_t features() const { return int64_t(feature_names.size()); }
+  at::Tensor target() const { return values.select(1, features()); }
+  at::Tensor finite_targets() const { return target().index({at::isfinite(target())}); }
+};
+
+// Reads --data; a usage_error when it has no --target column, no other
+// column or no rows.
+training_data read_training_data(const train_args& a) {
+  table t = read_table(a.data);
   const int64_t target = find_column(t.columns, a.target, a.data);
-  std::vector<int64_t> feature_columns;
-  std::vector<std::string> feature_names;
+  training_data d;
+  std::vector<int64_t> order;
   for (int64_t j = 0; j < int64_t(t.columns.size()); ++j)
     if (j != target) {
-      feature_columns.push_back(j);
-      feature_names.push_back(t.columns[size_t(j)]);
+      order.push_back(j);
+      d.feature_names.push_back(t.columns[size_t(j)]);
     }
-  if (feature_columns.empty())
+  if (order.empty())
     throw usage_error(fmt::format("'{}' has no feature columns besides the target '{}'", a.data, a.target));
-  const int64_t n = t.data.size(0), features = int64_t(feature_columns.size());
-  if (n == 0) throw usage_error(fmt::format("'{}' has no data rows", a.data));
-  // The firewall sees the features and then the target (a label column:
-  // never repaired, its row dropped when not finite).
-  std::vector<int64_t> order = feature_columns;
+  if (t.data.size(0) == 0) throw usage_error(fmt::format("'{}' has no data rows", a.data));
   order.push_back(target);
-  const at::Tensor data = t.data.index_select(1, at::tensor(order, at::kLong));
-  const at::Tensor target_values = data.select(1, features);
+  d.values = t.data.index_select(1, at::tensor(order, at::kLong));
+  d.lines = std::move(t.lines);
+  return d;
+}
 
-  // Labels must be class indices; data rows with a non-finite target are
-  // the firewall's to drop, but without one they cannot be classified.
-  const at::Tensor target_finite = at::isfinite(target_values);
+// Labels must be class indices; data rows with a non-finite target are the
+// firewall's to drop, but without one they cannot be classified. And
+// --firewall drop must leave some rows.
+void check_targets(const train_args& a, const training_data& d) {
   if (a.task == "classify") {
-    if (a.firewall == "off" && !target_finite.all().item<bool>()) {
-      const int64_t row = at::logical_not(target_finite).nonzero()[0][0].item<int64_t>();
+    const at::Tensor finite = at::isfinite(d.target());
+    if (a.firewall == "off" && !finite.all().item<bool>()) {
+      const int64_t row = at::logical_not(finite).nonzero()[0][0].item<int64_t>();
       throw usage_error(fmt::format("the target '{}' is not finite on line {} of '{}'; --task classify needs "
                                     "integer labels (or pass --firewall drop to drop such rows)",
-                                    a.target, t.lines[size_t(row)], a.data));
+                                    a.target, d.lines[size_t(row)], a.data));
     }
-    const at::Tensor ok = target_values.index({target_finite});
+    const at::Tensor ok = d.finite_targets();
     if (ok.numel() > 0 && !at::equal(ok.round(), ok))
       throw usage_error(fmt::format("--task classify needs integer class labels in the target '{}' of '{}'; "
                                     "use --task regress for a continuous target", a.target, a.data));
   }
-  if (a.firewall == "drop" && !at::isfinite(data).all(1).any().item<bool>())
+  if (a.firewall == "drop" && !at::isfinite(d.values).all(1).any().item<bool>())
     throw usage_error(fmt::format("every row of '{}' holds a NaN/Inf: --firewall drop would leave no data; "
                                   "try --firewall repair", a.data));
+}
 
-  // The model must fit the features: try it on one batch before training
-  // (with autograd on: its output must depend on trainable parameters).
-  per_op_autograd per_op;
-  const int64_t b = std::min(a.batch, n);
-  {
-    model.eval();  // the probe must not move batch-norm statistics
-    const at::Tensor probe = data.slice(0, 0, b).slice(1, 0, features).nan_to_num(0.0).to(at::kFloat);
-    at::Tensor out;
-    try {
-      out = forward_tensor(model, probe);
-    } catch (const usage_error&) {
-      throw;
-    } catch (const std::exception& e) {
-      for (const auto& p : model.named_parameters())
-        if (p.value.dim() == 2 && p.value.size(1) != features)
-          throw usage_error(fmt::format(
-              "the model expects {} input features (its first weight '{}' is {}) but '{}' has {} feature "
-              "columns besides the target '{}' ({}); make the CSV columns match the model",
-              p.value.size(1), p.name, c10::str(p.value.sizes()), a.data, features, a.target,
-              fmt::join(feature_names, ", ")));
-        else if (p.value.dim() == 2) break;
-      throw usage_error(fmt::format("the model cannot run on a [{}, {}] batch of '{}': {}", b, features, a.data,
-                                    one_line_error(e.what())));
-    }
-    if (a.task == "classify") {
-      if (out.dim() != 2 || out.size(0) != b)
-        throw usage_error(fmt::format("--task classify needs [rows, classes] logits; the model returned shape {}",
-                                      c10::str(out.sizes())));
-      const at::Tensor ok = target_values.index({target_finite});
-      if (ok.numel() > 0 && (ok.min().item<double>() < 0 || ok.max().item<double>() >= double(out.size(1))))
-        throw usage_error(fmt::format("--task classify: the model returns {} classes, so the labels in '{}' must "
-                                      "be in [0, {}), but they span [{}, {}]", out.size(1), a.target, out.size(1),
-                                      ok.min().item<double>(), ok.max().item<double>()));
-    } else if (out.numel() != b) {
-      throw usage_error(fmt::format("--task regress needs one output per row; the model returned shape {} for {} rows",
-                                    c10::str(out.sizes()), b));
-    }
-    require_trainable(out);
+// Why the model cannot run on a [rows, features] batch: its first weight's
+// width when that is not the number of features, else TorchScript's error `e`.
+usage_error probe_failure(const torch::jit::Module& model, const train_args& a, const training_data& d, int64_t rows,
+                          const std::exception& e) {
+  for (const auto& p : model.named_parameters()) {
+    if (p.value.dim() != 2) continue;
+    if (p.value.size(1) != d.features())
+      return usage_error(fmt::format(
+          "the model expects {} input features (its first weight '{}' is {}) but '{}' has {} feature "
+          "columns besides the target '{}' ({}); make the CSV columns match the model",
+          p.value.size(1), p.name, c10::str(p.value.sizes()), a.data, d.features(), a.target,
+          fmt::join(d.feature_names, ", ")));
+    break;
   }
+  return usage_error(fmt::format("the model cannot run on a [{}, {}] batch of '{}': {}", rows, d.features(), a.data,
+                                 one_line_error(e.what())));
+}
 
-  model.train();
-  const at::Device device(a.device);
-  model.to(device);
-  const run_directory out_dir(a.out, {"events.jsonl", "summary.json", "report.html", "bundles"},
-                              {{"--model", a.model}, {"--data", a.data}});
-  const std::string events_path = out_dir / "events.jsonl";
-  const std::string bundle_dir = out_dir / "bundles";
+// A usage_error unless `out`, the model's output on `rows` rows, fits the
+// task: [rows, classes] logits with a class for every label, or one output
+// per row.
+void check_output_fits_task(const train_args& a, const training_data& d, const at::Tensor& out, int64_t rows) {
+  if (a.task != "classify") {
+    if (out.numel() != rows)
+      throw usage_error(fmt::format("--task regress needs one output per row; the model returned shape {} for {} rows",
+                                    c10::str(out.sizes()), rows));
+    return;
+  }
+  if (out.dim() != 2 || out.size(0) != rows)
+    throw usage_error(fmt::format("--task classify needs [rows, classes] logits; the model returned shape {}",
+                                  c10::str(out.sizes())));
+  const at::Tensor ok = d.finite_targets();
+  if (ok.numel() > 0 && (ok.min().item<double>() < 0 || ok.max().item<double>() >= double(out.size(1))))
+    throw usage_error(fmt::format("--task classify: the model returns {} classes, so the labels in '{}' must "
+                                  "be in [0, {}), but they span [{}, {}]", out.size(1), a.target, out.size(1),
+                                  ok.min().item<double>(), ok.max().item<double>()));
+}
 
-  // The guard trains the script module's own tensors through the mirror.
-  auto params = mirror_parameters(model);
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
+// The model must fit the features: tries it on the first `rows` rows before
+// training (with autograd on: its output must depend on trainable parameters).
+void probe_model(torch::jit::Module& model, const train_args& a, const training_data& d, int64_t rows) {
+  model.eval();  // the probe must not move batch-norm statistics
+  const at::Tensor probe = d.values.slice(0, 0, rows).slice(1, 0, d.features()).nan_to_num(0.0).to(at::kFloat);
+  at::Tensor out;
+  try {
+    out = forward_tensor(model, probe);
+  } catch (const usage_error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw probe_failure(model, a, d, rows, e);
+  }
+  check_output_fits_task(a, d, out, rows);
+  require_trainable(out);
+}
+
+// The paths of a run's outputs in its directory.
+struct run_outputs {
+  explicit run_outputs(const run_directory& dir)
+      : events(dir / "events.jsonl"), bundles(dir / "bundles"), summary(dir / "summary.json"),
+        report(dir / "report.html") {}
+  std::string events, bundles, summary, report;
+};
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const train_args& a, torch::nn::Module& params) {
   if (a.optimizer == "sgd")
-    optimizer = std::make_unique<torch::optim::SGD>(params->parameters(), torch::optim::SGDOptions(a.lr));
-  else
-    optimizer = std::make_unique<torch::optim::AdamW>(params->parameters(), torch::optim::AdamWOptions(a.lr));
+    return std::make_unique<torch::optim::SGD>(params.parameters(), torch::optim::SGDOptions(a.lr));
+  return std::make_unique<torch::optim::AdamW>(params.parameters(), torch::optim::AdamWOptions(a.lr));
+}
+
+// The guard of the command line's policy, clipping, tracing and warmup,
+// writing its event log and bundles into the run's directory.
+guard_options make_guard_options(const train_args& a, const run_outputs& out) {
   guard_options options;
   options.policy(a.policy == "backoff"    ? policy::backoff
                  : a.policy == "rollback" ? policy::rollback
@@ -280,167 +312,266 @@ int run_train(const train_args& a) {
       .max_norm(a.clip)
       .replay(a.trace == "on-failure")
       .snapshot_every(std::clamp<int64_t>(a.steps / 10, 1, 100))
-      .event_log(events_path)
-      .bundle_dir(bundle_dir);
+      .event_log(out.events)
+      .bundle_dir(out.bundles);
   if (a.trace == "always") options.trace_every_step(true).tracer(tracer_options());
   if (a.warmup > 0)
     options.schedule(schedule_options(a.lr).warmup_steps(a.warmup).total_steps(a.steps).min_lr(a.lr));
-  guard g = as_input_error([&] { return guard(*params, *optimizer, options); });  // a log it cannot open: exit 2
+  return options;
+}
 
-  std::optional<firewall> fw;
-  if (a.firewall != "off") {
-    std::vector<std::string> names = feature_names;
+// The batches of a run: a fresh permutation of the rows every epoch, from
+// --seed, each batch through the data firewall (--firewall drop or repair,
+// fitted on all the rows), which counts the CSV lines it dropped and repaired.
+class batch_source {
+ public:
+  batch_source(const train_args& a, const training_data& d)
+      : data_(d),
+        rows_per_batch_(std::min(a.batch, d.rows())),
+        classify_(a.task == "classify"),
+        shuffle_rng_(a.seed),
+        perm_(size_t(d.rows())),
+        cursor_(perm_.size()) {
+    if (a.firewall == "off") return;
+    std::vector<std::string> names = d.feature_names;
     names.push_back(a.target);
-    fw.emplace(firewall_options()
-                   .nonfinite(a.firewall == "drop" ? nonfinite_policy::drop : nonfinite_policy::impute_median)
-                   .label_columns({features})
-                   .column_names(names));
-    fw->fit(data);
+    firewall_.emplace(firewall_options()
+                          .nonfinite(a.firewall == "drop" ? nonfinite_policy::drop : nonfinite_policy::impute_median)
+                          .label_columns({d.features()})
+                          .column_names(names));
+    firewall_->fit(d.values);
   }
 
-  // Batches: a fresh permutation of the rows every epoch, from --seed.
-  std::mt19937_64 shuffle_rng(a.seed);
-  std::vector<int64_t> perm(static_cast<size_t>(n));
-  size_t cursor = perm.size();
-  std::set<int64_t> dropped_lines, repaired_lines;
-  const auto next_batch = [&]() -> batch {
+  // The next batch that the firewall left rows in.
+  batch next() {
     for (;;) {
-      std::vector<int64_t> rows;
-      while (int64_t(rows.size()) < b) {
-        if (cursor == perm.size()) {
-          std::iota(perm.begin(), perm.end(), int64_t(0));
-          std::shuffle(perm.begin(), perm.end(), shuffle_rng);
-          cursor = 0;
-        }
-        rows.push_back(perm[cursor++]);
-      }
-      at::Tensor m = data.index_select(0, at::tensor(rows, at::kLong));
-      batch out;
-      for (int64_t r : rows) out.lines.push_back(t.lines[size_t(r)]);
-      if (fw) {
-        firewall_result res = fw->apply(m);
-        std::vector<int64_t> kept;
-        std::set<int64_t> dropped(res.report.dropped_rows.begin(), res.report.dropped_rows.end());
-        for (int64_t i : res.report.dropped_rows) dropped_lines.insert(out.lines[size_t(i)]);
-        for (int64_t i : res.report.changed_rows) repaired_lines.insert(out.lines[size_t(i)]);
-        for (int64_t i = 0; i < int64_t(out.lines.size()); ++i)
-          if (!dropped.count(i)) kept.push_back(out.lines[size_t(i)]);
-        out.lines = kept;
-        m = res.batch;
-      }
-      if (m.size(0) == 0) continue;  // every row dropped: draw the next batch
-      out.x = m.slice(1, 0, features).to(at::kFloat).contiguous();
-      const at::Tensor y = m.select(1, features);
-      out.y = a.task == "classify" ? y.to(at::kLong) : y.to(at::kFloat).contiguous();
-      return out;
+      const std::vector<int64_t> rows = draw_rows();
+      at::Tensor m = data_.values.index_select(0, at::tensor(rows, at::kLong));
+      std::vector<int64_t> lines;
+      for (int64_t r : rows) lines.push_back(data_.lines[size_t(r)]);
+      if (firewall_) m = screen(m, lines);
+      if (m.size(0) > 0) return to_batch(m, std::move(lines));  // else every row dropped: draw the next batch
     }
-  };
+  }
 
+  int64_t data_rows() const { return data_.rows(); }
+  int64_t dropped_lines() const { return int64_t(dropped_lines_.size()); }
+  int64_t repaired_lines() const { return int64_t(repaired_lines_.size()); }
+
+ private:
+  std::vector<int64_t> draw_rows() {
+    std::vector<int64_t> rows;
+    while (int64_t(rows.size()) < rows_per_batch_) {
+      if (cursor_ == perm_.size()) {
+        std::iota(perm_.begin(), perm_.end(), int64_t(0));
+        std::shuffle(perm_.begin(), perm_.end(), shuffle_rng_);
+        cursor_ = 0;
+      }
+      rows.push_back(perm_[cursor_++]);
+    }
+    return rows;
+  }
+
+  // The rows of `m` the firewall keeps, repaired; `lines` keeps theirs.
+  at::Tensor screen(const at::Tensor& m, std::vector<int64_t>& lines) {
+    const firewall_result res = firewall_->apply(m);
+    const std::set<int64_t> dropped(res.report.dropped_rows.begin(), res.report.dropped_rows.end());
+    for (int64_t i : res.report.dropped_rows) dropped_lines_.insert(lines[size_t(i)]);
+    for (int64_t i : res.report.changed_rows) repaired_lines_.insert(lines[size_t(i)]);
+    std::vector<int64_t> kept;
+    for (int64_t i = 0; i < int64_t(lines.size()); ++i)
+      if (!dropped.count(i)) kept.push_back(lines[size_t(i)]);
+    lines = std::move(kept);
+    return res.batch;
+  }
+
+  batch to_batch(const at::Tensor& m, std::vector<int64_t> lines) const {
+    batch out;
+    out.x = m.slice(1, 0, data_.features()).to(at::kFloat).contiguous();
+    const at::Tensor y = m.select(1, data_.features());
+    out.y = classify_ ? y.to(at::kLong) : y.to(at::kFloat).contiguous();
+    out.lines = std::move(lines);
+    return out;
+  }
+
+  const training_data& data_;
+  const int64_t rows_per_batch_;
+  const bool classify_;
+  std::optional<firewall> firewall_;  // none under --firewall off
+  std::mt19937_64 shuffle_rng_;
+  std::vector<int64_t> perm_;
+  size_t cursor_;
+  std::set<int64_t> dropped_lines_, repaired_lines_;
+};
+
+// What the training loop saw.
+struct train_outcome {
+  int64_t steps_run = 0;
+  int64_t last_taken_step = 0;   // the last step the optimizer took (0: none)
+  double last_taken_loss = NAN;  // its loss
+  bool guard_acted = false;
+  bool aborted = false;
+  std::string bundle_path;              // the abort's bundle
+  std::optional<step_event> first_bad;  // the first step the guard acted on or the tracer found something in
+  std::vector<int64_t> first_rows;      // the CSV lines of its rows holding a NaN/Inf
+
+  // Counts step `step`, run on `bt`.
+  void record(int64_t step, const step_event& e, const batch& bt) {
+    ++steps_run;
+    guard_acted |= e.skipped;
+    if ((e.skipped || !e.findings.empty()) && !first_bad) {
+      first_bad = e;
+      first_rows = nonfinite_lines(bt);
+    }
+    if (!e.skipped) {
+      last_taken_step = step;
+      last_taken_loss = e.loss;
+    }
+  }
+};
+
+// One step through the guard, and whether it aborted the run (policy abort:
+// the step's event is then the guard's last, with its bundle).
+std::pair<step_event, bool> guarded_step(guard& g, const std::vector<at::Tensor>& tensors, const step_fn& fn) {
+  try {
+    return {g.step(tensors, fn), false};
+  } catch (const nonfinite_error&) {
+    return {g.last_event(), true};
+  } catch (const event_log_error& err) {
+    throw usage_error(err.what_without_backtrace());  // a full disk is exit 2, as for the other outputs
+  }
+}
+
+// Trains `model` for --steps steps (fewer when the guard aborts), showing progress.
+train_outcome train(const train_args& a, torch::jit::Module& model, guard& g, batch_source& batches) {
+  const at::Device device(a.device);
   at::manual_seed(a.seed);  // dropout and any other randomness of the model
   const step_fn fn = [&](const std::vector<at::Tensor>& bt) {
     return task_loss(forward_tensor(model, bt[0]), bt[1], a.task);
   };
-  std::optional<step_event> first_bad;  // the first step the guard acted on or the tracer found something in
-  bool guard_acted = false;
-  std::vector<int64_t> first_rows;
-  int64_t steps_run = 0, last_taken_step = 0;
-  double last_taken_loss = NAN;  // the loss of the last step the optimizer took
-  bool aborted = false;
-  std::string bundle_path;
-  {
-    progress bar(a.steps, "train");
-    for (int64_t step = 1; step <= a.steps; ++step) {
-      const batch bt = next_batch();
-      const std::vector<at::Tensor> tensors = {bt.x.to(device), bt.y.to(device)};
-      g.set_bundle_tags(bundle_tags(a, bt));
-      step_event e;
-      try {
-        e = g.step(tensors, fn);
-      } catch (const nonfinite_error&) {
-        e = g.last_event();  // the abort's, with its bundle
-        aborted = true;
-        bundle_path = e.bundle;
-      } catch (const event_log_error& err) {
-        throw usage_error(err.what_without_backtrace());  // a full disk is exit 2, as for the other outputs
-      }
-      ++steps_run;
-      guard_acted |= e.skipped;
-      const bool bad = e.skipped || !e.findings.empty();
-      if (bad && !first_bad) {
-        first_bad = e;
-        first_rows = nonfinite_lines(bt);
-      }
-      if (!e.skipped) {
-        last_taken_step = step;
-        last_taken_loss = e.loss;
-      }
-      bar.update(e);
-      if (aborted) break;
+  train_outcome o;
+  progress bar(a.steps, "train");
+  for (int64_t step = 1; step <= a.steps && !o.aborted; ++step) {
+    const batch bt = batches.next();
+    g.set_bundle_tags(bundle_tags(a, bt));
+    const auto [e, aborted] = guarded_step(g, {bt.x.to(device), bt.y.to(device)}, fn);
+    o.record(step, e, bt);
+    if (aborted) {
+      o.aborted = true;
+      o.bundle_path = e.bundle;
     }
-    bar.finish();
+    bar.update(e);
   }
+  bar.finish();
+  return o;
+}
 
-  // ---- summary
-  // Ended non-finite: aborted, or the optimizer could take none of the last
-  // few steps (a lone skipped batch of bad data at the end is not that).
+// Ended non-finite: aborted, or the optimizer could take none of the last
+// few steps (a lone skipped batch of bad data at the end is not that).
+bool ended_finite(const train_args& a, const train_outcome& o) {
   const int64_t window = std::clamp<int64_t>(a.steps / 10, 1, 10);
-  const bool final_finite = !aborted && steps_run - last_taken_step < window && last_taken_step > 0;
-  // Recovered only when the guard acted: a finding on a step that stayed
-  // finite (--trace always) is shown, but nothing was recovered from.
-  const std::string status = !final_finite ? "nonfinite" : guard_acted ? "recovered" : "finite";
+  return !o.aborted && o.steps_run - o.last_taken_step < window && o.last_taken_step > 0;
+}
+
+// "nonfinite", "recovered" or "finite". Recovered only when the guard acted:
+// a finding on a step that stayed finite (--trace always) is shown, but
+// nothing was recovered from.
+std::string run_status(const train_args& a, const train_outcome& o) {
+  return !ended_finite(a, o) ? "nonfinite" : o.guard_acted ? "recovered" : "finite";
+}
+
+// DIR/summary.json's content.
+json summary_json(const train_args& a, const train_outcome& o, const guard& g, const batch_source& batches,
+                  const run_outputs& out) {
   json s;
-  s["status"] = status;
-  s["steps"] = steps_run;
-  s["final_loss"] = final_finite ? json(last_taken_loss) : json(nullptr);
-  s["first_nonfinite"] = first_bad ? first_json(*first_bad, first_rows) : json(nullptr);
-  s["data"] = {{"rows", n},
-               {"rows_dropped", int64_t(dropped_lines.size())},
-               {"rows_repaired", int64_t(repaired_lines.size())},
+  s["status"] = run_status(a, o);
+  s["steps"] = o.steps_run;
+  s["final_loss"] = ended_finite(a, o) ? json(o.last_taken_loss) : json(nullptr);
+  s["first_nonfinite"] = o.first_bad ? first_json(*o.first_bad, o.first_rows) : json(nullptr);
+  s["data"] = {{"rows", batches.data_rows()},
+               {"rows_dropped", batches.dropped_lines()},
+               {"rows_repaired", batches.repaired_lines()},
                {"firewall", a.firewall}};
   s["skipped_steps"] = g.skipped();
   s["rollbacks"] = g.rollbacks();
   s["lr_factor"] = g.lr_factor();
   s["policy"] = a.policy;
   s["trace"] = a.trace;
-  s["bundle"] = bundle_path.empty() ? json(nullptr) : json(bundle_path);
-  s["events"] = events_path;
+  s["bundle"] = o.bundle_path.empty() ? json(nullptr) : json(o.bundle_path);
+  s["events"] = out.events;
   s["model"] = a.model;
   s["data_file"] = a.data;
   s["task"] = a.task;
-  const std::string summary_path = out_dir / "summary.json";
-  const std::string report_path = out_dir / "report.html";
-  write_file_atomically(report_path,
-                        render_html_report({{fs::path(a.model).stem().string(), read_events(events_path)}},
-                                           fmt::format("nanguard train: {} on {}", a.model, a.data)));
-  s["report"] = report_path;
-  write_file_atomically(summary_path, s.dump(2) + "\n");
+  s["report"] = out.report;
+  return s;
+}
 
+// Writes DIR/report.html from the event log, then DIR/summary.json.
+void write_outputs(const train_args& a, const json& summary, const run_outputs& out) {
+  write_file_atomically(out.report,
+                        render_html_report({{fs::path(a.model).stem().string(), read_events(out.events)}},
+                                           fmt::format("nanguard train: {} on {}", a.model, a.data)));
+  write_file_atomically(out.summary, summary.dump(2) + "\n");
+}
+
+// The console's lines on the first non-finite step: the op, cause and remedy,
+// and the CSV lines of its NaN/Inf.
+void print_first_nonfinite(const train_args& a, const train_outcome& o) {
+  const step_event& e = *o.first_bad;
+  if (e.findings.empty()) {
+    fmt::print("  first non-finite: step {} (no op named: {})\n", e.step,
+               a.trace == "off" ? "--trace off" : e.verdict.empty() ? "no replay" : e.verdict);
+  } else {
+    const finding& f = e.findings.front();
+    fmt::print("  first non-finite: {}\n", describe(f));
+    fmt::print("  likely cause: {} ({} confidence): {}\n", to_string(f.diagnosis.cause),
+               to_string(f.diagnosis.confidence), f.diagnosis.evidence);
+    fmt::print("  remedy: {}\n", f.diagnosis.remedy);
+  }
+  if (!o.first_rows.empty())
+    fmt::print("  the NaN/Inf came from the data: {} line{} {}\n", a.data, o.first_rows.size() > 1 ? "s" : "",
+               fmt::join(o.first_rows, ", "));
+}
+
+// The console's account of the run.
+void print_summary(const train_args& a, const train_outcome& o, const guard& g, const batch_source& batches,
+                   const run_outputs& out) {
+  const std::string status = run_status(a, o);
   fmt::print("nanguard train: {}\n", status == "nonfinite" ? "NON-FINITE" : status);
-  fmt::print("  steps: {} of {}{}{}; final loss {}\n", steps_run, a.steps,
+  fmt::print("  steps: {} of {}{}{}; final loss {}\n", o.steps_run, a.steps,
              g.skipped() ? fmt::format(", {} skipped", g.skipped()) : "",
              g.rollbacks() ? fmt::format(", {} rollbacks (LR x{:.4g})", g.rollbacks(), g.lr_factor()) : "",
-             final_finite ? fmt::format("{:.6g}", last_taken_loss) : "not finite");
-  if (first_bad) {
-    if (first_bad->findings.empty()) {
-      fmt::print("  first non-finite: step {} (no op named: {})\n", first_bad->step,
-                 a.trace == "off" ? "--trace off" : first_bad->verdict.empty() ? "no replay" : first_bad->verdict);
-    } else {
-      const finding& f = first_bad->findings.front();
-      fmt::print("  first non-finite: {}\n", describe(f));
-      fmt::print("  likely cause: {} ({} confidence): {}\n", to_string(f.diagnosis.cause),
-                 to_string(f.diagnosis.confidence), f.diagnosis.evidence);
-      fmt::print("  remedy: {}\n", f.diagnosis.remedy);
-    }
-    if (!first_rows.empty())
-      fmt::print("  the NaN/Inf came from the data: {} line{} {}\n", a.data, first_rows.size() > 1 ? "s" : "",
-                 fmt::join(first_rows, ", "));
-  }
-  if (fw)
-    fmt::print("  data firewall ({}): {} rows dropped, {} rows repaired\n", a.firewall, dropped_lines.size(),
-               repaired_lines.size());
-  if (!bundle_path.empty()) fmt::print("  repro bundle: {} (nanguard inspect / nanguard replay)\n", bundle_path);
-  fmt::print("  wrote {}, {}, {}\n", summary_path, events_path, report_path);
-  return status == "nonfinite" ? exit_nonfinite : exit_ok;
+             ended_finite(a, o) ? fmt::format("{:.6g}", o.last_taken_loss) : "not finite");
+  if (o.first_bad) print_first_nonfinite(a, o);
+  if (a.firewall != "off")
+    fmt::print("  data firewall ({}): {} rows dropped, {} rows repaired\n", a.firewall, batches.dropped_lines(),
+               batches.repaired_lines());
+  if (!o.bundle_path.empty()) fmt::print("  repro bundle: {} (nanguard inspect / nanguard replay)\n", o.bundle_path);
+  fmt::print("  wrote {}, {}, {}\n", out.summary, out.events, out.report);
+}
+
+int run_train(const train_args& a) {
+  validate(a);
+  torch::jit::Module model = load_script_model(a.model);
+  const training_data d = read_training_data(a);
+  check_targets(a, d);
+  per_op_autograd per_op;
+  probe_model(model, a, d, std::min(a.batch, d.rows()));
+  model.train();
+  model.to(at::Device(a.device));
+  const run_directory dir(a.out, {"events.jsonl", "summary.json", "report.html", "bundles"},
+                          {{"--model", a.model}, {"--data", a.data}});
+  const run_outputs out(dir);
+  // The guard trains the script module's own tensors through the mirror.
+  const auto params = mirror_parameters(model);
+  const auto optimizer = make_optimizer(a, *params);
+  // An event log the guard cannot open is exit 2.
+  guard g = as_input_error([&] { return guard(*params, *optimizer, make_guard_options(a, out)); });
+  batch_source batches(a, d);
+  const train_outcome o = train(a, model, g, batches);
+  write_outputs(a, summary_json(a, o, g, batches, out), out);
+  print_summary(a, o, g, batches, out);
+  return ended_finite(a, o) ? exit_ok : exit_nonfinite;
 }
 
 }  // namespace
