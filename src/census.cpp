@@ -11,8 +11,10 @@
 #include <c10/util/Half.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cfloat>
+#include <cmath>
 #include <cstring>
 #include <ostream>
 
@@ -313,6 +315,43 @@ tensor_stats census_aten(const at::Tensor& x) {
 }
 
 }  // namespace detail
+
+tensor_stats merge_census(const std::vector<tensor_stats>& parts) {
+  tensor_stats m;
+  double sum = 0, sumsq_norm = 0;
+  for (const tensor_stats& p : parts) {
+    m.numel += p.numel;
+    m.nan += p.nan;
+    m.pos_inf += p.pos_inf;
+    m.neg_inf += p.neg_inf;
+    m.finite += p.finite;
+    m.zeros += p.zeros;
+    m.subnormal += p.subnormal;
+    m.fp16_overflow += p.fp16_overflow;
+    m.fp16_underflow += p.fp16_underflow;
+    m.bf16_overflow += p.bf16_overflow;
+    m.min = std::fmin(m.min, p.min);  // fmin/fmax skip a part without finite values (NaN)
+    m.max = std::fmax(m.max, p.max);
+    m.absmax = std::max(m.absmax, p.absmax);
+    sumsq_norm += p.l2_norm * p.l2_norm;
+    if (p.finite > 0) sum += p.mean * static_cast<double>(p.finite);
+    if (p.first_nonfinite_index >= 0 &&
+        (m.first_nonfinite_index < 0 || p.first_nonfinite_index < m.first_nonfinite_index)) {
+      m.first_nonfinite_index = p.first_nonfinite_index;
+      m.first_nonfinite_value = p.first_nonfinite_value;
+    }
+  }
+  m.l2_norm = std::sqrt(sumsq_norm);
+  if (m.finite == 0) return m;
+  const double n = static_cast<double>(m.finite);
+  m.mean = sum / n;
+  // Pooled population variance: each part's own spread plus its mean's distance from the whole's.
+  double m2 = 0;
+  for (const tensor_stats& p : parts)
+    if (p.finite > 0) m2 += static_cast<double>(p.finite) * (p.std * p.std + (p.mean - m.mean) * (p.mean - m.mean));
+  m.std = std::sqrt(m2 / n);
+  return m;
+}
 
 std::string to_string(const tensor_stats& s) {
   std::string out = fmt::format(

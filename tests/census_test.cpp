@@ -376,3 +376,27 @@ TEST(census, renders_one_readable_line) {
 }
 
 }  // namespace
+
+TEST(merge_census, the_census_of_shards_is_the_census_of_the_whole) {
+  const at::Tensor x = planted(1000, at::kFloat, 7);
+  std::vector<tensor_stats> parts;
+  // Uneven shards, one of them empty; a shard's index counts from the whole's start.
+  const std::vector<int64_t> bounds = {0, 130, 130, 611, 1000};
+  for (size_t i = 0; i + 1 < bounds.size(); ++i) {
+    tensor_stats s = nanguard::census(x.narrow(0, bounds[i], bounds[i + 1] - bounds[i]));
+    if (s.first_nonfinite_index >= 0) s.first_nonfinite_index += bounds[i];
+    parts.push_back(s);
+  }
+  expect_matches(reference(x), nanguard::merge_census(parts), 1e-5);
+}
+
+TEST(merge_census, shards_without_finite_values_leave_min_max_and_mean_to_the_others) {
+  const at::Tensor nan = at::full({3}, kNaN);
+  const at::Tensor x = at::tensor({-2.0f, 5.0f});
+  tensor_stats s = nanguard::census(x);
+  s.first_nonfinite_index = -1;
+  const tensor_stats m = nanguard::merge_census({nanguard::census(nan), s});
+  expect_matches(reference(at::cat({nan, x})), m, 1e-6);
+  EXPECT_EQ(nanguard::merge_census({}).numel, 0);
+  EXPECT_TRUE(std::isnan(nanguard::merge_census({}).mean));
+}

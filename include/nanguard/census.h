@@ -18,6 +18,7 @@
 #include <iosfwd>
 #include <limits>
 #include <string>
+#include <vector>
 
 namespace nanguard {
 
@@ -74,6 +75,18 @@ tensor_stats census(const at::Tensor& x);
 /// a complex tensor is checked through its real and imaginary parts; an
 /// undefined, sparse or meta tensor throws.
 bool has_nonfinite(const at::Tensor& x);
+
+/// The census of a tensor made of `parts` (the shards of a sharded tensor),
+/// from the census of each part: counts summed, min/max/absmax over the
+/// parts, mean and std pooled over their finite elements, the L2 norm of
+/// their norms, and the first non-finite element the one with the smallest
+/// index.
+///
+/// REQUIRES: each part's first_nonfinite_index is already an index into the
+/// whole tensor (a shard's own index plus where the shard starts).
+///
+///   auto whole = nanguard::merge_census({nanguard::census(x0), nanguard::census(x1)});
+tensor_stats merge_census(const std::vector<tensor_stats>& parts);
 
 /// One line, e.g. `n=1024 nan=1 +inf=0 -inf=0 zero=3 min=-2.1 max=3.3 ...`.
 std::string to_string(const tensor_stats& s);

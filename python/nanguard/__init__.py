@@ -15,7 +15,7 @@ step 0 forward aten::div in norm: producer, output 0 [0] = nan
 """
 import torch  # noqa: F401  (loads LibTorch before the extension)
 
-from . import _nanguard
+from . import _dtensor, _nanguard
 from ._trace import AllowRule, Finding, NonFiniteError, Trace, trace
 from ._guard import POLICIES, Guard, StepResult
 from . import data, tensorboard  # noqa: E402  (nanguard.data, nanguard.tensorboard)
@@ -64,7 +64,7 @@ Firewall = _nanguard.Firewall
 FirewallReport = _nanguard.FirewallReport
 
 
-def census(tensor):
+def census(tensor, local=False):
     """Statistics of ``tensor`` in one vectorised pass, as a ``TensorStats``.
 
     Fields: numel, nan, pos_inf, neg_inf, finite, zeros, subnormal, min, max,
@@ -73,32 +73,55 @@ def census(tensor):
     all. Raises ``ValueError`` for integer, bool or complex tensors (for
     complex ones, take the census of ``torch.view_as_real(t)``), and for
     sparse or meta tensors, which hold no values to read.
+
+    A DTensor (``torch.distributed.tensor``, e.g. an FSDP2 parameter or
+    gradient) answers for the global tensor: each rank's census of its shard,
+    gathered over the mesh (counts summed, min/max over the ranks, the first
+    non-finite element by its global index). It is a collective: every rank
+    of the mesh calls it. ``local=True`` reads this rank's shard only.
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"nanguard.census: expected a torch.Tensor, got {type(tensor).__name__}")
+    if _dtensor.is_dtensor(tensor):
+        return _nanguard.census(tensor.to_local().detach()) if local else _dtensor.census_many([tensor])[0]
     return _nanguard.census(tensor.detach())
 
 
-def has_nonfinite(tensor):
+def has_nonfinite(tensor, local=False):
     """True when ``tensor`` holds a NaN or an Inf (stops at the first one).
 
     Integer and bool tensors are always finite; complex tensors are checked
     through their real and imaginary parts. Raises ``ValueError`` for sparse
-    or meta tensors.
+    or meta tensors. A DTensor answers for the global tensor (a collective:
+    every rank of its mesh calls it), or for this rank's shard with
+    ``local=True``.
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"nanguard.has_nonfinite: expected a torch.Tensor, got {type(tensor).__name__}")
+    if _dtensor.is_dtensor(tensor):
+        return _nanguard.has_nonfinite(tensor.to_local().detach()) if local else _dtensor.has_nonfinite(tensor)
     return _nanguard.has_nonfinite(tensor.detach())
 
 
-def census_many(tensors):
+def census_many(tensors, local=False):
     """The census of every tensor of the list, as a list of ``TensorStats``.
 
     On CUDA the tensors are read many per kernel launch, in one pass each,
     with one host sync for the whole list (per-parameter gradient norms cost
-    one sync, not one per parameter). Same errors as ``census``.
+    one sync, not one per parameter). Same errors as ``census``. DTensors
+    answer for their global tensors, with one all-gather for all of those
+    that share a mesh and placements (every rank calls it with the same
+    list), or for the local shards with ``local=True``.
     """
-    return _nanguard.census_many([_as_tensor(t, "census_many").detach() for t in tensors])
+    tensors = [_as_tensor(t, "census_many").detach() for t in tensors]
+    if local:
+        tensors = [t.to_local() if _dtensor.is_dtensor(t) else t for t in tensors]
+    sharded = [t for t in tensors if _dtensor.is_dtensor(t)]
+    if not sharded:
+        return _nanguard.census_many(tensors)
+    plain = iter(_nanguard.census_many([t for t in tensors if not _dtensor.is_dtensor(t)]))
+    whole = iter(_dtensor.census_many(sharded))
+    return [next(whole) if _dtensor.is_dtensor(t) else next(plain) for t in tensors]
 
 
 def check_many(tensors):

@@ -84,6 +84,32 @@ class py_tracer {
   std::unique_ptr<nanguard::tracer> t_;
 };
 
+/// The tensor_stats a stats_dict() holds (the fields a shard's census sends to the others).
+nanguard::tensor_stats stats_from_dict(const py::dict& d) {
+  nanguard::tensor_stats s;
+  const auto count = [&](const char* k) { return static_cast<int64_t>(d[k].cast<double>()); };
+  const auto value = [&](const char* k) { return d[k].cast<double>(); };
+  s.numel = count("numel");
+  s.nan = count("nan");
+  s.pos_inf = count("pos_inf");
+  s.neg_inf = count("neg_inf");
+  s.finite = count("finite");
+  s.zeros = count("zeros");
+  s.subnormal = count("subnormal");
+  s.min = value("min");
+  s.max = value("max");
+  s.mean = value("mean");
+  s.std = value("std");
+  s.l2_norm = value("l2_norm");
+  s.absmax = value("absmax");
+  s.fp16_overflow = count("fp16_overflow");
+  s.fp16_underflow = count("fp16_underflow");
+  s.bf16_overflow = count("bf16_overflow");
+  s.first_nonfinite_index = count("first_nonfinite_index");
+  s.first_nonfinite_value = value("first_nonfinite_value");
+  return s;
+}
+
 py::dict stats_dict(const nanguard::tensor_stats& s) {
   py::dict d;
   d["numel"] = s.numel;
@@ -283,12 +309,17 @@ PYBIND11_MODULE(_nanguard, m) {
       .def_property_readonly("nonfinite", &nanguard::tensor_stats::nonfinite, "NaN and Inf elements.")
       .def("all_finite", &nanguard::tensor_stats::all_finite, "True when every element is finite.")
       .def("to_dict", &stats_dict, "Every field as a dict.")
+      .def_static("from_dict", &stats_from_dict, py::arg("fields"),
+                  "The TensorStats whose to_dict() is `fields` (counts may come as floats).")
       .def("__str__", [](const nanguard::tensor_stats& s) { return nanguard::to_string(s); })
       .def("__repr__", [](const nanguard::tensor_stats& s) {
         return "<nanguard.TensorStats " + nanguard::to_string(s) + ">";
       });
   m.def("census", &nanguard::census, py::arg("tensor"), py::call_guard<py::gil_scoped_release>(),
         "One vectorised pass: NaN/Inf/zero/subnormal counts, min/max/mean/std, norms, headroom.");
+  m.def("merge_census", &nanguard::merge_census, py::arg("parts"),
+        "The census of a tensor made of parts (shards) from the census of each; each part's "
+        "first_nonfinite_index must index the whole tensor.");
   m.def("has_nonfinite", &nanguard::has_nonfinite, py::arg("tensor"),
         py::call_guard<py::gil_scoped_release>(), "True when the tensor holds a NaN or an Inf.");
   py::class_<nanguard::record_verdict>(m, "RecordVerdict",
