@@ -310,8 +310,11 @@ class range_memo {
     listed_[slot] = true;
     in_use_.push_back(uint32_t(slot));
   }
-  // Inference tensors have no version counter, sparse ones no storage.
-  static bool rememberable(const at::TensorBase& t) { return !t.is_inference() && t.has_storage(); }
+  // Inference tensors have no version counter, sparse ones no storage, a
+  // FakeTensor no values (a range rule looks its arguments up here).
+  static bool rememberable(const at::TensorBase& t) {
+    return !t.is_inference() && t.has_storage() && detail::holds_values(t);
+  }
   // True when every element of `t` is among the `numel` that follow its first.
   static bool within(const at::TensorBase& t, int64_t numel) {
     int64_t last = 0;

@@ -2,6 +2,7 @@
 #include "nanguard/precision.h"
 #include "nanguard/scope.h"
 
+#include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/script.h>
@@ -267,6 +268,20 @@ TEST(precision_advisor, reports_nonfinite_fp32_values_first) {
   ASSERT_FALSE(r.advice.empty());
   EXPECT_NE(std::string::npos, r.advice[0].find("already makes NaN/Inf in float32 (first: aten::div (forward) in bad)"))
       << r.advice[0];
+}
+
+// FakeTensor, FunctionalTensor and functionalization's wrapper (what ops run
+// on while torch.compile compiles) hold no values to measure (#37).
+TEST(precision_advisor, measures_no_tensor_that_stands_for_values) {
+  const at::Tensor wrapper = at::functionalization::impl::to_functional_tensor(at::full({4}, 1e5));
+  const at::Tensor meta = at::ones({4}, at::kMeta);
+  nanguard::precision_advisor advisor;
+  testing::internal::CaptureStderr();
+  (void)(wrapper * wrapper);
+  (void)(meta * 1e5);
+  advisor.end_step();
+  EXPECT_EQ("", testing::internal::GetCapturedStderr());
+  EXPECT_EQ(0, advisor.report().forward.values);
 }
 
 TEST(precision_advisor, validates_options_and_allows_one_per_thread) {

@@ -1,6 +1,7 @@
 #include "nanguard/scope.h"
 #include "nanguard/tracer.h"
 
+#include <ATen/FunctionalTensorWrapper.h>
 #include <gtest/gtest.h>
 #include <torch/script.h>
 #include <torch/torch.h>
@@ -771,6 +772,21 @@ TEST(tracer, checks_complex_tensors_as_their_real_parts) {
   const nanguard::finding& f = only_finding(t);
   EXPECT_EQ("aten::div", f.op);
   EXPECT_EQ(std::vector<int64_t>({2, 2}), f.outputs.at(0).shape);  // the real view: [..., (real, imag)]
+}
+
+// While Dynamo, AOTAutograd and Inductor compile, ops run on tensors that
+// stand for values without holding them (FakeTensor, FunctionalTensor,
+// functionalization's wrapper, whose data pointer is null): reading one
+// crashed the process after a flood of RecordFunction warnings (#37).
+TEST(tracer, reads_no_tensor_that_stands_for_values) {
+  const at::Tensor wrapper = at::functionalization::impl::to_functional_tensor(at::ones({4}));
+  const at::Tensor meta = at::zeros({4}, at::kMeta);
+  nanguard::tracer t(options());
+  testing::internal::CaptureStderr();
+  (void)((wrapper * 2 + 1) / 3).sum();
+  (void)at::log(meta);  // -inf, were there values
+  EXPECT_EQ("", testing::internal::GetCapturedStderr());
+  EXPECT_FALSE(t.found());
 }
 
 TEST(tracer, pause_on_another_thread_is_refused) {

@@ -1,6 +1,8 @@
 """nanguard.trace on the classic NaN/Inf scenarios."""
 import gc
 import math
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -498,3 +500,38 @@ def test_where_with_a_nan_gradient_from_the_branch_not_taken():
     forward, backward = t.findings
     assert (forward.direction, forward.op, forward.role) == ("forward", "aten::log", "producer")
     assert (backward.direction, backward.node, backward.op) == ("backward", "LogBackward0", "aten::div")
+
+
+# The first compile of a model inside a trace: Dynamo, AOTAutograd and
+# Inductor run ops on FakeTensors and FunctionalTensors, which hold no values;
+# reading one crashed the process (SIGSEGV) after ~100 "Exception in
+# RecordFunction callback" warnings (#37). In a subprocess, so that a crash
+# fails this test, not the suite.
+FIRST_COMPILE_INSIDE_A_TRACE = """
+import sys, torch, torch.nn as nn, nanguard
+torch.set_default_device(sys.argv[1])
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 2)
+
+    def forward(self, x):
+        h = torch.relu(self.fc1(x))
+        return self.fc2((h - h.mean(-1, keepdim=True)) / (h.std(-1, keepdim=True) + 1e-3))
+
+model = Net()
+compiled = torch.compile(model)
+with nanguard.trace(model) as t:
+    compiled(torch.randn(4, 8)).sum().backward()
+print("findings:", len(t.findings))
+"""
+
+
+def test_the_first_compile_of_a_model_inside_a_trace(on_device):
+    r = subprocess.run([sys.executable, "-c", FIRST_COMPILE_INSIDE_A_TRACE, on_device], capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Exception in RecordFunction callback" not in r.stderr, r.stderr[-3000:]
+    assert "findings: 0" in r.stdout, r.stdout + r.stderr[-3000:]

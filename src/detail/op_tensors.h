@@ -11,11 +11,29 @@
 
 namespace nanguard::detail {
 
+/// The dispatch keys of tensors that stand for values without holding them:
+/// a tensor subclass with Python dispatch (FakeTensor and FunctionalTensor,
+/// which Dynamo, AOTAutograd and Inductor run ops on while they compile; a
+/// DTensor, whose local shard is a tensor of its own), functionalization's
+/// and functorch's wrappers. Their data pointer is null or throws.
+constexpr c10::DispatchKeySet kStandInKeys({c10::DispatchKey::Python, c10::DispatchKey::Functionalize,
+                                            c10::DispatchKey::FuncTorchGradWrapper,
+                                            c10::DispatchKey::FuncTorchBatched,
+                                            c10::DispatchKey::BatchedNestedTensor});
+
+/// True when the values of `t` lie in memory that can be read. Not so for
+/// the stand-ins of kStandInKeys, nor for what ops on FakeTensors make while
+/// torch.compile compiles (a storage without data, as on the meta device):
+/// a test of the key set and of a pointer, as it runs per op.
+inline bool holds_values(const at::TensorBase& t) {
+  return !t.key_set().has_any(kStandInKeys) && t.has_storage() && t.storage().data() != nullptr;
+}
+
 /// A tensor that can hold values worth checking: defined, floating or
-/// complex, non-empty, with values to read (strided, not on the meta device).
+/// complex, non-empty, strided, with values to read.
 inline bool measurable(const at::Tensor& t) {
   return t.defined() && (t.is_floating_point() || t.is_complex()) && t.numel() > 0 &&
-         t.layout() == at::kStrided && !t.is_meta();
+         t.layout() == at::kStrided && holds_values(t);
 }
 
 /// What the observers read of a measurable tensor: a complex one as its real

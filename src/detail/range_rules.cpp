@@ -1,6 +1,7 @@
 #include "range_rules.h"
 
 #include "dtype_limits.h"
+#include "op_tensors.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>
@@ -401,7 +402,7 @@ double op_arguments::number(size_t i, double absent) const {
   if (v.isInt()) return double(v.toInt());
   if (v.isBool()) return v.toBool() ? 1 : 0;
   const at::Tensor* t = tensor(i);
-  if (!t || t->dim() != 0 || !t->is_cpu()) return NAN;
+  if (!t || t->dim() != 0 || !t->is_cpu() || !holds_values(*t)) return NAN;
   switch (t->scalar_type()) {
     case at::kDouble: return *t->data_ptr<double>();
     case at::kFloat: return double(*t->data_ptr<float>());
