@@ -30,6 +30,163 @@ std::string list_rows(const std::vector<int64_t>& rows, size_t max_shown = 8) {
   return s;
 }
 
+// apply()'s argument checks: a floating [rows, features] tensor with the
+// fitted columns.
+void check_batch(const firewall& fw, const at::Tensor& batch) {
+  TORCH_CHECK(batch.defined(), "nanguard::firewall::apply: the batch is undefined");
+  TORCH_CHECK(batch.dim() == 2, "nanguard::firewall::apply: expected a [batch, features] tensor but "
+              "got shape ", batch.sizes(), "; flatten each sample to one row first (x.flatten(1))");
+  TORCH_CHECK_TYPE(batch.is_floating_point(), "nanguard::firewall::apply: expected a floating-point "
+                   "tensor but got ", batch.scalar_type(), "; integer data needs no firewall");
+  const int64_t f = batch.size(1);
+  TORCH_CHECK(fw.options().outliers() == outlier_policy::ignore || fw.fitted(), "nanguard::firewall::apply: "
+              "outlier policies need fitted bounds; call fit(training_data) first or use outlier_policy::ignore");
+  TORCH_CHECK(!fw.fitted() || f == fw.stats().features(), "nanguard::firewall::apply: the batch has ", f,
+              " features but the firewall was fitted on ", fw.stats().features(),
+              "; pass batches with the same columns");
+  for (int64_t j : fw.options().label_columns())
+    TORCH_CHECK(j < f, "nanguard::firewall::apply: label column ", j, " does not exist in a batch "
+                "of ", f, " features");
+}
+
+// What apply() writes over each column's non-finite values and outliers.
+struct column_fills {
+  std::vector<double> median, lower, upper;  // NaN bounds (no data) never flag an outlier
+  std::vector<double> posinf, neginf;
+};
+
+// The values a raise policy refused: how many, in which rows, and the first.
+struct raised_values {
+  int64_t nonfinite = 0, outliers = 0;
+  std::vector<int64_t> rows;
+  int64_t row = -1, column = -1;  // the first value (row -1: none)
+  double value = 0;
+  bool is_outlier = false;
+
+  void add(int64_t i, int64_t j, double v, bool outlier) {
+    ++(outlier ? outliers : nonfinite);
+    if (row >= 0) return;
+    row = i, column = j, value = v, is_outlier = outlier;
+  }
+  // What is wrong with the first value.
+  std::string what(const column_fills& fills) const {
+    if (!is_outlier) return fmt::format("holds {}", show(value));
+    return fmt::format("{} is outside the fitted bounds [{}, {}]", show(value), show(fills.lower[size_t(column)]),
+                       show(fills.upper[size_t(column)]));
+  }
+};
+
+// What screening did to one row.
+struct row_effect {
+  bool raised = false, dropped = false, changed = false;
+};
+
+// Screens a batch's values in place under the options' policies, counting
+// what it finds and does in a report.
+class value_screen {
+ public:
+  value_screen(const firewall_options& o, const column_fills& fills, firewall_report& report)
+      : o_(o),
+        fills_(fills),
+        report_(report),
+        is_label_(fills.median.size(), 0),
+        check_outliers_(o.outliers() != outlier_policy::ignore) {
+    for (int64_t j : o.label_columns()) is_label_[size_t(j)] = 1;
+  }
+
+  // Screens row `i`, whose values start at `values`.
+  void row(int64_t i, double* values) {
+    row_effect r;
+    for (int64_t j = 0; j < int64_t(is_label_.size()); ++j) {
+      if (!std::isfinite(values[j]))
+        nonfinite(values[j], i, j, r);
+      else if (check_outliers_ && !is_label_[size_t(j)])
+        outlier(values[j], i, j, r);
+    }
+    if (r.raised) raised_.rows.push_back(i);
+    if (r.dropped)
+      report_.dropped_rows.push_back(i);
+    else if (r.changed)
+      report_.changed_rows.push_back(i);
+  }
+
+  const raised_values& raised() const { return raised_; }
+
+ private:
+  void nonfinite(double& e, int64_t i, int64_t j, row_effect& r) {
+    column_report& c = report_.columns[size_t(j)];
+    (std::isnan(e) ? c.nan : e > 0 ? c.pos_inf : c.neg_inf)++;
+    nonfinite_policy p = o_.nonfinite();
+    if (is_label_[size_t(j)] && p != nonfinite_policy::raise && p != nonfinite_policy::ignore)
+      p = nonfinite_policy::drop;  // a label cannot be made up
+    switch (p) {
+      case nonfinite_policy::raise:
+        raised_.add(i, j, e, /*outlier=*/false);
+        r.raised = true;
+        break;
+      case nonfinite_policy::drop:
+        r.dropped = true;
+        break;
+      case nonfinite_policy::nan_to_num:
+        e = std::isnan(e) ? o_.nan_value() : e > 0 ? fills_.posinf[size_t(j)] : fills_.neginf[size_t(j)];
+        ++c.repaired;
+        r.changed = true;
+        break;
+      case nonfinite_policy::impute_median:
+        e = fills_.median[size_t(j)];  // finite: check_medians refused a column without one
+        ++c.repaired;
+        r.changed = true;
+        break;
+      case nonfinite_policy::ignore:
+        break;
+    }
+  }
+
+  void outlier(double& e, int64_t i, int64_t j, row_effect& r) {
+    const double l = fills_.lower[size_t(j)], h = fills_.upper[size_t(j)];
+    if (!(e < l || e > h)) return;
+    column_report& c = report_.columns[size_t(j)];
+    ++c.outliers;
+    switch (o_.outliers()) {
+      case outlier_policy::raise:
+        raised_.add(i, j, e, /*outlier=*/true);
+        r.raised = true;
+        break;
+      case outlier_policy::drop:
+        r.dropped = true;
+        break;
+      case outlier_policy::clip:
+        e = std::clamp(e, l, h);
+        ++c.clipped;
+        r.changed = true;
+        break;
+      case outlier_policy::ignore:
+        break;
+    }
+  }
+
+  const firewall_options& o_;
+  const column_fills& fills_;
+  firewall_report& report_;
+  std::vector<char> is_label_;
+  const bool check_outliers_;
+  raised_values raised_;
+};
+
+// The indices of the rows of [0, n) not in `dropped` (ascending).
+at::Tensor kept_rows(int64_t n, const std::vector<int64_t>& dropped) {
+  std::vector<int64_t> keep;
+  keep.reserve(size_t(n) - dropped.size());
+  size_t d = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (d < dropped.size() && dropped[d] == i)
+      ++d;
+    else
+      keep.push_back(i);
+  }
+  return at::tensor(keep, at::kLong);
+}
+
 }  // namespace
 
 int64_t firewall_report::nonfinite() const {
@@ -146,151 +303,49 @@ std::string firewall::column_name(int64_t j) const {
 }
 
 firewall_result firewall::apply(const at::Tensor& batch) const {
-  TORCH_CHECK(batch.defined(), "nanguard::firewall::apply: the batch is undefined");
-  TORCH_CHECK(batch.dim() == 2, "nanguard::firewall::apply: expected a [batch, features] tensor but "
-              "got shape ", batch.sizes(), "; flatten each sample to one row first (x.flatten(1))");
-  TORCH_CHECK(batch.is_floating_point(), "nanguard::firewall::apply: expected a floating-point "
-              "tensor but got ", batch.scalar_type(), "; integer data needs no firewall");
+  check_batch(*this, batch);
   const int64_t n = batch.size(0), f = batch.size(1);
-  const bool check_outliers = options_.outliers() != outlier_policy::ignore;
-  TORCH_CHECK(!check_outliers || fitted(), "nanguard::firewall::apply: outlier policies need "
-              "fitted bounds; call fit(training_data) first or use outlier_policy::ignore");
-  TORCH_CHECK(!fitted() || f == stats_->features(), "nanguard::firewall::apply: the batch has ", f,
-              " features but the firewall was fitted on ", stats_->features(),
-              "; pass batches with the same columns");
-  for (int64_t j : options_.label_columns())
-    TORCH_CHECK(j < f, "nanguard::firewall::apply: label column ", j, " does not exist in a batch "
-                "of ", f, " features");
-
   at::Tensor x = batch.to(at::kCPU, at::kDouble, /*non_blocking=*/false, /*copy=*/true).contiguous();
-  double* v = x.data_ptr<double>();
-  std::vector<char> is_label(size_t(f), 0);
-  for (int64_t j : options_.label_columns()) is_label[size_t(j)] = 1;
 
-  // Replacement values.
-  const auto policy = options_.nonfinite();
-  std::vector<double> med(size_t(f), kNaN), lo(size_t(f), kNaN), hi(size_t(f), kNaN);
+  // Replacement values: the fitted ones, or the batch's own medians.
+  column_fills fills{std::vector<double>(size_t(f), kNaN), std::vector<double>(size_t(f), kNaN),
+                     std::vector<double>(size_t(f), kNaN), {}, {}};
   if (fitted()) {
-    std::copy_n(median_.data_ptr<double>(), f, med.begin());
-    std::copy_n(lower_.data_ptr<double>(), f, lo.begin());
-    std::copy_n(upper_.data_ptr<double>(), f, hi.begin());
-  } else if (policy == nonfinite_policy::impute_median && n > 0) {
+    std::copy_n(median_.data_ptr<double>(), f, fills.median.begin());
+    std::copy_n(lower_.data_ptr<double>(), f, fills.lower.begin());
+    std::copy_n(upper_.data_ptr<double>(), f, fills.upper.begin());
+  } else if (options_.nonfinite() == nonfinite_policy::impute_median && n > 0) {
     column_stats own;
     own.update(x);
     const at::Tensor m = own.median();
     check_medians(m, "apply");
-    std::copy_n(m.data_ptr<double>(), f, med.begin());
+    std::copy_n(m.data_ptr<double>(), f, fills.median.begin());
   }
   const double dtype_max = detail::largest_finite(batch.scalar_type());
-  std::vector<double> posinf(size_t(f), dtype_max), neginf(size_t(f), -dtype_max);
-  for (int64_t j = 0; j < f; ++j) {
-    if (fitted()) {
-      const double mx = max_.data_ptr<double>()[j], mn = min_.data_ptr<double>()[j];
-      if (std::isfinite(mx)) posinf[size_t(j)] = mx;
-      if (std::isfinite(mn)) neginf[size_t(j)] = mn;
-    }
-    if (options_.posinf_value()) posinf[size_t(j)] = *options_.posinf_value();
-    if (options_.neginf_value()) neginf[size_t(j)] = *options_.neginf_value();
+  fills.posinf.assign(size_t(f), options_.posinf_value().value_or(dtype_max));
+  fills.neginf.assign(size_t(f), options_.neginf_value().value_or(-dtype_max));
+  for (int64_t j = 0; fitted() && j < f; ++j) {
+    const double mx = max_.data_ptr<double>()[j], mn = min_.data_ptr<double>()[j];
+    if (std::isfinite(mx) && !options_.posinf_value()) fills.posinf[size_t(j)] = mx;
+    if (std::isfinite(mn) && !options_.neginf_value()) fills.neginf[size_t(j)] = mn;
   }
 
   firewall_result result;
   firewall_report& rep = result.report;
   rep.rows_in = n;
   rep.columns.assign(size_t(f), column_report{});
-  std::vector<char> drop(size_t(n), 0);
-  int64_t raise_nonfinite = 0, raise_outlier = 0;
-  int64_t first_row = -1, first_col = -1;
-  double first_value = 0;
-  bool first_is_outlier = false;
-  std::vector<int64_t> raise_rows;
-
-  for (int64_t i = 0; i < n; ++i) {
-    double* row = v + i * f;
-    bool changed = false, raised = false;
-    for (int64_t j = 0; j < f; ++j) {
-      double& e = row[j];
-      column_report& c = rep.columns[size_t(j)];
-      if (!std::isfinite(e)) {
-        (std::isnan(e) ? c.nan : e > 0 ? c.pos_inf : c.neg_inf)++;
-        nonfinite_policy p = policy;
-        if (is_label[size_t(j)] && p != nonfinite_policy::raise && p != nonfinite_policy::ignore)
-          p = nonfinite_policy::drop;  // a label cannot be made up
-        switch (p) {
-          case nonfinite_policy::raise:
-            ++raise_nonfinite;
-            raised = true;
-            if (first_row < 0) first_row = i, first_col = j, first_value = e;
-            break;
-          case nonfinite_policy::drop:
-            drop[size_t(i)] = 1;
-            break;
-          case nonfinite_policy::nan_to_num:
-            e = std::isnan(e) ? options_.nan_value() : e > 0 ? posinf[size_t(j)] : neginf[size_t(j)];
-            ++c.repaired;
-            changed = true;
-            break;
-          case nonfinite_policy::impute_median: {
-            e = med[size_t(j)];  // finite: check_medians refused a column without one
-            ++c.repaired;
-            changed = true;
-            break;
-          }
-          case nonfinite_policy::ignore:
-            break;
-        }
-        continue;
-      }
-      if (!check_outliers || is_label[size_t(j)]) continue;
-      const double l = lo[size_t(j)], h = hi[size_t(j)];
-      if (!(e < l || e > h)) continue;  // NaN bounds (no data) never flag
-      ++c.outliers;
-      switch (options_.outliers()) {
-        case outlier_policy::raise:
-          ++raise_outlier;
-          raised = true;
-          if (first_row < 0) first_row = i, first_col = j, first_value = e, first_is_outlier = true;
-          break;
-        case outlier_policy::drop:
-          drop[size_t(i)] = 1;
-          break;
-        case outlier_policy::clip:
-          e = std::clamp(e, l, h);
-          ++c.clipped;
-          changed = true;
-          break;
-        case outlier_policy::ignore:
-          break;
-      }
-    }
-    if (raised) raise_rows.push_back(i);
-    if (drop[size_t(i)])
-      rep.dropped_rows.push_back(i);
-    else if (changed)
-      rep.changed_rows.push_back(i);
-  }
-
-  if (first_row >= 0) {
-    std::string what;
-    if (first_is_outlier)
-      what = fmt::format("{} is outside the fitted bounds [{}, {}]", show(first_value),
-                         show(lo[size_t(first_col)]), show(hi[size_t(first_col)]));
-    else
-      what = fmt::format("holds {}", show(first_value));
-    TORCH_CHECK(false, "nanguard::firewall: row ", first_row, ", ", column_name(first_col), " ",
-                what, "; the batch has ", raise_nonfinite, " non-finite value(s) and ", raise_outlier,
-                " outlier(s) under a raise policy, in rows ", list_rows(raise_rows),
-                ". Fix the data, or choose a policy that drops or repairs them, e.g. "
-                "firewall_options().nonfinite(nonfinite_policy::impute_median)");
-  }
+  value_screen screen(options_, fills, rep);
+  double* v = x.data_ptr<double>();
+  for (int64_t i = 0; i < n; ++i) screen.row(i, v + i * f);
+  const raised_values& raised = screen.raised();
+  TORCH_CHECK(raised.row < 0, "nanguard::firewall: row ", raised.row, ", ", column_name(raised.column), " ",
+              raised.what(fills), "; the batch has ", raised.nonfinite, " non-finite value(s) and ", raised.outliers,
+              " outlier(s) under a raise policy, in rows ", list_rows(raised.rows),
+              ". Fix the data, or choose a policy that drops or repairs them, e.g. "
+              "firewall_options().nonfinite(nonfinite_policy::impute_median)");
 
   rep.rows_out = n - int64_t(rep.dropped_rows.size());
-  if (!rep.dropped_rows.empty()) {
-    std::vector<int64_t> keep;
-    keep.reserve(size_t(rep.rows_out));
-    for (int64_t i = 0; i < n; ++i)
-      if (!drop[size_t(i)]) keep.push_back(i);
-    x = x.index_select(0, at::tensor(keep, at::kLong));
-  }
+  if (!rep.dropped_rows.empty()) x = x.index_select(0, kept_rows(n, rep.dropped_rows));
   result.batch = x.to(batch.device(), batch.scalar_type());
   return result;
 }

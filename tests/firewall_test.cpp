@@ -188,6 +188,18 @@ TEST(firewall, rejects_bad_options_and_unfitted_outlier_policies) {
       << msg;
 }
 
+// A wrong dtype is a c10::TypeError (Python: TypeError), not a c10::Error of a bad value.
+TEST(firewall, an_integer_batch_is_a_type_error) {
+  try {
+    firewall().apply(at::ones({2, 2}, at::kLong));
+    FAIL() << "an integer batch was accepted";
+  } catch (const c10::TypeError& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("expected a floating-point tensor but got Long"),
+              std::string::npos)
+        << e.what_without_backtrace();
+  }
+}
+
 TEST(firewall, impute_median_refuses_a_column_with_no_finite_value) {
   // There is no median to impute; it imputed nan_value (0), silently.
   at::Tensor train = at::randn({8, 3}, at::kDouble);

@@ -75,7 +75,7 @@ def test_collate_raise_names_the_row_and_is_counted(tmp_path):
     [e] = events(log)
     assert e["data"]["raised"] == 1 and e["data"]["checked"] == 3 + 8
     # An input the firewall cannot check is an error, not a refusal under the policy.
-    with pytest.raises(ValueError):
+    with pytest.raises(TypeError, match="expected a floating-point tensor but got Long"):
         collate([(torch.ones(4, dtype=torch.long), 0)] * 2)
     assert collate.raised == 1 and len(events(log)) == 1
 
