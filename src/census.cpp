@@ -52,13 +52,13 @@ void check_has_data(const at::Tensor& x, const char* fn) {
 void check_floating(const at::Tensor& x, const char* fn) {
   check_has_data(x, fn);
   const auto t = x.scalar_type();
-  TORCH_CHECK(!x.is_complex(), "nanguard::", fn, ": expected a real floating-point tensor but got ", t,
-              " with shape ", x.sizes(), "; take the census of the real and imaginary parts, "
-              "at::view_as_real(x) (Python: torch.view_as_real(x))");
-  TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16,
-              "nanguard::", fn, ": expected a float32, float64, float16 or bfloat16 tensor but got ",
-              t, " with shape ", x.sizes(), "; integer and bool tensors cannot hold NaN "
-              "or Inf (convert with x.to(at::kFloat) to measure them anyway)");
+  TORCH_CHECK_TYPE(!x.is_complex(), "nanguard::", fn, ": expected a real floating-point tensor but got ", t,
+                   " with shape ", x.sizes(), "; take the census of the real and imaginary parts, "
+                   "at::view_as_real(x) (Python: torch.view_as_real(x))");
+  TORCH_CHECK_TYPE(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16,
+                   "nanguard::", fn, ": expected a float32, float64, float16 or bfloat16 tensor but got ",
+                   t, " with shape ", x.sizes(), "; integer and bool tensors cannot hold NaN "
+                   "or Inf (convert with x.to(at::kFloat) to measure them anyway)");
 }
 
 template <typename T>
@@ -247,9 +247,10 @@ detail::value_range range_by_aten(const at::Tensor& x) {
 namespace detail {
 
 value_range value_range_on_this_thread(const at::Tensor& x) {
-  TORCH_CHECK(x.defined() && x.is_floating_point(), "nanguard::detail::value_range_on_this_thread: expected a "
-              "floating-point tensor but got ", x.defined() ? c10::toString(x.scalar_type()) : "an undefined one",
-              "; integer and bool tensors hold no NaN or Inf (callers filter them with measurable())");
+  // Callers filter integer and bool tensors (measurable()): they hold no NaN or Inf.
+  TORCH_INTERNAL_ASSERT(x.defined() && x.is_floating_point(), "nanguard::detail::value_range_on_this_thread: "
+                        "expected a floating-point tensor but got ",
+                        x.defined() ? c10::toString(x.scalar_type()) : "an undefined one");
   if (x.numel() == 0) return {};
   if (on_cuda_kernel(x)) {
     // As range_from: zero bounds a side no value lies on.

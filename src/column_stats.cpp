@@ -55,9 +55,9 @@ void column_stats::check_batch(const at::Tensor& batch, const char* fn) const {
   TORCH_CHECK(batch.dim() == 2 || batch.dim() == 1, "nanguard::column_stats::", fn,
               ": expected a [rows, features] (or 1-D) tensor but got shape ", batch.sizes(),
               "; flatten each sample to one row first (x.flatten(1))");
-  TORCH_CHECK(batch.is_floating_point(), "nanguard::column_stats::", fn,
-              ": expected a floating-point tensor but got ", batch.scalar_type(),
-              "; convert it with x.to(at::kFloat)");
+  TORCH_CHECK_TYPE(batch.is_floating_point(), "nanguard::column_stats::", fn,
+                   ": expected a floating-point tensor but got ", batch.scalar_type(),
+                   "; convert it with x.to(at::kFloat)");
   const int64_t f = batch.dim() == 1 ? 1 : batch.size(1);
   TORCH_CHECK(features() == 0 || f == features(), "nanguard::column_stats::", fn,
               ": the batch has ", f, " features but the statistics were fitted on ", features(),

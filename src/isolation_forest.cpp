@@ -21,9 +21,9 @@ at::Tensor as_rows(const at::Tensor& x, const char* fn, int64_t features) {
   TORCH_CHECK(x.dim() == 2, "nanguard::isolation_forest::", fn,
               ": expected a [rows, features] tensor but got shape ", x.sizes(),
               "; flatten each sample to one row first (x.flatten(1))");
-  TORCH_CHECK(x.is_floating_point(), "nanguard::isolation_forest::", fn,
-              ": expected a floating-point tensor but got ", x.scalar_type(),
-              "; convert it with x.to(at::kDouble)");
+  TORCH_CHECK_TYPE(x.is_floating_point(), "nanguard::isolation_forest::", fn,
+                   ": expected a floating-point tensor but got ", x.scalar_type(),
+                   "; convert it with x.to(at::kDouble)");
   TORCH_CHECK(features <= 0 || x.size(1) == features, "nanguard::isolation_forest::", fn,
               ": the forest was fitted on ", features, " features but x has ", x.size(1),
               "; score data with the same columns");

@@ -26,10 +26,10 @@ void add_to_verdict(record_verdict& v, const tensor_stats& s, int64_t ordinal) {
 void check_addable(const at::Tensor& x) {
   TORCH_CHECK(x.defined(), "nanguard::nonfinite_record::add: the tensor is undefined; pass a tensor that holds data");
   const auto t = x.scalar_type();
-  TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16,
-              "nanguard::nonfinite_record::add: expected a float32, float64, float16 or bfloat16 tensor but got ", t,
-              " with shape ", x.sizes(), "; integer and bool tensors hold no NaN or Inf, and a complex one is "
-              "checked as at::view_as_real(x)");
+  TORCH_CHECK_TYPE(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16,
+                   "nanguard::nonfinite_record::add: expected a float32, float64, float16 or bfloat16 tensor but "
+                   "got ", t, " with shape ", x.sizes(), "; integer and bool tensors hold no NaN or Inf, and a complex one is "
+                   "checked as at::view_as_real(x)");
 }
 
 }  // namespace

@@ -78,8 +78,9 @@ at::Tensor log_softmax(const at::Tensor& x, int64_t dim) {
 }
 
 at::Tensor masked_softmax(const at::Tensor& x, const at::Tensor& mask, int64_t dim) {
-  TORCH_CHECK(mask.scalar_type() == at::kBool, "nanguard::masked_softmax: the mask must be bool (true = left out) "
-              "but is ", mask.scalar_type(), "; pass e.g. `at::arange(t) >= lengths.unsqueeze(1)`");
+  TORCH_CHECK_TYPE(mask.scalar_type() == at::kBool, "nanguard::masked_softmax: the mask must be bool "
+                   "(true = left out) but is ", mask.scalar_type(),
+                   "; pass e.g. `at::arange(t) >= lengths.unsqueeze(1)`");
   if (x.numel() == 0) return at::softmax(x, dim);
   const at::Tensor masked = mask.expand_as(x);
   // The max of the kept positions (finite in a fully masked row too), and no

@@ -44,9 +44,11 @@ def test_a_loss_without_gradient_is_a_value_error():
     assert guard.step(lambda: F.mse_loss(model(x), y)).action == "step"
 
 
-def test_cxx_errors_carry_no_backtrace():
-    with pytest.raises(ValueError) as e:
-        nanguard.census(torch.ones(3, dtype=torch.int32))
+@pytest.mark.parametrize("tensor, error", [(torch.ones(3, dtype=torch.int32), TypeError),
+                                           (torch.empty(3, device="meta"), ValueError)])
+def test_cxx_errors_carry_no_backtrace(tensor, error):
+    with pytest.raises(error) as e:
+        nanguard.census(tensor)
     text = str(e.value)
     assert "Exception raised from" not in text and "frame #" not in text, text
 
