@@ -31,35 +31,23 @@ Options: --device (default cuda), --workloads reference,large, --rounds
 census tensor, for a dry run on the CPU).
 """
 import argparse
-import math
+import os
 import statistics
 import sys
 import time
 import warnings
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import nanguard
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "bench"))
+import nanguard  # noqa: E402
+from workload import Model, paired_ratio, rotated, step_variants  # noqa: E402
 
 WORKLOADS = {
     "reference": dict(d=256, layers=4, heads=4, ff=1024, batch=16, tokens=64),
     "large": dict(d=1024, layers=8, heads=16, ff=4096, batch=32, tokens=512),
 }
-
-
-class Model(nn.Module):
-    def __init__(self, d, layers, heads, ff, vocab=1000, classes=10):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, d)
-        layer = nn.TransformerEncoderLayer(d, heads, dim_feedforward=ff, dropout=0.1, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        self.head = nn.Linear(d, classes)
-
-    def forward(self, tokens):
-        return self.head(self.encoder(self.embed(tokens)).mean(1))
 
 
 class CheckEveryOutput(TorchDispatchMode):
@@ -98,10 +86,6 @@ def shrink(w):
                 tokens=max(8, w["tokens"] // 16))
 
 
-def paired_ratio(variant, baseline):
-    return statistics.median(v / b for v, b in zip(variant, baseline))
-
-
 def bench_workload(name, shape, device, rounds, steps):
     torch.manual_seed(0)
     model = Model(shape["d"], shape["layers"], shape["heads"], shape["ff"]).to(device).train()
@@ -109,35 +93,9 @@ def bench_workload(name, shape, device, rounds, steps):
     params = list(model.parameters())
     tokens = torch.randint(0, 1000, (shape["batch"], shape["tokens"]), device=device)
     labels = torch.randint(0, 10, (shape["batch"],), device=device)
-    guard = nanguard.Guard(model, opt, max_norm=1.0)
     found_inf = torch.zeros(1, device=device)
     inv_scale = torch.ones(1, device=device)
-
-    def loss_fn():
-        return F.cross_entropy(model(tokens), labels)
-
-    def plain_step():
-        opt.zero_grad(set_to_none=True)
-        loss_fn().backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-
-    def check(module, args, out):
-        for o in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(o, torch.Tensor) and o.is_floating_point() and not torch.isfinite(o).all():
-                raise RuntimeError(f"non-finite output in {type(module).__name__}")
-
-    def hooks_step():
-        handles = [m.register_forward_hook(check) for m in model.modules()]
-        try:
-            plain_step()
-        finally:
-            for h in handles:
-                h.remove()
-
-    def anomaly_step():
-        with torch.autograd.detect_anomaly():
-            plain_step()
+    variants, loss_fn = step_variants(model, opt, tokens, labels)
 
     def scaler_step():
         opt.zero_grad(set_to_none=True)
@@ -151,19 +109,11 @@ def bench_workload(name, shape, device, rounds, steps):
 
     def dispatch_step():
         with CheckEveryOutput() as mode:
-            plain_step()
+            variants["plain"]()
         assert mode.verdict()
 
-    def trace_step():
-        with nanguard.trace(model, raise_on_finding=True):
-            plain_step()
+    variants.update(scaler=scaler_step, dispatch=dispatch_step)
 
-    def guard_step():
-        r = guard.step(loss_fn)
-        assert r.action == "step", r
-
-    variants = {"plain": plain_step, "hooks": hooks_step, "anomaly": anomaly_step, "scaler": scaler_step,
-                "dispatch": dispatch_step, "trace": trace_step, "guard": guard_step}
     def run(k, fn):
         """One step of variant k; a variant that fails is reported and left
         out of the rest of the run, so the others still give figures."""
@@ -180,9 +130,7 @@ def bench_workload(name, shape, device, rounds, steps):
     times = {k: [] for k in variants}
     synchronize(device)
     for r in range(rounds):
-        order = list(variants.items())
-        order = order[r % len(order):] + order[:r % len(order)]  # rotate who goes first
-        for k, fn in order:
+        for k, fn in rotated(variants, r):
             for _ in range(steps):
                 synchronize(device)
                 t0 = time.perf_counter()
@@ -196,8 +144,7 @@ def bench_workload(name, shape, device, rounds, steps):
     if "plain" in variants:
         for k in variants:
             if k != "plain":
-                print(f"gpu_{name}_{k}_ratio: {paired_ratio(times[k], times['plain']):.3f}")
-    del guard
+                print(f"gpu_{name}_{k}_ratio: {paired_ratio(times[k], times['plain'])[0]:.3f}")
 
 
 def median_time(fn, device, repeats):

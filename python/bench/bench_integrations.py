@@ -37,7 +37,6 @@ transformers: one framework), NANGUARD_BENCH_EVENT_LOG=0 (the guarded
 variant without an event log: what the log's line costs).
 """
 import logging
-import math
 import os
 import statistics
 import sys
@@ -51,20 +50,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from workload import paired_ratio
+
 
 def event_log(tmp, name):
     """The guarded variant's event log (None with NANGUARD_BENCH_EVENT_LOG=0)."""
     return None if os.environ.get("NANGUARD_BENCH_EVENT_LOG", "1") == "0" else os.path.join(tmp, name)
-
-
-def paired_ratio(variant, baseline):
-    """Median of the per-step ratios variant/baseline, with a 95%
-    order-statistic interval."""
-    r = sorted(v / b for v, b in zip(variant, baseline))
-    n = len(r)
-    half_width = 0.98 * math.sqrt(n)
-    at = lambda k: r[min(max(int(k), 0), n - 1)]
-    return statistics.median(r), at(math.floor(n / 2 - half_width)), at(math.ceil(n / 2 + half_width) - 1)
 
 
 def timed(callback_class, hooks):

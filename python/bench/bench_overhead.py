@@ -6,13 +6,9 @@ Workload: nn.Embedding(1000, 256) -> 4-layer nn.TransformerEncoder (d=256,
 4 heads, ff=1024, dropout 0.1) -> mean pool -> nn.Linear(256, 10); batch
 16 x 64 tokens, AdamW, clip_grad_norm_(1.0), torch.set_num_threads(2).
 
-Variants, measured interleaved round-robin on one model (so drift of the
-machine hits them all alike), median step time each:
-  plain     the usual loop
-  hooks     forward hooks on every module checking torch.isfinite(out).all()
-  anomaly   the loop under torch.autograd.detect_anomaly()
-  trace     the loop under nanguard.trace(model): every forward and backward op checked
-  guard     nanguard.Guard(max_norm=1.0): sentinel on, tracing on failure only
+Variants (workload.step_variants: plain, hooks, anomaly, trace, guard),
+measured interleaved round-robin on one model (so drift of the machine hits
+them all alike), median step time each.
 
 Prints `py_<variant>_ratio: X` lines: the median over rounds of the ratio
 of the variant's step time to plain's in the same round (slow phases of a
@@ -24,7 +20,6 @@ Environment: NANGUARD_BENCH_ROUNDS (default 30: with fewer the median moves
 by ±2% from run to run on a shared VM), NANGUARD_BENCH_STEPS per variant per
 round (default 2).
 """
-import math
 import os
 import statistics
 import sys
@@ -32,34 +27,8 @@ import time
 import warnings
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-import nanguard
-
-
-class Model(nn.Module):
-    """The reference TransformerEncoder classifier."""
-
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Embedding(1000, 256)
-        layer = nn.TransformerEncoderLayer(256, 4, dim_feedforward=1024, dropout=0.1, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, 4)
-        self.head = nn.Linear(256, 10)
-
-    def forward(self, tokens):
-        return self.head(self.encoder(self.embed(tokens)).mean(1))
-
-
-def paired_ratio(variant, baseline):
-    """Median of the per-step ratios variant/baseline (steps of the same
-    round and index pair up), with a 95% order-statistic interval."""
-    r = sorted(v / b for v, b in zip(variant, baseline))
-    n = len(r)
-    half_width = 0.98 * math.sqrt(n)  # 1.96 sigma of Binomial(n, 1/2)
-    at = lambda k: r[min(max(int(k), 0), n - 1)]
-    return statistics.median(r), at(math.floor(n / 2 - half_width)), at(math.ceil(n / 2 + half_width) - 1)
+from workload import Model, paired_ratio, rotated, step_variants
 
 
 def main():
@@ -72,53 +41,13 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = torch.randint(0, 1000, (16, 64))
     labels = torch.randint(0, 10, (16,))
-    guard = nanguard.Guard(model, opt, max_norm=1.0)
-
-    def loss_fn():
-        return F.cross_entropy(model(tokens), labels)
-
-    def plain_step():
-        opt.zero_grad(set_to_none=True)
-        loss_fn().backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-
-    def check(module, args, out):
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        for o in outs:
-            if isinstance(o, torch.Tensor) and o.is_floating_point() and not torch.isfinite(o).all():
-                raise RuntimeError(f"non-finite output in {type(module).__name__}")
-
-    def hooks_step():
-        handles = [m.register_forward_hook(check) for m in model.modules()]
-        try:
-            plain_step()
-        finally:
-            for h in handles:
-                h.remove()
-
-    def anomaly_step():
-        with torch.autograd.detect_anomaly():
-            plain_step()
-
-    def trace_step():
-        with nanguard.trace(model, raise_on_finding=True):
-            plain_step()
-
-    def guard_step():
-        r = guard.step(loss_fn)
-        assert r.action == "step", r
-
-    variants = {"plain": plain_step, "hooks": hooks_step, "anomaly": anomaly_step,
-                "trace": trace_step, "guard": guard_step}
+    variants, _ = step_variants(model, opt, tokens, labels)
     times = {k: [] for k in variants}
     cpu_times = {k: [] for k in variants}
     for fn in variants.values():  # warm-up
         fn()
     for r in range(rounds):
-        order = list(variants.items())
-        order = order[r % len(order):] + order[:r % len(order)]  # rotate who goes first
-        for name, fn in order:
+        for name, fn in rotated(variants, r):
             for _ in range(steps):
                 t0, c0 = time.perf_counter(), time.thread_time()
                 fn()

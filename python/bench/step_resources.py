@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a traced step's extra time goes: wall time, user and system CPU
 time and minor page faults per step of the reference workload
-(bench_overhead.py's model), plain and under nanguard.trace(model),
+(workload.py's model and steps), plain and under nanguard.trace(model),
 interleaved step by step.
 
 Prints `<variant>_wall_ms`, `_user_ms`, `_sys_ms` and `_page_faults`
@@ -15,10 +15,8 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
-import nanguard
-from bench_overhead import Model
+from workload import Model, step_variants
 
 
 def main():
@@ -30,17 +28,8 @@ def main():
     tokens = torch.randint(0, 1000, (16, 64))
     labels = torch.randint(0, 10, (16,))
 
-    def plain():
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(tokens), labels).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-
-    def trace():
-        with nanguard.trace(model):
-            plain()
-
-    variants = {"plain": plain, "trace": trace}
+    steps_of, _ = step_variants(model, opt, tokens, labels)
+    variants = {k: steps_of[k] for k in ("plain", "trace")}
     for fn in variants.values():  # warm-up
         fn()
         fn()

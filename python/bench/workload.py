@@ -1,0 +1,97 @@
+"""What the Python step benchmarks share (bench_overhead.py, step_resources.py,
+bench_integrations.py and bench/gpu/overhead.py): the reference model, the
+training step each checking tool is compared in, the round-robin order of
+the variants and the paired ratio they print."""
+import math
+import statistics
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import nanguard
+
+
+class Model(nn.Module):
+    """The reference TransformerEncoder classifier: nn.Embedding(vocab, d) ->
+    nn.TransformerEncoder (dropout 0.1) -> mean pool -> nn.Linear(d, classes).
+    The defaults are the reference workload's (d=256, 4 layers, 4 heads, ff
+    1024)."""
+
+    def __init__(self, d=256, layers=4, heads=4, ff=1024, vocab=1000, classes=10):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        layer = nn.TransformerEncoderLayer(d, heads, dim_feedforward=ff, dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, tokens):
+        return self.head(self.encoder(self.embed(tokens)).mean(1))
+
+
+def step_variants(model, opt, tokens, labels):
+    """One training step of `model` (cross entropy, clip_grad_norm_(1.0),
+    `opt`) per checking tool, by name, the baseline first:
+      plain     the usual loop
+      hooks     forward hooks on every module checking torch.isfinite(out).all()
+      anomaly   the loop under torch.autograd.detect_anomaly()
+      trace     the loop under nanguard.trace(model): every forward and backward op checked
+      guard     nanguard.Guard(max_norm=1.0): sentinel on, tracing on failure only
+    plus `loss`, the loss closure they step on."""
+    params = list(model.parameters())
+    guard = nanguard.Guard(model, opt, max_norm=1.0)
+
+    def loss():
+        return F.cross_entropy(model(tokens), labels)
+
+    def plain():
+        opt.zero_grad(set_to_none=True)
+        loss().backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+
+    def check(module, args, out):
+        for o in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(o, torch.Tensor) and o.is_floating_point() and not torch.isfinite(o).all():
+                raise RuntimeError(f"non-finite output in {type(module).__name__}")
+
+    def hooks():
+        handles = [m.register_forward_hook(check) for m in model.modules()]
+        try:
+            plain()
+        finally:
+            for h in handles:
+                h.remove()
+
+    def anomaly():
+        with torch.autograd.detect_anomaly():
+            plain()
+
+    def trace():
+        with nanguard.trace(model, raise_on_finding=True):
+            plain()
+
+    def guarded():
+        r = guard.step(loss)
+        assert r.action == "step", r
+
+    return {"plain": plain, "hooks": hooks, "anomaly": anomaly, "trace": trace, "guard": guarded}, loss
+
+
+def rotated(variants, round_index):
+    """The (name, step) pairs of `variants` in round `round_index`'s order:
+    who goes first rotates, so that drift of the machine hits them all alike."""
+    order = list(variants.items())
+    k = round_index % len(order)
+    return order[k:] + order[:k]
+
+
+def paired_ratio(variant, baseline):
+    """Median of the per-step ratios variant/baseline (steps of the same
+    round and index pair up), with a 95% distribution-free interval:
+    (median, low, high)."""
+    r = sorted(v / b for v, b in zip(variant, baseline))
+    n = len(r)
+    half_width = 0.98 * math.sqrt(n)  # 1.96 sigma of Binomial(n, 1/2)
+    at = lambda k: r[min(max(int(k), 0), n - 1)]
+    return statistics.median(r), at(math.floor(n / 2 - half_width)), at(math.ceil(n / 2 + half_width) - 1)
