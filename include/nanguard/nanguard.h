@@ -24,6 +24,7 @@
 #include <nanguard/finding.h>
 #include <nanguard/scope.h>
 #include <nanguard/tracer.h>
+#include <nanguard/observer_pause.h>
 #include <nanguard/precision.h>
 #include <nanguard/fpe.h>
 // Keeping training finite

@@ -37,6 +37,10 @@ namespace nanguard::detail {
 /// each time (microseconds per op).
 inline thread_local bool in_observer_callback = false;
 
+/// How many pause_observers() (observer_pause.h) are open on this thread:
+/// while any is, no observer sees its ops.
+inline thread_local int observer_pauses = 0;
+
 /// Marks the calling thread as inside an observer callback for its scope.
 class callback_scope {
  public:
@@ -99,9 +103,10 @@ class observer_slot {
 
   /// The observer watching the calling thread: its own, else the
   /// all-threads one; on a thread with no slot (an autograd device thread),
-  /// the only thread-local one; none inside an observer's callback.
+  /// the only thread-local one; none inside an observer's callback or
+  /// while the thread's observers are paused.
   static State* current() {
-    if (in_observer_callback) return nullptr;
+    if (in_observer_callback || observer_pauses > 0) return nullptr;
     if (!this_thread_) {
       State* everywhere = everywhere_.load(std::memory_order_acquire);
       return everywhere ? everywhere : sole_thread_local_.load(std::memory_order_acquire);
