@@ -70,18 +70,19 @@ class user_time {
 // is the gradient of the whole batch (one micro-batch: the loss itself).
 at::Tensor share_of(const at::Tensor& loss, size_t n) { return n == 1 ? loss : loss / double(n); }
 
-// The host's module scopes, open while it lives (a replay that throws closes them too).
-class module_scopes {
+// The host's traced run (its module scopes, a compiled model run eagerly),
+// begun while it lives (a replay that throws ends it too).
+class traced_run {
  public:
-  explicit module_scopes(training_host& host) : close_(host.open_module_scopes()) {}
-  ~module_scopes() {
-    if (close_) close_();
+  explicit traced_run(training_host& host) : end_(host.begin_traced_run()) {}
+  ~traced_run() {
+    if (end_) end_();
   }
-  module_scopes(const module_scopes&) = delete;
-  module_scopes& operator=(const module_scopes&) = delete;
+  traced_run(const traced_run&) = delete;
+  traced_run& operator=(const traced_run&) = delete;
 
  private:
-  std::function<void()> close_;
+  std::function<void()> end_;
 };
 
 }  // namespace
@@ -147,9 +148,9 @@ struct guard::impl {
   std::optional<step_event> started;
   detail::generator_states started_rng;
   // trace_every_step: the tracer of the step's forward and backward, and
-  // the host's module scopes it attributes ops by.
+  // the host's traced run it attributes ops by.
   std::optional<tracer> live;
-  std::optional<module_scopes> live_scopes;
+  std::optional<traced_run> live_run;
   bundle_tag_list bundle_tags = options.bundle_tags();
   std::optional<step_event> last;  // the last step's event
 
@@ -199,11 +200,11 @@ struct guard::impl {
   // runs the step).
   void start_trace(const micro_batches& batches) {
     if (!options.trace_every_step()) return;
-    live_scopes.reset();
+    live_run.reset();
     live.reset();  // a step begun and never checked
     live.emplace(options.tracer());
     prepare(*live, batches);
-    live_scopes.emplace(*host);
+    live_run.emplace(*host);
   }
 
   // Tags a tracer's findings with this step and names what they may name:
@@ -219,7 +220,7 @@ struct guard::impl {
   // Ends it: its findings are the step's.
   void finish_trace(step_event& e) {
     if (!live) return;
-    live_scopes.reset();
+    live_run.reset();
     e.findings = live->findings();
     live.reset();
   }
@@ -237,7 +238,7 @@ struct guard::impl {
     try {
       tracer t(tracer_options(options.tracer()).keep_inputs(true));  // the bundle's culprit inputs
       prepare(t, batches);
-      const module_scopes scopes(*host);
+      const traced_run run(*host);
       size_t i = 0;
       try {
         for (; i < batches.size(); ++i) {
@@ -263,8 +264,34 @@ struct guard::impl {
       add_note(e.note, std::string("replay failed: ") + ex.what());
     }
     e.verdict = failed ? "replay failed" : reproduced ? "reproduced" : "not reproduced";
+    if (!failed && !reproduced) bisect_compiled(batches, fn, rng_before, e);
     host->zero_grad();
     detail::restore_generators(rng_after);
+  }
+
+  // A compiled model whose eager replay stayed finite: the host runs the
+  // step again under each stage of the compiler; the stage that makes the
+  // NaN/Inf again gives the verdict "compiled only" and the note.
+  void bisect_compiled(const micro_batches& batches, const step_fn& fn, const detail::generator_states& rng_before,
+                       step_event& e) {
+    const auto step_finite = [&] {
+      host->zero_grad();
+      detail::restore_generators(rng_before);
+      for (const auto& batch : batches) {
+        const at::Tensor loss = fn(batch);
+        if (!sentinel.check_loss(loss)) return false;
+        scaler.scale(share_of(loss, batches.size())).backward();
+      }
+      return sentinel.inspect_grads(scaler.inv_scale()).finite();
+    };
+    try {
+      const std::string stage = host->bisect_compiled(step_finite);
+      if (stage.empty()) return;
+      e.verdict = "compiled only";
+      add_note(e.note, stage);
+    } catch (const std::exception& ex) {
+      add_note(e.note, std::string("bisecting the compiled model failed: ") + ex.what());
+    }
   }
 
   // One micro-batch of the replay; returns whether its loss was finite.

@@ -58,10 +58,23 @@ class training_host {
   /// Puts a copy `save()` made back in place (parameters keep their
   /// identity). The learning rates are the caller's to keep or set.
   virtual void restore(const saved_state& state) = 0;
-  /// Opens the model's module scopes (scope.h) while a replay is traced, so
-  /// that its findings name modules; returns what closes them again. The
-  /// default opens none: LibTorch modules are named by their parameters.
-  virtual std::function<void()> open_module_scopes() { return {}; }
+  /// Readies the model for a traced run (a replay, or a step under
+  /// trace_every_step) and returns what undoes it: opens its module scopes
+  /// (scope.h) so that findings name modules, and runs a compiled model
+  /// eagerly so that the tracer sees every op. The default does nothing:
+  /// LibTorch modules are named by their parameters.
+  virtual std::function<void()> begin_traced_run() { return {}; }
+  /// For a compiled model (torch.compile) whose eager replay stayed finite:
+  /// runs `step_finite` (the step again from its RNG state: whether its
+  /// loss and gradients stayed finite) under each stage of the compiler in
+  /// turn, as PyTorch's minifier bisects (eager, aot_eager, the model's
+  /// backend), and says which stage made the NaN/Inf first and where (the
+  /// fused kernel, when the backend shows it). Empty when the model is not
+  /// compiled (the default) or when no stage makes it again.
+  virtual std::string bisect_compiled(const std::function<bool()>& step_finite) {
+    (void)step_finite;
+    return {};
+  }
 };
 
 /// The host of a LibTorch module and optimizer. Its saves deep-copy the

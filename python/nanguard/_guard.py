@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import _nanguard
+from . import _compile, _nanguard
 from ._trace import Finding, NonFiniteError, open_module_scopes
 
 POLICIES = ("skip", "backoff", "rollback", "abort")
@@ -30,7 +30,9 @@ class StepResult:
     (which layers moved most before a rollback, ...). ``finding`` is the
     replay's :class:`~nanguard.Finding` (or None), diagnosed with the steps
     before (``finding.cause``, ``finding.remedy``), and ``verdict``
-    "reproduced" / "not reproduced" / "" (no replay). ``nonfinite_params``
+    "reproduced" / "not reproduced" / "compiled only" (a compiled model's
+    eager replay is finite, its compiled code is not: ``note`` names the
+    stage and kernel) / "replay failed" / "" (no replay). ``nonfinite_params``
     lists (name, NaN/Inf count) of the gradients that held any,
     ``top_norms`` (name, norm) of the largest per-parameter gradient norms;
     ``bundle`` is the repro bundle an abort wrote and ``rollback_to`` the
@@ -140,11 +142,14 @@ def _tensors(args, kwargs):
 
 class _ModuleHost(_nanguard.TrainingHost):
     """The guard's view of an ``nn.Module`` and a ``torch.optim`` optimizer
-    (``nanguard::training_host``): what the C++ step calls back."""
+    (``nanguard::training_host``): what the C++ step calls back. ``model``
+    may be compiled (``torch.compile``): its state and names are those of the
+    module it compiled."""
 
     def __init__(self, model, optimizer, named):
         super().__init__()
-        self.model = model
+        self.compiled = model
+        self.model = _compile.original_module(model)
         self.optimizer = optimizer
         self.named = named
 
@@ -174,8 +179,18 @@ class _ModuleHost(_nanguard.TrainingHost):
         self.model.load_state_dict(model_state)
         self.optimizer.load_state_dict(optimizer_state)
 
-    def open_module_scopes(self):
-        return open_module_scopes(self.model)
+    def begin_traced_run(self):
+        end_eager_run = _compile.begin_eager_run()
+        close_scopes = open_module_scopes(self.model)
+
+        def end():
+            close_scopes()
+            end_eager_run()
+
+        return end
+
+    def bisect_compiled(self, step_finite):
+        return _compile.bisect(self.compiled, step_finite)
 
 
 class Guard:
@@ -238,6 +253,15 @@ class Guard:
     report`` turns it into HTML); ``log_top_norms`` per-parameter gradient
     norms go into each event.
 
+    ``model`` may be compiled (``torch.compile(model)`` or
+    ``model.compile()``): healthy steps run the compiled code as it is; a
+    replay (and ``trace_every_step``) runs it eagerly, so the finding names
+    the op and module as for the eager model (``fc1``, not
+    ``_orig_mod.fc1``). When that eager replay stays finite, the guard runs
+    the step under each stage of the compiler (aot_eager, then the compiled
+    code with Inductor's kernels checked): ``verdict`` "compiled only", and
+    ``note`` names the stage and the fused kernel (docs/compile.md).
+
     NOTE: the closure must depend only on the batch, the parameters and the
     RNG, so that a replay repeats it. Replays restore the CPU RNG.
     """
@@ -253,7 +277,7 @@ class Guard:
         self.model = model
         self.optimizer = optimizer
         self.policy = policy
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        named = [(n, p) for n, p in _compile.original_module(model).named_parameters() if p.requires_grad]
         stepped = {id(p) for g in optimizer.param_groups for p in g["params"]}
         if not any(id(p) in stepped for _, p in named):
             raise ValueError("nanguard.Guard: the optimizer holds none of the model's trainable parameters, so "
@@ -282,6 +306,7 @@ class Guard:
                 self._tensorboard = tensorboard
             else:
                 self._tensorboard = self._own_tensorboard = StepLogger(tensorboard)
+        _compile.watch_compilation()
         self._host = _ModuleHost(model, optimizer, named)
         self._core = _nanguard.GuardCore(self._host, options)
 

@@ -3,7 +3,7 @@ named from the Python side."""
 import json
 from dataclasses import dataclass
 
-from . import _nanguard
+from . import _compile, _nanguard
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,7 @@ def open_module_scopes(model, prefix=""):
 
         return pre, post
 
-    for name, module in model.named_modules():
+    for name, module in _compile.original_module(model).named_modules():
         if not name:
             continue  # the model itself: findings name paths inside it
         pre, post = make(f"{prefix}.{name}" if prefix else name)
@@ -190,6 +190,7 @@ class Trace:
         self._cost = None
         self._tracer = None
         self._close_scopes = None
+        self._end_eager_run = None
         self._findings = None
 
     # -- the context manager ------------------------------------------------
@@ -198,9 +199,11 @@ class Trace:
             raise RuntimeError("nanguard.trace: this trace is already active")
         rules = [(r.op, r.module, r.nan, r.pos_inf, r.neg_inf) for r in self.allow]
         self._findings = None
+        _compile.watch_compilation()
         self._tracer = _nanguard.Tracer(self.max_findings, self.capture_backtrace, rules, self.measure_cost,
                                          self.inside_kernels)
         try:
+            self._end_eager_run = _compile.begin_eager_run()
             self._tracer.set_step(int(self.step))
             if self.model is not None:
                 self.name_parameters(self.model, self.prefix)
@@ -220,6 +223,9 @@ class Trace:
         if self._close_scopes is not None:
             self._close_scopes()
             self._close_scopes = None
+        if self._end_eager_run is not None:
+            end, self._end_eager_run = self._end_eager_run, None
+            end()
         if self._tracer is not None:
             tracer, self._tracer = self._tracer, None
             try:
@@ -231,7 +237,8 @@ class Trace:
     # -- the API --------------------------------------------------------------
     def name_parameters(self, model, prefix=""):
         """Names the parameters of ``model`` (and through them, modules)."""
-        named = [((f"{prefix}.{n}" if prefix else n), p) for n, p in model.named_parameters()]
+        named = [((f"{prefix}.{n}" if prefix else n), p)
+                 for n, p in _compile.original_module(model).named_parameters()]
         self._active().name_parameters(named)
 
     def name_tensor(self, tensor, name):
@@ -297,6 +304,12 @@ def trace(model=None, max_findings=1, raise_on_finding=False, allow=DEFAULT_ALLO
             loss = loss_fn(model(x), y)
             loss.backward()
         # NonFiniteError here, at the exit, when an op made a NaN/Inf
+
+    Code compiled with ``torch.compile`` runs eagerly inside the block
+    (``torch.compiler.set_stance("force_eager")``), so that every op is
+    checked, as in the model's own code; the compiled graphs are used again
+    after the block, without recompiling. A compiled ``model``'s modules are
+    named as in the model (``fc1``, not ``_orig_mod.fc1``).
 
     ``allow`` lists :class:`AllowRule` for intentional infinities (default:
     the -inf of masked_fill). ``max_findings`` stops checking after that many.

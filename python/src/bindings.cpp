@@ -14,6 +14,7 @@
 #include <nanguard/isolation_forest.h>
 #include <nanguard/loss_scaler.h>
 #include <nanguard/nonfinite_record.h>
+#include <nanguard/observer_pause.h>
 #include <nanguard/schedule.h>
 #include <nanguard/scope.h>
 #include <nanguard/sentinel.h>
@@ -210,14 +211,23 @@ class py_training_host : public nanguard::training_host {
     TORCH_CHECK(s, "nanguard: the state was not saved by this Python host");
     call("restore")(s->state->object);
   }
-  // Python's open_module_scopes() returns the callable that closes them.
-  std::function<void()> open_module_scopes() override {
+  // Python's begin_traced_run() returns the callable that ends it.
+  std::function<void()> begin_traced_run() override {
     py::gil_scoped_acquire gil;
-    auto close = std::make_shared<gil_object>(gil_object{call("open_module_scopes")()});
-    return [close] {
+    auto end = std::make_shared<gil_object>(gil_object{call("begin_traced_run")()});
+    return [end] {
       py::gil_scoped_acquire gil;
-      close->object();
+      end->object();
     };
+  }
+  // Python's bisect_compiled(step_finite) runs the step; without the GIL,
+  // as the guard's own step does (a backward on a device thread may need it).
+  std::string bisect_compiled(const std::function<bool()>& step_finite) override {
+    py::gil_scoped_acquire gil;
+    const py::function f = py::get_override(static_cast<const nanguard::training_host*>(this), "bisect_compiled");
+    if (!f) return {};
+    const py::cpp_function run([&step_finite] { return step_finite(); }, py::call_guard<py::gil_scoped_release>());
+    return f(run).cast<std::string>();
   }
 
  private:
@@ -344,6 +354,10 @@ PYBIND11_MODULE(_nanguard, m) {
   m.def("check_many", [](const std::vector<at::Tensor>& xs) { return nanguard::check_many(xs); },
         py::arg("tensors"), py::call_guard<py::gil_scoped_release>(),
         "Whether any tensor holds a NaN or Inf, and the first that does; on CUDA one host sync for all.");
+  m.def("pause_observers", &nanguard::pause_observers,
+        "Pauses every nanguard observer on this thread until resume_observers() (torch.compile's compile).");
+  m.def("resume_observers", &nanguard::resume_observers, "Ends the latest pause_observers() on this thread.");
+  m.def("observers_paused", &nanguard::observers_paused, "True while this thread's observers are paused.");
   m.def("mark_written", &nanguard::mark_written, py::arg("tensor"),
         "Tells tracers the tensor changed outside a recorded op (bumps its version).");
 
