@@ -17,7 +17,7 @@ export OMP_NUM_THREADS ?= 2
 # falls to 0.66 of x.sum(): docs/performance.md, "On torch 2.11". Kept until decided.
 export OMP_WAIT_POLICY ?= passive
 
-.PHONY: all setup configure build demo test test-sanitize fuzz bench bench-census bench-tracer bench-data bench-guard bench-python bench-integrations bench-distributed clean
+.PHONY: all setup configure build demo test test-sanitize fuzz bench bench-census bench-tracer bench-data bench-guard bench-python bench-integrations bench-compile bench-distributed clean
 
 all: build
 
@@ -70,7 +70,7 @@ fuzz: setup
 	cmake --build build-fuzz
 	scripts/fuzz build-fuzz $(FUZZ_SECONDS)
 
-bench: bench-census bench-tracer bench-data bench-guard bench-python bench-integrations bench-distributed
+bench: bench-census bench-tracer bench-data bench-guard bench-python bench-integrations bench-compile bench-distributed
 
 bench-census: build
 	$(BUILD)/bench/census_bench
@@ -94,6 +94,10 @@ bench-python: build
 # The framework callbacks (nanguard.integrations) against the frameworks' own step.
 bench-integrations: build
 	PYTHONPATH=$(BUILD)/python $(PYTHON) python/bench/bench_integrations.py
+
+# The guard over a torch.compile'd model against the compiled plain step.
+bench-compile: build
+	PYTHONPATH=$(BUILD)/python $(PYTHON) python/bench/bench_compile.py
 
 clean:
 	rm -rf $(BUILD)

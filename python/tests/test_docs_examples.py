@@ -7,7 +7,7 @@ import re
 import pytest
 
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
-PAGES = ["tensorboard.md", "data-firewall.md"]
+PAGES = ["tensorboard.md", "data-firewall.md", "compile.md"]
 
 
 def python_blocks(page):

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""The guard over a compiled model: step time against the compiled plain
+step, and the recompiles and graph breaks nanguard causes.
+
+Workload: bench_overhead.py's reference model (TransformerEncoder
+classifier, batch 16 x 64 tokens, AdamW, clip_grad_norm_(1.0), 2 threads),
+compiled with torch.compile (Inductor, default mode).
+
+Variants, measured interleaved round-robin on one compiled model, median
+step time each:
+  plain   the usual compiled loop: forward, backward, clip, AdamW step
+  guard   nanguard.Guard(max_norm=1.0) over the compiled model
+
+Prints `py_compiled_guard_ratio` (and `_ci95`, `_cpu_ratio`) as
+bench_overhead.py does, then `compiled_recompiles` and
+`compiled_graph_breaks`: what Dynamo's counters gained from the first guarded
+step on (after both variants' warm-up), 0 when nanguard neither recompiles
+nor breaks the graph. `compiled_guard_replay_recompiles` is the same after a
+bad step that the guard replays eagerly.
+Environment: NANGUARD_BENCH_ROUNDS (default 30), NANGUARD_BENCH_STEPS (2).
+"""
+import os
+import statistics
+import sys
+import time
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+
+import nanguard
+from bench_overhead import Model, paired_ratio
+
+
+def dynamo_counts():
+    """(graphs compiled, graph breaks) so far in this process."""
+    return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+
+
+def main():
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    warnings.filterwarnings("ignore")
+    rounds = int(os.environ.get("NANGUARD_BENCH_ROUNDS", "30"))
+    steps = int(os.environ.get("NANGUARD_BENCH_STEPS", "2"))
+    model = torch.compile(Model().train())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens = torch.randint(0, 1000, (16, 64))
+    labels = torch.randint(0, 10, (16,))
+    guard = nanguard.Guard(model, opt, max_norm=1.0)
+
+    def loss_fn():
+        return F.cross_entropy(model(tokens), labels)
+
+    def plain_step():
+        opt.zero_grad(set_to_none=True)
+        loss_fn().backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    def guard_step():
+        r = guard.step(loss_fn)
+        assert r.action == "step", r
+
+    variants = {"plain": plain_step, "guard": guard_step}
+    t0 = time.perf_counter()
+    plain_step()  # compiles forward and backward
+    print(f"# first compiled step (compiling) {time.perf_counter() - t0:.1f} s")
+    plain_step()
+    before = dynamo_counts()
+    guard_step()
+    times = {k: [] for k in variants}
+    cpu_times = {k: [] for k in variants}
+    for r in range(rounds):
+        order = list(variants.items())
+        order = order[r % len(order):] + order[:r % len(order)]
+        for name, fn in order:
+            for _ in range(steps):
+                t0, c0 = time.perf_counter(), time.thread_time()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+                cpu_times[name].append(time.thread_time() - c0)
+    after = dynamo_counts()
+    bad = guard.step(lambda: loss_fn() * float("nan"))  # replayed eagerly
+    assert bad.skipped and bad.verdict == "reproduced", bad
+    guard_step()
+    after_replay = dynamo_counts()
+    print(f"# reference workload compiled (Inductor), {rounds} rounds x {steps} steps per variant, 2 threads, "
+          f"torch {torch.__version__}")
+    for k, v in times.items():
+        print(f"# {k:8s} median step {statistics.median(v) * 1000:8.1f} ms  (min {min(v) * 1000:.1f} ms)")
+    for key, samples in (("ratio", times), ("cpu_ratio", cpu_times)):
+        ratio, low, high = paired_ratio(samples["guard"], samples["plain"])
+        print(f"py_compiled_guard_{key}: {ratio:.3f}")
+        print(f"py_compiled_guard_{key}_ci95: {low:.3f}..{high:.3f}")
+    print(f"compiled_recompiles: {after[0] - before[0]}")
+    print(f"compiled_graph_breaks: {after[1] - before[1]}")
+    print(f"compiled_guard_replay_recompiles: {after_replay[0] - after[0]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
