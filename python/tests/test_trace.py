@@ -524,7 +524,8 @@ class Net(nn.Module):
 model = Net()
 compiled = torch.compile(model)
 with nanguard.trace(model) as t:
-    compiled(torch.randn(4, 8)).sum().backward()
+    with torch.compiler.set_stance("default"):  # compile here (a trace runs compiled code eagerly)
+        compiled(torch.randn(4, 8)).sum().backward()
 print("findings:", len(t.findings))
 """
 
