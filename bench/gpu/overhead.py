@@ -42,10 +42,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "bench"))
 import nanguard  # noqa: E402
-from workload import Model, paired_ratio, rotated, step_variants  # noqa: E402
+from workload import REFERENCE, paired_ratio, rotated, step_variants, training  # noqa: E402
 
 WORKLOADS = {
-    "reference": dict(d=256, layers=4, heads=4, ff=1024, batch=16, tokens=64),
+    "reference": REFERENCE,
     "large": dict(d=1024, layers=8, heads=16, ff=4096, batch=32, tokens=512),
 }
 
@@ -88,11 +88,8 @@ def shrink(w):
 
 def bench_workload(name, shape, device, rounds, steps):
     torch.manual_seed(0)
-    model = Model(shape["d"], shape["layers"], shape["heads"], shape["ff"]).to(device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model, opt, tokens, labels = training(shape, device)
     params = list(model.parameters())
-    tokens = torch.randint(0, 1000, (shape["batch"], shape["tokens"]), device=device)
-    labels = torch.randint(0, 10, (shape["batch"],), device=device)
     found_inf = torch.zeros(1, device=device)
     inv_scale = torch.ones(1, device=device)
     variants, loss_fn = step_variants(model, opt, tokens, labels)

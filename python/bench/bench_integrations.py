@@ -42,7 +42,6 @@ import statistics
 import sys
 import tempfile
 import time
-import warnings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -50,7 +49,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from workload import paired_ratio
+from workload import paired_ratio, settings
 
 
 def event_log(tmp, name):
@@ -202,11 +201,7 @@ def measure(run, rounds):
 
 
 def main():
-    torch.set_num_threads(2)
-    torch.manual_seed(0)
-    warnings.filterwarnings("ignore")
-    rounds = int(os.environ.get("NANGUARD_BENCH_ROUNDS", "20"))
-    steps = int(os.environ.get("NANGUARD_BENCH_STEPS", "10"))
+    rounds, steps = settings(rounds=20, steps=10)
     only = os.environ.get("NANGUARD_BENCH_ONLY", "")
     benches = {"lightning": bench_lightning, "transformers": bench_transformers}
     print(f"# {rounds} rounds x {steps} steps per variant, 2 threads, torch {torch.__version__}, event log "

@@ -20,27 +20,18 @@ Environment: NANGUARD_BENCH_ROUNDS (default 30: with fewer the median moves
 by ±2% from run to run on a shared VM), NANGUARD_BENCH_STEPS per variant per
 round (default 2).
 """
-import os
 import statistics
 import sys
 import time
-import warnings
 
 import torch
 
-from workload import Model, paired_ratio, rotated, step_variants
+from workload import paired_ratio, rotated, settings, step_variants, training
 
 
 def main():
-    torch.set_num_threads(2)
-    torch.manual_seed(0)
-    warnings.filterwarnings("ignore")
-    rounds = int(os.environ.get("NANGUARD_BENCH_ROUNDS", "30"))
-    steps = int(os.environ.get("NANGUARD_BENCH_STEPS", "2"))
-    model = Model().train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    tokens = torch.randint(0, 1000, (16, 64))
-    labels = torch.randint(0, 10, (16,))
+    rounds, steps = settings(rounds=30, steps=2)
+    model, opt, tokens, labels = training()
     variants, _ = step_variants(model, opt, tokens, labels)
     times = {k: [] for k in variants}
     cpu_times = {k: [] for k in variants}

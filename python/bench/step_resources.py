@@ -9,25 +9,16 @@ Prints `<variant>_wall_ms`, `_user_ms`, `_sys_ms` and `_page_faults`
 Run with glibc's thresholds fixed to take its allocator's dynamics out:
 MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=4000000000.
 """
-import os
 import resource
 import sys
 import time
 
-import torch
-
-from workload import Model, step_variants
+from workload import settings, step_variants, training
 
 
 def main():
-    torch.set_num_threads(2)
-    torch.manual_seed(0)
-    steps = int(os.environ.get("NANGUARD_BENCH_STEPS", "30"))
-    model = Model().train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    tokens = torch.randint(0, 1000, (16, 64))
-    labels = torch.randint(0, 10, (16,))
-
+    _, steps = settings(rounds=0, steps=30)
+    model, opt, tokens, labels = training()
     steps_of, _ = step_variants(model, opt, tokens, labels)
     variants = {k: steps_of[k] for k in ("plain", "trace")}
     for fn in variants.values():  # warm-up

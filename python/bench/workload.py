@@ -3,7 +3,9 @@ bench_integrations.py and bench/gpu/overhead.py): the reference model, the
 training step each checking tool is compared in, the round-robin order of
 the variants and the paired ratio they print."""
 import math
+import os
 import statistics
+import warnings
 
 import torch
 import torch.nn as nn
@@ -27,6 +29,30 @@ class Model(nn.Module):
 
     def forward(self, tokens):
         return self.head(self.encoder(self.embed(tokens)).mean(1))
+
+
+REFERENCE = dict(d=256, layers=4, heads=4, ff=1024, batch=16, tokens=64)
+
+
+def settings(rounds, steps):
+    """Two threads, seed 0, warnings off; returns (rounds, steps):
+    NANGUARD_BENCH_ROUNDS and NANGUARD_BENCH_STEPS, else these defaults."""
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    warnings.filterwarnings("ignore")
+    return (int(os.environ.get("NANGUARD_BENCH_ROUNDS", str(rounds))),
+            int(os.environ.get("NANGUARD_BENCH_STEPS", str(steps))))
+
+
+def training(shape=REFERENCE, device="cpu"):
+    """(model, optimizer, tokens, labels) of a workload of `shape`'s sizes:
+    the Model in training mode, AdamW(lr=1e-4), a batch of random tokens
+    and class labels."""
+    model = Model(shape["d"], shape["layers"], shape["heads"], shape["ff"]).to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens = torch.randint(0, 1000, (shape["batch"], shape["tokens"]), device=device)
+    labels = torch.randint(0, 10, (shape["batch"],), device=device)
+    return model, opt, tokens, labels
 
 
 def step_variants(model, opt, tokens, labels):
