@@ -250,7 +250,8 @@ value_range value_range_on_this_thread(const at::Tensor& x) {
   // Callers filter integer and bool tensors (measurable()): they hold no NaN or Inf.
   TORCH_INTERNAL_ASSERT(x.defined() && x.is_floating_point(), "nanguard::detail::value_range_on_this_thread: "
                         "expected a floating-point tensor but got ",
-                        x.defined() ? c10::toString(x.scalar_type()) : "an undefined one");
+                        x.defined() ? c10::toString(x.scalar_type()) : "an undefined one",
+                        " (a bug in nanguard: please report it)");
   if (x.numel() == 0) return {};
   if (on_cuda_kernel(x)) {
     // As range_from: zero bounds a side no value lies on.

@@ -21,8 +21,9 @@ namespace detail {
 
 std::vector<size_t> downsample_indices(const std::vector<double>& y, const std::vector<bool>& keep,
                                        size_t max_points) {
-  TORCH_CHECK(keep.empty() || keep.size() == y.size(), "nanguard::detail::downsample_indices: keep has ",
-              keep.size(), " flags for ", y.size(), " points; pass one flag per point or none");
+  // The report builds `keep` from the same events as `y`.
+  TORCH_INTERNAL_ASSERT(keep.empty() || keep.size() == y.size(), "nanguard::detail::downsample_indices: keep has ",
+                        keep.size(), " flags for ", y.size(), " points (a bug in nanguard: please report it)");
   const size_t n = y.size();
   std::vector<size_t> out;
   if (n <= std::max<size_t>(max_points, 2)) {
