@@ -3,6 +3,7 @@
 #include "nanguard/tracer.h"
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -82,6 +83,15 @@ void wait_for(const c10::intrusive_ptr<c10d::Work>& work, const std::vector<at::
 }
 
 }  // namespace
+
+const char* to_string(backward_collective c) {
+  switch (c) {
+    case backward_collective::none: return "none";
+    case backward_collective::all_reduce: return "all-reduce";
+    case backward_collective::reduce_scatter: return "reduce-scatter";
+  }
+  return "?";
+}
 
 c10::intrusive_ptr<c10d::ProcessGroup> init_process_group_from_env(process_group_options options) {
   check_options(options, "nanguard::init_process_group_from_env");
@@ -255,6 +265,27 @@ std::vector<int64_t> distributed::check_consistency(const std::vector<at::Tensor
   for (int64_t r = 0; r < s.world; ++r)
     if (2 * best <= s.world || all[r] != majority) differ.push_back(r);
   return differ;
+}
+
+void distributed::check_same_parameters(const std::vector<at::Tensor>& parameters, bool same_sizes) {
+  impl& s = *impl_;
+  int64_t numel = 0;
+  for (const at::Tensor& p : parameters) numel += p.numel();
+  // Slots 2r and 2r + 1 hold rank r's counts, the others 0: SUM gathers them exactly.
+  at::Tensor buf = at::zeros({2 * s.world}, at::kLong);
+  int64_t* all = buf.data_ptr<int64_t>();
+  all[2 * s.rank] = static_cast<int64_t>(parameters.size());
+  all[2 * s.rank + 1] = same_sizes ? numel : 0;
+  std::vector<at::Tensor> tensors{buf};
+  wait_for(s.pg->allreduce(tensors, c10d::AllreduceOptions{}), tensors, "parameter-count all-reduce", s.rank);
+  std::string differ;
+  for (int64_t r = 1; r < s.world; ++r)
+    if (all[2 * r] != all[0] || all[2 * r + 1] != all[1])
+      differ += fmt::format("; rank {} has {} parameters{}", r, all[2 * r],
+                            same_sizes ? fmt::format(" ({} elements)", all[2 * r + 1]) : std::string());
+  TORCH_CHECK(differ.empty(), "nanguard::distributed: the ranks guard different models: rank 0 has ", all[0],
+              " parameters", same_sizes ? fmt::format(" ({} elements)", all[1]) : std::string(), differ,
+              "; build the same model on every rank (e.g. torch.manual_seed before building it)");
 }
 
 std::string distributed::broadcast(const std::string& text, int64_t root) {

@@ -154,6 +154,11 @@ struct guard::impl {
   bundle_tag_list bundle_tags = options.bundle_tags();
   std::optional<step_event> last;  // the last step's event
 
+  // The collective the model's own backward runs (DDP, FSDP2), or none.
+  backward_collective collective() const {
+    return options.distributed() ? options.distributed()->options().backward() : backward_collective::none;
+  }
+
   // The LR of the first param group (0 when there is none).
   double first_lr() const {
     const std::vector<double> lrs = host->lrs();
@@ -239,23 +244,26 @@ struct guard::impl {
       tracer t(tracer_options(options.tracer()).keep_inputs(true));  // the bundle's culprit inputs
       prepare(t, batches);
       const traced_run run(*host);
-      size_t i = 0;
+      // Under a backward collective every micro-batch runs on every rank,
+      // whatever this rank's tracer found: the other ranks' collectives wait for it.
+      const bool collective_replay = collective() != backward_collective::none;
       try {
-        for (; i < batches.size(); ++i) {
-          if (!replay_forward_backward(batches[i], fn, batches.size(), t) || t.found()) {
+        for (size_t i = 0; i < batches.size(); ++i) {
+          if ((!replay_forward_backward(batches[i], fn, batches.size(), t) || t.found()) && !reproduced) {
             reproduced = true;
-            break;
+            bad_batch = i;
+            if (!collective_replay) break;
           }
         }
-        if (!reproduced) {
-          tracer_pause pause(t);
-          reproduced = !sentinel.inspect_grads(scaler.inv_scale()).finite();
-        }
+        tracer_pause pause(t);
+        // This rank's own gradients: a collective's others may hold what another rank sent.
+        const bool own_finite = host->backward_done();
+        if (!reproduced)
+          reproduced = collective_replay ? !own_finite : !sentinel.inspect_grads(scaler.inv_scale()).finite();
       } catch (const nonfinite_error& ex) {
         reproduced = true;
         add_note(e.note, std::string("replay: ") + ex.what());
       }
-      if (i < batches.size()) bad_batch = i;
       reproduced = reproduced || t.found();
       e.findings = t.findings();
     } catch (const std::exception& ex) {
@@ -264,7 +272,8 @@ struct guard::impl {
       add_note(e.note, std::string("replay failed: ") + ex.what());
     }
     e.verdict = failed ? "replay failed" : reproduced ? "reproduced" : "not reproduced";
-    if (!failed && !reproduced) bisect_compiled(batches, fn, rng_before, e);
+    // (Not under a backward collective: one rank's bisection would run the model's collectives alone.)
+    if (!failed && !reproduced && collective() == backward_collective::none) bisect_compiled(batches, fn, rng_before, e);
     host->zero_grad();
     detail::restore_generators(rng_after);
   }
@@ -295,6 +304,8 @@ struct guard::impl {
   }
 
   // One micro-batch of the replay; returns whether its loss was finite.
+  // Its backward runs on a bad loss too when the model's backward is a
+  // collective (the other ranks' backward waits for it).
   bool replay_forward_backward(const std::vector<at::Tensor>& batch, const step_fn& fn, size_t n, tracer& t) {
     const at::Tensor loss = fn(batch);
     bool loss_ok;
@@ -302,22 +313,33 @@ struct guard::impl {
       tracer_pause pause(t);
       loss_ok = sentinel.check_loss(loss);
     }
-    if (loss_ok) scaler.scale(share_of(loss, n)).backward();
+    if (loss_ok || collective() != backward_collective::none) scaler.scale(share_of(loss, n)).backward();
     return loss_ok;
   }
 
   // Distributed: the consensus after the local sentinel pass. Fills the
   // event's rank, nonfinite_ranks, and on a step finite everywhere averages
   // the gradients and measures them again (the norm every rank clips by);
-  // returns whether the step is finite on every rank.
+  // returns whether the step is finite on every rank. `finite`: whether
+  // this rank's own loss and gradients were (under a backward collective,
+  // before it: `report` is of the reduced gradients, which may hold what
+  // another rank sent).
   bool agree(step_event& e, grad_report& report, bool finite) {
     distributed& d = *options.distributed();
     e.rank = d.rank();
-    const consensus c = d.agree(!finite, finite ? e.grad_norm * e.grad_norm : 0.0, finite ? e.loss : 0.0);
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    const double sumsq = report.finite() ? e.grad_norm * e.grad_norm : nan;  // NaN: every rank learns of it
+    const consensus c = d.agree(!finite, finite ? sumsq : 0.0, finite ? e.loss : 0.0);
     e.nonfinite_ranks = c.nonfinite_ranks;
     if (!c.finite()) return false;
+    if (!std::isfinite(c.sumsq)) {
+      add_note(e.note, fmt::format("the gradients are not finite after the model's {} although every rank's own "
+                                   "were (overflow in the {})", to_string(collective()), to_string(collective())));
+      return false;
+    }
     e.loss = c.loss_sum / static_cast<double>(d.world_size());  // the spike windows see the same loss everywhere
-    if (!d.options().average_gradients()) {
+    if (collective() == backward_collective::all_reduce) return true;  // averaged: the same norm on every rank
+    if (collective() == backward_collective::reduce_scatter || !d.options().average_gradients()) {
       e.grad_norm = std::sqrt(c.sumsq);  // each rank holds a shard of the gradients
       return true;
     }
@@ -370,6 +392,16 @@ struct guard::impl {
     e.findings = std::move(all);
     e.verdict = verdict;
     e.note = note;
+  }
+
+  // Under a backward collective, on a rank whose own gradients were finite
+  // but whose reduced ones are not: says where the NaN/Inf came from.
+  void note_received(const grad_report& report, step_event& e) const {
+    if (report.finite() || e.nonfinite_ranks.empty()) return;
+    std::string ranks;
+    for (int64_t r : e.nonfinite_ranks) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    add_note(e.note, fmt::format("this rank's own gradients were finite: the NaN/Inf was received from rank {} via "
+                                 "{}", ranks, to_string(collective())));
   }
 
   // Distributed: the gradient-consistency check when due; a rank whose
@@ -442,36 +474,51 @@ struct guard::impl {
       host->zero_grad();
     }
     start_trace(batches);
-    const bool losses_finite = forward_backward(batches, fn, bad_batch, e);
+    return measured(forward_backward(batches, fn, bad_batch, e), report, e);
+  }
+
+  // The end of a step's measurement, after its backward: the live trace's
+  // findings, then the sentinel's pass when every loss was finite; returns
+  // whether all of it was finite here (under a backward collective: this
+  // rank's own gradients, before the collective, as the host tells).
+  bool measured(bool losses_finite, grad_report& report, step_event& e) {
     finish_trace(e);
+    const bool own_finite = host->backward_done();
     if (!losses_finite) {
       e.grad_norm = std::numeric_limits<double>::quiet_NaN();
       return false;
     }
-    return inspect(report, e);
+    const bool finite = inspect(report, e);
+    return collective() == backward_collective::none ? finite : own_finite;
   }
 
   // Forward, the loss check and the (scaled) backward of each micro-batch;
   // returns whether every loss was finite (else `bad_batch` is the first
   // that was not). The event's loss is their mean.
+  // Under a backward collective every micro-batch runs backward, a bad one
+  // too: the other ranks' backward waits for this one's.
   bool forward_backward(const micro_batches& batches, const step_fn& fn, size_t& bad_batch, step_event& e) {
     double loss_sum = 0;
+    bool finite = true;
     for (size_t i = 0; i < batches.size(); ++i) {
       at::Tensor loss;
       {
         user_time plain_work(user_s);
         loss = fn(batches[i]);
       }
-      if (!sentinel.check_loss(loss, &e.loss)) {
+      double value = 0;
+      if (!sentinel.check_loss(loss, &value) && finite) {
+        finite = false;
         bad_batch = i;
-        return false;
+        e.loss = value;
+        if (collective() == backward_collective::none) return false;
       }
-      loss_sum += e.loss;
+      loss_sum += value;
       user_time plain_work(user_s);
       scaler.scale(share_of(loss, batches.size())).backward();
     }
-    e.loss = loss_sum / double(batches.size());
-    return true;
+    if (finite) e.loss = loss_sum / double(batches.size());
+    return finite;
   }
 
   // The sentinel's pass over the gradients; returns whether they are finite.
@@ -517,9 +564,13 @@ struct guard::impl {
                 const grad_report& report, bool locally_finite, size_t& bad_batch, step_event& e) {
     for (size_t i = 0; i < report.nonfinite_counts.size(); ++i)
       if (report.nonfinite_counts[i] > 0) e.nonfinite_params.push_back({sentinel.names()[i], report.nonfinite_counts[i]});
-    if (options.replay() && !options.trace_every_step() && fn && !locally_finite)
+    // Under a backward collective every rank replays (the model's
+    // collectives run again) and the ranks the NaN/Inf came from trace it.
+    const bool replays = collective() != backward_collective::none ? !e.nonfinite_ranks.empty() : !locally_finite;
+    if (options.replay() && !options.trace_every_step() && fn && replays)
       replay(batches, fn, rng_before, bad_batch, e);
     if ((options.replay() || options.trace_every_step()) && options.distributed()) share_findings(e);
+    if (collective() != backward_collective::none && locally_finite) note_received(report, e);
     if (batches.size() > 1 && !locally_finite)
       add_note(e.note, fmt::format("micro-batch {} of {}", bad_batch, batches.size()));
     const diagnosis_context h = history(e, batches[bad_batch]);
@@ -658,6 +709,13 @@ guard::guard(std::shared_ptr<training_host> host, guard_options options) {
   if (!s.options.event_log().empty())
     s.log = std::make_unique<event_log>(s.options.event_log(), s.options.truncate_event_log());
   if (s.options.policy() == policy::rollback) s.ring.take(0);
+  if (s.options.distributed()) {
+    // A collective: every rank builds its guard, over the same model (ranks
+    // that each hold a shard of it have as many parameters, not as many elements).
+    distributed& d = *s.options.distributed();
+    d.check_same_parameters(s.sentinel.parameters(), d.options().backward() != backward_collective::reduce_scatter &&
+                                                         d.options().average_gradients());
+  }
 }
 
 guard::~guard() = default;
@@ -703,11 +761,8 @@ step_event guard::check(const at::Tensor& loss, const step_fn& replay, const std
               "first forward");
   step_event e = std::move(*s.started);
   s.started.reset();
-  s.finish_trace(e);
   grad_report report;
-  bool locally_finite = s.sentinel.check_loss(loss, &e.loss);
-  if (locally_finite) locally_finite = s.inspect(report, e);
-  else e.grad_norm = std::numeric_limits<double>::quiet_NaN();
+  const bool locally_finite = s.measured(s.sentinel.check_loss(loss, &e.loss), report, e);
   const bool finite = s.options.distributed() ? s.agree(e, report, locally_finite) : locally_finite;
   if (finite) {
     s.take(e, /*step_optimizer=*/false);

@@ -59,12 +59,33 @@ c10::intrusive_ptr<c10d::ProcessGroup> init_process_group_from_env(process_group
 c10::intrusive_ptr<c10d::ProcessGroup> init_process_group(const std::string& store_path, int64_t rank,
                                                           int64_t world_size, process_group_options options = {});
 
+/// The collective a model's own backward reduces the gradients with, when a
+/// wrapper does it (PyTorch's DistributedDataParallel, FSDP2's fully_shard).
+///
+/// With one, every rank runs backward even on a non-finite loss (the
+/// collective must run everywhere), the rank a NaN/Inf came from is told by
+/// the training host (its own gradients before the collective), and a replay
+/// runs on every rank (the model's collectives again) while the ranks the
+/// NaN/Inf came from trace it.
+enum class backward_collective {
+  none,            ///< the model's backward is local: the guard averages (or not, see average_gradients)
+  all_reduce,      ///< DistributedDataParallel: every rank holds the averaged gradients
+  reduce_scatter,  ///< FSDP2: every rank holds its shard of the averaged gradients
+};
+
+/// "none", "all-reduce" or "reduce-scatter".
+const char* to_string(backward_collective c);
+
 /// Options of `distributed`.
 struct distributed_options {
   /// Average the gradients over the ranks after backward (data parallel).
   /// false: each rank's gradients are its own shard; the global grad norm is
-  /// then the root of the sum of the ranks' squared norms.
+  /// then the root of the sum of the ranks' squared norms. Ignored when the
+  /// model's backward reduces them itself (`backward`).
   TORCH_ARG(bool, average_gradients) = true;
+  /// The collective the model's own backward reduces the gradients with
+  /// (none: the guard's business).
+  TORCH_ARG(backward_collective, backward) = backward_collective::none;
   /// Gradients are all-reduced in flat buckets of about this many MB.
   TORCH_ARG(double, bucket_mb) = 25.0;
   /// Every this many steps, after averaging, compare a checksum of the
@@ -121,6 +142,12 @@ class distributed {
   /// from the majority (every rank when there is no majority); empty when all
   /// agree. After averaging, a differing rank points at silent data corruption.
   std::vector<int64_t> check_consistency(const std::vector<at::Tensor>& parameters);
+
+  /// Checks that every rank guards the same model: as many parameters as
+  /// rank 0 and, with `same_sizes`, as many elements (ranks that each hold a
+  /// shard of the model pass false). Throws c10::Error naming the ranks that
+  /// differ, and what they hold.
+  void check_same_parameters(const std::vector<at::Tensor>& parameters, bool same_sizes);
 
   /// Broadcasts `text` from rank `root`; every rank returns root's text.
   std::string broadcast(const std::string& text, int64_t root);

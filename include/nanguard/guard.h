@@ -128,6 +128,8 @@ struct guard_options {
   /// Distributed: this rank's process group (distributed.h). After backward
   /// the gradients are averaged over the ranks and one consensus all-reduce
   /// per step makes every rank take the same decision (nullptr: one process).
+  /// NOTE: the guard's constructor is then a collective too: it checks that
+  /// every rank guards as many parameters, and throws naming those that differ.
   TORCH_ARG(std::shared_ptr<nanguard::distributed>, distributed) = nullptr;
 };
 

@@ -58,6 +58,13 @@ class training_host {
   /// Puts a copy `save()` made back in place (parameters keep their
   /// identity). The learning rates are the caller's to keep or set.
   virtual void restore(const saved_state& state) = 0;
+  /// Called after each backward the guard runs or checks, before it reads
+  /// the gradients. A host whose model reduces its gradients in backward
+  /// (distributed_options::backward) makes them readable here (FSDP2: each
+  /// local shard's gradient) and returns whether this rank's own gradients
+  /// were finite before that collective: a NaN/Inf it received from another
+  /// rank does not make this rank its origin. The default: true.
+  virtual bool backward_done() { return true; }
   /// Readies the model for a traced run (a replay, or a step under
   /// trace_every_step) and returns what undoes it: opens its module scopes
   /// (scope.h) so that findings name modules, and runs a compiled model

@@ -6,15 +6,17 @@ model and optimizer through a training host (``nanguard::training_host``),
 so that a Python run behaves, logs and bundles as a C++ one, and
 ``nanguard report``, ``inspect`` and ``replay`` read it.
 """
-import copy
+import atexit
 import json
 import math
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 
 from . import _compile, _nanguard
-from ._trace import Finding, NonFiniteError, open_module_scopes
+from ._hosts import host_for
+from ._trace import Finding, NonFiniteError
 
 POLICIES = ("skip", "backoff", "rollback", "abort")
 
@@ -105,26 +107,6 @@ def _trainable_loss(loss):
     return loss
 
 
-def _distributed(d):
-    """The C++ consensus for ``Guard(distributed=d)``: None, True (the
-    default process group), a torch.distributed ProcessGroup, or a
-    ``nanguard.Distributed``."""
-    if d is None or d is False:
-        return None
-    if isinstance(d, _nanguard.Distributed):
-        return d
-    import torch.distributed as dist
-    if d is True:
-        if not (dist.is_available() and dist.is_initialized()):
-            raise ValueError("nanguard.Guard: distributed=True needs torch.distributed initialized first "
-                             "(torch.distributed.init_process_group, or run under torchrun)")
-        d = dist.group.WORLD
-    if not isinstance(d, dist.ProcessGroup):
-        raise TypeError("nanguard.Guard: distributed must be True, a torch.distributed ProcessGroup or a "
-                        f"nanguard.Distributed, got {type(d).__name__}")
-    return _nanguard.Distributed(d)
-
-
 def _call_of(micro_batch):
     """``(args, kwargs)`` of one micro-batch: a pair as given, a tuple or list
     of arguments, or a single argument."""
@@ -138,59 +120,6 @@ def _call_of(micro_batch):
 def _tensors(args, kwargs):
     """The tensors among a call's arguments: the batch a bundle keeps."""
     return [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
-
-
-class _ModuleHost(_nanguard.TrainingHost):
-    """The guard's view of an ``nn.Module`` and a ``torch.optim`` optimizer
-    (``nanguard::training_host``): what the C++ step calls back. ``model``
-    may be compiled (``torch.compile``): its state and names are those of the
-    module it compiled."""
-
-    def __init__(self, model, optimizer, named):
-        super().__init__()
-        self.compiled = model
-        self.model = _compile.original_module(model)
-        self.optimizer = optimizer
-        self.named = named
-
-    def named_parameters(self):
-        return self.named
-
-    def zero_grad(self):
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def optimizer_step(self):
-        self.optimizer.step()
-
-    def lrs(self):
-        return [float(g["lr"]) for g in self.optimizer.param_groups]
-
-    def set_lrs(self, lrs):
-        for g, lr in zip(self.optimizer.param_groups, lrs):
-            g["lr"] = lr
-
-    def save(self):
-        model_state = copy.deepcopy(self.model.state_dict())
-        saved = [(n, model_state[n]) for n, _ in self.named if n in model_state]
-        return (model_state, copy.deepcopy(self.optimizer.state_dict())), saved
-
-    def restore(self, state):
-        model_state, optimizer_state = state
-        self.model.load_state_dict(model_state)
-        self.optimizer.load_state_dict(optimizer_state)
-
-    def begin_traced_run(self):
-        end_eager_run = _compile.begin_eager_run()
-        close_scopes = open_module_scopes(self.model)
-
-        def end():
-            close_scopes()
-            end_eager_run()
-
-        return end
-
-    def bisect_compiled(self, step_finite):
-        return _compile.bisect(self.compiled, step_finite)
 
 
 class Guard:
@@ -240,11 +169,17 @@ class Guard:
     product of the rollback factors, as the C++ guard does.
     ``distributed``: True (torch.distributed's default process group), a
     ``ProcessGroup`` or a :class:`nanguard.Distributed`: data parallel as in
-    C++, on a model that is not wrapped in DistributedDataParallel. After
-    backward the guard averages the gradients over the ranks, and one small
-    all-reduce a step makes every rank take the same decision; a bad step
-    is skipped (or rolled back) on every rank, and every rank's result names
-    the ranks that saw the NaN/Inf (``nonfinite_ranks``) and their findings.
+    C++ on an unwrapped model: after backward the guard averages the
+    gradients over the ranks, and one small all-reduce a step makes every
+    rank take the same decision; a bad step is skipped (or rolled back) on
+    every rank, and every rank's result names the ranks that saw the NaN/Inf
+    (``nonfinite_ranks``) and their findings. A ``DistributedDataParallel``
+    model or an FSDP2 (``fully_shard``) one is distributed on its own
+    process group without asking (``distributed`` None, True or that
+    group): the model reduces the gradients, the guard names the rank whose
+    own loss or gradients were not finite before that (hooks on the
+    parameters), and a replay runs on every rank. Building the guard is then
+    a collective (it checks that every rank guards as many parameters).
     ``tensorboard``: a log directory, a ``SummaryWriter`` or a
     :class:`nanguard.tensorboard.StepLogger`: every step's loss, grad norm,
     per-layer norms, loss scale, LR, skips and findings go to TensorBoard
@@ -277,9 +212,8 @@ class Guard:
         self.model = model
         self.optimizer = optimizer
         self.policy = policy
-        named = [(n, p) for n, p in _compile.original_module(model).named_parameters() if p.requires_grad]
         stepped = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        if not any(id(p) in stepped for _, p in named):
+        if not any(id(p) in stepped for p in model.parameters() if p.requires_grad):
             raise ValueError("nanguard.Guard: the optimizer holds none of the model's trainable parameters, so "
                              "no step would change the model; build it from this model's parameters, e.g. "
                              "torch.optim.AdamW(model.parameters())")
@@ -298,7 +232,7 @@ class Guard:
                        snapshot_every=int(snapshot_every), snapshot_keep=int(snapshot_keep),
                        rollback_lr_factor=float(rollback_lr_factor), max_bad_steps=int(max_bad_steps),
                        spike_window=int(spike_window), spike_threshold=float(spike_threshold), scaler=scaler,
-                       schedule=schedule, distributed=_distributed(distributed))
+                       schedule=schedule)
         self._tensorboard = self._own_tensorboard = None
         if tensorboard is not None:
             from .tensorboard import StepLogger
@@ -307,8 +241,10 @@ class Guard:
             else:
                 self._tensorboard = self._own_tensorboard = StepLogger(tensorboard)
         _compile.watch_compilation()
-        self._host = _ModuleHost(model, optimizer, named)
+        self._host, options["distributed"] = host_for(model, optimizer, distributed)
         self._core = _nanguard.GuardCore(self._host, options)
+        self._unhook = weakref.finalize(self, self._host.close)  # on close(), or when collected
+        _open_guards.add(self)
 
     # -- the step -------------------------------------------------------------
     def step(self, closure, *args, **kwargs):
@@ -412,8 +348,11 @@ class Guard:
         return self._active().sentinel
 
     def close(self):
-        """Closes the event log (and the TensorBoard logger it made); the
-        guard steps no more."""
+        """Closes the event log (and the TensorBoard logger it made), removes
+        the guard's hooks from the model and lets go of the process group
+        (distributed); the guard steps no more. Garbage collection and the
+        interpreter's exit close a guard too."""
+        self._unhook()
         self._core = None
         if self._own_tensorboard is not None:
             self._own_tensorboard.close()
@@ -425,3 +364,16 @@ class Guard:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+#: The guards not closed yet: closed at exit, before the interpreter tears
+#: down torch.distributed (a process group a guard kept alive past
+#: destroy_process_group, destroyed during the interpreter's teardown,
+#: aborted the process: "terminate called without an active exception").
+_open_guards = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_guards():
+    for guard in list(_open_guards):
+        guard.close()

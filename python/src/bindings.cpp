@@ -29,6 +29,7 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -184,7 +185,7 @@ struct py_saved_state : nanguard::saved_state {
 };
 
 /// A training_host whose methods a Python subclass implements
-/// (nanguard._guard._ModuleHost: an nn.Module and a torch.optim optimizer).
+/// (nanguard._hosts: an nn.Module, a DistributedDataParallel or FSDP2 one, and a torch.optim optimizer).
 class py_training_host : public nanguard::training_host {
  public:
   nanguard::named_tensors named_parameters() override {
@@ -196,6 +197,7 @@ class py_training_host : public nanguard::training_host {
   void set_lrs(const std::vector<double>& lrs) override {
     PYBIND11_OVERRIDE_PURE(void, nanguard::training_host, set_lrs, lrs);
   }
+  bool backward_done() override { PYBIND11_OVERRIDE(bool, nanguard::training_host, backward_done, ); }
   // Python's save() returns (state, [(name, parameter copy)]).
   std::shared_ptr<const nanguard::saved_state> save() override {
     py::gil_scoped_acquire gil;
@@ -686,11 +688,22 @@ PYBIND11_MODULE(_nanguard, m) {
       m, "Distributed",
       "nanguard::distributed over a torch.distributed process group: the guard averages the gradients and "
       "every rank takes the same decision each step.")
-      .def(py::init([](c10::intrusive_ptr<c10d::ProcessGroup> pg, bool average_gradients) {
+      .def(py::init([](c10::intrusive_ptr<c10d::ProcessGroup> pg, bool average_gradients, const std::string& backward) {
+             static const char* const collectives[] = {"none", "all_reduce", "reduce_scatter"};
              return std::make_shared<nanguard::distributed>(
-                 std::move(pg), nanguard::distributed_options().average_gradients(average_gradients));
+                 std::move(pg), nanguard::distributed_options().average_gradients(average_gradients).backward(
+                                    enum_of<nanguard::backward_collective>(backward, collectives,
+                                                                           "nanguard.Distributed: backward")));
            }),
-           py::arg("process_group"), py::arg("average_gradients") = true)
+           py::arg("process_group"), py::arg("average_gradients") = true, py::arg("backward") = "none",
+           "backward: the collective the model's own backward reduces the gradients with: \"none\" (the guard "
+           "averages them), \"all_reduce\" (DistributedDataParallel) or \"reduce_scatter\" (FSDP2)")
+      .def_property_readonly("backward",
+                             [](const nanguard::distributed& d) {
+                               std::string name = nanguard::to_string(d.options().backward());
+                               std::replace(name.begin(), name.end(), '-', '_');
+                               return name;
+                             })
       .def_property_readonly("rank", &nanguard::distributed::rank)
       .def_property_readonly("world_size", &nanguard::distributed::world_size);
 }

@@ -62,7 +62,8 @@ def main(out):
                          enable_model_summary=False, callbacks=[guard])
     trainer.fit(model, loader)
     result = {"rank": trainer.global_rank,
-              "bad": [{"step": r.step, "action": r.action, "verdict": r.verdict,
+              "bad": [{"step": r.step, "action": r.action, "verdict": r.verdict, "bad_ranks": r.nonfinite_ranks,
+                       "finding_rank": r.finding.rank if r.finding else -1,
                        "role": r.finding.role if r.finding else "", "op": r.finding.op if r.finding else ""}
                       for r in guard.bad_steps],
               "finite": all(bool(torch.isfinite(p).all()) for p in model.parameters()),

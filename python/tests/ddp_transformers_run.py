@@ -60,7 +60,8 @@ def main(out):
     transformers.Trainer(model=model, args=args, train_dataset=Embedded(), callbacks=[cb]).train()
     rank = dist.get_rank()
     result = {"rank": rank, "world": dist.get_world_size(),
-              "bad": [{"step": r.step, "action": r.action, "verdict": r.verdict,
+              "bad": [{"step": r.step, "action": r.action, "verdict": r.verdict, "bad_ranks": r.nonfinite_ranks,
+                       "finding_rank": r.finding.rank if r.finding else -1,
                        "role": r.finding.role if r.finding else "", "op": r.finding.op if r.finding else ""}
                       for r in cb.bad_steps],
               "finite": all(bool(torch.isfinite(p).all()) for p in model.parameters()),

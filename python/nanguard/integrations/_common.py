@@ -87,10 +87,15 @@ class CallbackGuard:
         self.last = None
         self.scaler_skips = 0
 
-    def build(self, model, optimizer, framework, rank, world_size):
+    def build(self, model, optimizer, framework, rank, world_size, ddp_group=None):
         """The guard over ``model`` and ``optimizer`` on this rank: rank 0
-        writes ``event_log`` and ``bundle_dir``, rank N beside them."""
+        writes ``event_log`` and ``bundle_dir``, rank N beside them.
+        ``ddp_group``: the process group of the framework's
+        DistributedDataParallel around ``model`` (every rank then agrees on
+        each step, and the rank a NaN/Inf came from is named)."""
         options = dict(self.guard_options)
+        if ddp_group is not None:
+            options["distributed"] = nanguard.Distributed(ddp_group, backward="all_reduce")
         tags = {"framework": framework, **(options.pop("bundle_tags", None) or {})}
         if world_size > 1:
             tags["rank"] = str(rank)

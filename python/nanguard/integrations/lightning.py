@@ -32,13 +32,15 @@ non-finite loss, or non-finite gradients at a scale of 1 or less (no
 overflow of the scaling then: the gradients themselves are bad), go to the
 guard.
 
-DDP (``strategy="ddp"``): every rank runs the callback. The gradient
-all-reduce carries a NaN from one rank to all, so every rank sees the same
-bad step and takes the same action (the parameters stay equal); each rank
-replays its own micro-batches without syncing (``no_sync``), so the rank
-whose batch was bad names the op and the others say "not reproduced". Rank
-0 writes ``event_log`` and ``bundle_dir``; rank N writes
-``<stem>.rankN<suffix>`` beside them.
+DDP (``strategy="ddp"``): every rank runs the callback, and the guard
+runs on DDP's process group (as ``nanguard.Guard`` over a
+DistributedDataParallel model): hooks on the parameters tell which rank's
+own gradients were not finite before DDP's all-reduce, every rank takes the
+same decision, each replays its own micro-batches without syncing
+(``no_sync``) while the rank the NaN/Inf came from traces them, and every
+rank's result names that rank, its op and its verdict. Rank 0 writes
+``event_log`` and ``bundle_dir``; rank N writes ``<stem>.rankN<suffix>``
+beside them.
 
 NOTE: a replay calls ``training_step`` again, so what it logs with
 ``self.log`` is logged a second time for that (bad) step. Manual
@@ -91,7 +93,9 @@ class NanGuard(_pl.Callback, CallbackGuard):
         if len(trainer.optimizers) != 1:
             raise ValueError(f"NanGuard: configure_optimizers returned {len(trainer.optimizers)} optimizers; "
                              "the callback guards exactly one")
-        self.build(pl_module, trainer.optimizers[0], "lightning", trainer.global_rank, trainer.world_size)
+        wrapped = trainer.strategy.model
+        ddp_group = wrapped.process_group if isinstance(wrapped, torch.nn.parallel.DistributedDataParallel) else None
+        self.build(pl_module, trainer.optimizers[0], "lightning", trainer.global_rank, trainer.world_size, ddp_group)
 
     # -- every step ------------------------------------------------------------
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):

@@ -34,10 +34,14 @@ skip: it skips the step and lowers its scale, and nanguard leaves it to it
 (``scaler_skips``). A non-finite loss, or non-finite gradients at a scale of
 1 or less, go to the guard.
 
-Distributed (DDP): every rank runs the callback and, as the gradient
-all-reduce spreads a NaN to every rank, takes the same action; each rank
-replays its own micro-batches; rank 0 writes ``event_log`` and
-``bundle_dir``, rank N ``<stem>.rankN<suffix>`` beside them.
+Distributed (DDP): every rank runs the callback, and the guard runs on
+the default process group (as ``nanguard.Guard`` over a
+DistributedDataParallel model): hooks on the parameters tell which rank's
+own gradients were not finite before DDP's all-reduce, every rank takes the
+same action, each replays its own micro-batches while the rank the NaN/Inf
+came from traces them, and every rank's result names that rank, its op and
+its verdict; rank 0 writes ``event_log`` and ``bundle_dir``, rank N
+``<stem>.rankN<suffix>`` beside them.
 
 NOTE: with ``max_grad_norm`` > 0 (the Trainer's default, 1.0) the Trainer's
 clipping multiplies every gradient by the NaN norm of a bad step before the
@@ -95,7 +99,7 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
         if model is None or optimizer is None:
             raise ValueError("NanGuardCallback: the Trainer passed no model or optimizer to on_train_begin; "
                              "add the callback to a transformers.Trainer (Trainer(..., callbacks=[...]))")
-        self.build(model, _inner(optimizer), "transformers", *_rank_and_world())
+        self.build(model, _inner(optimizer), "transformers", *_rank_and_world(), ddp_group=_ddp_group(args))
         if self._hook is not None:  # a train() that stopped on an error left it
             self._hook.remove()
         self._model = model
@@ -183,6 +187,12 @@ def _surrogate_loss(output):
         if isinstance(v, torch.Tensor) and v.is_floating_point() and v.requires_grad:
             return v.float().sum()
     return None
+
+
+def _ddp_group(args):
+    """The process group of the Trainer's DistributedDataParallel, or None."""
+    from transformers.training_args import ParallelMode
+    return torch.distributed.group.WORLD if args.parallel_mode == ParallelMode.DISTRIBUTED else None
 
 
 def _rank_and_world():

@@ -1,0 +1,243 @@
+"""The guard's view of a model and its optimizer (``nanguard::training_host``):
+what the C++ step calls back. One host for a plain ``nn.Module``, one for a
+``DistributedDataParallel`` model, one for an FSDP2 (``fully_shard``)
+model; ``host_for`` picks it and the consensus that goes with it."""
+import copy
+
+import torch
+
+from . import _compile, _nanguard
+from ._trace import open_module_scopes
+
+
+class ModuleHost(_nanguard.TrainingHost):
+    """An ``nn.Module`` and a ``torch.optim`` optimizer. ``model`` may be
+    compiled (``torch.compile``): its state and names are those of the
+    module it compiled."""
+
+    def __init__(self, model, optimizer, named):
+        super().__init__()
+        self.compiled = model
+        self.model = _compile.original_module(model)
+        self.optimizer = optimizer
+        self.named = named
+
+    def named_parameters(self):
+        return self.named
+
+    def zero_grad(self):
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def optimizer_step(self):
+        self.optimizer.step()
+
+    def lrs(self):
+        return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def set_lrs(self, lrs):
+        for g, lr in zip(self.optimizer.param_groups, lrs):
+            g["lr"] = lr
+
+    def save(self):
+        model_state = copy.deepcopy(self.model.state_dict())
+        saved = [(n, _local(model_state[n])) for n, _ in self.named if n in model_state]
+        return (model_state, copy.deepcopy(self.optimizer.state_dict())), saved
+
+    def restore(self, state):
+        model_state, optimizer_state = state
+        self.model.load_state_dict(model_state)
+        self.optimizer.load_state_dict(optimizer_state)
+
+    def begin_traced_run(self):
+        end_eager_run = _compile.begin_eager_run()
+        close_scopes = open_module_scopes(self.model)
+
+        def end():
+            close_scopes()
+            end_eager_run()
+
+        return end
+
+    def bisect_compiled(self, step_finite):
+        return _compile.bisect(self.compiled, step_finite)
+
+    def close(self):
+        """Lets go of what the host hooked into the model."""
+
+
+class _OwnGradients:
+    """Whether this rank's own gradients stayed finite since the last look:
+    a hook on each of ``tensors`` reads its gradient once it is accumulated,
+    before the model's backward collective sends it to the other ranks."""
+
+    def __init__(self):
+        self.finite = True
+        self._handles = []
+
+    def watch(self, tensors):
+        for t in tensors:
+            self._handles.append(t.register_post_accumulate_grad_hook(self._read))
+
+    def _read(self, t):
+        if self.finite and t.grad is not None and _nanguard.has_nonfinite(t.grad.detach()):
+            self.finite = False
+
+    def take(self):
+        """Whether they were finite; starts over."""
+        finite, self.finite = self.finite, True
+        return finite
+
+    def remove(self):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+class DataParallelHost(ModuleHost):
+    """The module a ``DistributedDataParallel`` wraps (its parameters and
+    state dict named as there): after backward the parameters hold the
+    gradients DDP's all-reduce averaged, and a hook on each says whether
+    this rank's own were finite before it."""
+
+    def __init__(self, module, optimizer):
+        super().__init__(module, optimizer, _trainable(module))
+        self._own = _OwnGradients()
+        self._own.watch([p for _, p in self.named])
+
+    def backward_done(self):
+        return self._own.take()
+
+    def close(self):
+        self._own.remove()
+
+
+class ShardedHost(ModuleHost):
+    """An FSDP2 (``fully_shard``) model: the guard reads each parameter's
+    local shard and, after backward, the local shard of its gradient (the
+    reduce-scatter's output); hooks on FSDP's unsharded parameters say
+    whether this rank's own gradients were finite before the reduce-scatter."""
+
+    def __init__(self, model, optimizer):
+        self.sharded = _trainable(model)
+        # Aliases of the local shards: the C++ guard reads them and their .grad.
+        super().__init__(model, optimizer, [(n, p.to_local().detach()) for n, p in self.sharded])
+        self._own = _OwnGradients()
+        # FSDP makes its unsharded parameters at the first forward: hook them then.
+        self._first_forward = model.register_forward_hook(self._watch_unsharded)
+
+    def _watch_unsharded(self, *_):
+        self._first_forward.remove()
+        self._own.watch(_unsharded_parameters(self.model))
+
+    def zero_grad(self):
+        super().zero_grad()
+        for _, local in self.named:
+            local.grad = None
+
+    def backward_done(self):
+        for (_, p), (_, local) in zip(self.sharded, self.named):
+            local.grad = None if p.grad is None else p.grad.to_local()
+        return self._own.take()
+
+    def close(self):
+        self._first_forward.remove()
+        self._own.remove()
+
+
+def host_for(compiled, optimizer, distributed):
+    """The host of the model ``compiled`` (compiled or not) and the C++
+    consensus for it: ``(host, nanguard.Distributed or None)``. A DistributedDataParallel model and an
+    FSDP2 one are distributed on their own process group; ``distributed``
+    (None, True, a ProcessGroup or a nanguard.Distributed) must then be None,
+    True, or that group. A ``nanguard.Distributed(group, backward="all_reduce")``
+    declares the module inside a framework's DistributedDataParallel."""
+    import torch.distributed as dist
+    model = _compile.original_module(compiled)  # what a compiled model compiled: its parameters, its wrapper
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        group = model.process_group
+        return DataParallelHost(model.module, optimizer), _consensus_on(group, distributed, "all_reduce",
+                                                                         "DistributedDataParallel")
+    if isinstance(distributed, _nanguard.Distributed) and distributed.backward == "all_reduce":
+        # The module a framework's DDP wraps (the integrations): the framework runs its steps.
+        return DataParallelHost(model, optimizer), distributed
+    sharded = [p for _, p in _trainable(model) if _is_dtensor(p)]
+    if sharded:
+        group = _mesh_group(sharded)
+        return ShardedHost(model, optimizer), _consensus_on(group, distributed, "reduce_scatter", "fully_shard")
+    return ModuleHost(compiled, optimizer, _trainable(model)), _consensus(distributed, dist)
+
+
+def _trainable(model):
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def _local(t):
+    """A DTensor's local shard; any other tensor as is."""
+    return t.to_local() if _is_dtensor(t) else t
+
+
+def _is_dtensor(t):
+    from ._dtensor import is_dtensor
+    return is_dtensor(t)
+
+
+def _mesh_group(dtensors):
+    """The process group of the 1-D device mesh the parameters are sharded on."""
+    meshes = {p.device_mesh for p in dtensors}
+    mesh = next(iter(meshes))
+    if len(meshes) != 1 or mesh.ndim != 1:
+        raise ValueError("nanguard.Guard: the model's parameters are DTensors on "
+                         + (f"{len(meshes)} device meshes" if len(meshes) != 1 else f"a {mesh.ndim}-D device mesh")
+                         + "; the guard supports FSDP2 (fully_shard) on one 1-D mesh, e.g. "
+                           "init_device_mesh('cpu', (world_size,))")
+    return mesh.get_group()
+
+
+def _unsharded_parameters(model):
+    """FSDP2's unsharded parameters of every fully_shard module in ``model``:
+    their gradients are this rank's own, before the reduce-scatter. (FSDP2
+    has no public handle on them; these are its FSDPParam objects.)"""
+    from torch.distributed.fsdp import FSDPModule
+    out = []
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            group = m._get_fsdp_state()._fsdp_param_group
+            out += [fp._unsharded_param for fp in (group.fsdp_params if group is not None else [])
+                    if fp.sharded_param.requires_grad]
+    return out
+
+
+def _consensus_on(group, distributed, backward, wrapper):
+    """The consensus on ``group``, the process group the model's backward
+    reduces its gradients over with ``backward``."""
+    import torch.distributed as dist
+    if isinstance(distributed, _nanguard.Distributed):
+        raise ValueError(f"nanguard.Guard: the model is wrapped in {wrapper}, which reduces the gradients "
+                         "itself: pass distributed=True (or its process group), not a nanguard.Distributed")
+    if isinstance(distributed, dist.ProcessGroup) and distributed is not group:
+        raise ValueError(f"nanguard.Guard: the model is on a {wrapper} process group of {group.size()} ranks, "
+                         f"but distributed= is another ProcessGroup ({distributed.size()} ranks); pass "
+                         "distributed=True, or the process group the model was wrapped with")
+    if distributed is False:
+        raise ValueError(f"nanguard.Guard: the model is wrapped in {wrapper}: its steps are collective, so the "
+                         "guard must be too; leave distributed= out (or True)")
+    return _nanguard.Distributed(group, backward=backward)
+
+
+def _consensus(d, dist):
+    """The C++ consensus for ``Guard(distributed=d)`` on an unwrapped model:
+    None, True (the default process group), a torch.distributed
+    ProcessGroup, or a ``nanguard.Distributed``."""
+    if d is None or d is False:
+        return None
+    if isinstance(d, _nanguard.Distributed):
+        return d
+    if d is True:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError("nanguard.Guard: distributed=True needs torch.distributed initialized first "
+                             "(torch.distributed.init_process_group, or run under torchrun)")
+        d = dist.group.WORLD
+    if not isinstance(d, dist.ProcessGroup):
+        raise TypeError("nanguard.Guard: distributed must be True, a torch.distributed ProcessGroup or a "
+                        f"nanguard.Distributed, got {type(d).__name__}")
+    return _nanguard.Distributed(d)

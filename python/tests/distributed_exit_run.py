@@ -1,0 +1,46 @@
+"""Two Gloo ranks of DDP + begin_step/check that end as users write them:
+destroy_process_group with the guard still open, then the interpreter's
+exit (run by test_distributed_exit.py as `python distributed_exit_run.py
+STORE`; a rank that dies dies with the run's exit code). With
+`--dead-rank`, rank 1 dies at step 3 and rank 0 prints the error its step
+raised."""
+import datetime
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import nanguard
+
+
+def main(rank, store, dead_rank):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=10))
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    guard = nanguard.Guard(model, opt)
+    for step in range(1, 5):
+        x = torch.randn(8, 4)
+        if rank == 1 and step == 2:
+            x[0, 0] = float("nan")
+        if dead_rank and rank == 1 and step == 3:
+            os._exit(3)
+        guard.begin_step()
+        opt.zero_grad()
+        try:
+            loss = model(x).sum()
+            loss.backward()
+            guard.check(loss, replay=lambda: model(x).sum(), batch=[x])
+        except RuntimeError as e:
+            print(f"rank {rank} step {step}: {e}".splitlines()[0], flush=True)
+            os._exit(4)
+        opt.step()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mp.spawn(main, args=(sys.argv[1], "--dead-rank" in sys.argv), nprocs=2)
