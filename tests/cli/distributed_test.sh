@@ -164,6 +164,42 @@ case_the_launcher() {
   grep -q 'environment variable WORLD_SIZE is not set' "$WORK/noenv.out" || fail "no environment: $(cat "$WORK/noenv.out")"
 }
 
+# Two nodes on one machine: two launchers (--nnodes 2 --node-rank 0/1, one
+# port), 2 ranks each: one job of 4 ranks. Every rank skips rank 3's step 4
+# and ends with the same parameters; then node 1's rank 3 dies, and node 0's
+# launcher fails with its ranks' clear error within their c10d timeout.
+case_two_nodes() {
+  port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  for node in 0 1; do
+    "$NANGUARD" launch -n 2 --nnodes 2 --node-rank $node --master-addr 127.0.0.1 --port "$port" --timeout 120 -- \
+      "$TRAIN" --steps 6 --policy skip --nan-rank 3 --nan-step 4 --timeout 20 >"$WORK/node$node.out" 2>&1 &
+    pids[$node]=$!
+  done
+  wait "${pids[0]}" || fail "two nodes: node 0 failed: $(tail -5 "$WORK/node0.out")"
+  wait "${pids[1]}" || fail "two nodes: node 1 failed: $(tail -5 "$WORK/node1.out")"
+  grep -q '^\[rank 0\] step 4: skip, non-finite on rank(s) \[3\]' "$WORK/node0.out" ||
+    fail "two nodes: rank 0 does not report rank 3's step 4: $(tail -5 "$WORK/node0.out")"
+  grep -q '^\[rank 3\] step 4: skip' "$WORK/node1.out" || fail "two nodes: node 1 runs no rank 3: $(tail -5 "$WORK/node1.out")"
+  cat "$WORK/node0.out" "$WORK/node1.out" >"$WORK/nodes.out"
+  same_checksums "$WORK/nodes.out" 4 || fail "two nodes: the ranks' parameters differ"
+  start=$SECONDS
+  for node in 0 1; do
+    "$NANGUARD" launch -n 2 --nnodes 2 --node-rank $node --port "$port" --timeout 120 -- \
+      "$TRAIN" --steps 50 --kill-rank 3 --kill-step 3 --timeout 10 >"$WORK/dead$node.out" 2>&1 &
+    pids[$node]=$!
+  done
+  wait "${pids[0]}" && fail "dead node: node 0's launcher exited 0"
+  wait "${pids[1]}" && fail "dead node: node 1's launcher exited 0"
+  grep -q 'nanguard: error: launch: rank [01] exited with status 1' "$WORK/dead0.out" ||
+    fail "dead node: node 0's launcher does not name its failing rank: $(tail -5 "$WORK/dead0.out")"
+  grep -q 'all-reduce failed (another rank died' "$WORK/dead0.out" ||
+    fail "dead node: unclear error on node 0: $(tail -5 "$WORK/dead0.out")"
+  (( SECONDS - start < 90 )) || fail "dead node: took $((SECONDS - start)) s"
+  "$NANGUARD" launch -n 1 --nnodes 2 -- true >"$WORK/noport.out" 2>&1
+  [[ $? == 2 ]] || fail "--nnodes without --port: not exit 2"
+  grep -q 'every node needs the same --port' "$WORK/noport.out" || fail "--nnodes without --port: $(cat "$WORK/noport.out")"
+}
+
 run_cases skip_2_ranks \
   skip_4_ranks_with_loss_scaling \
   rollback_4_ranks \
@@ -171,6 +207,7 @@ run_cases skip_2_ranks \
   gradient_consistency_check \
   a_rank_dies \
   a_survivor_fails_clearly \
+  two_nodes \
   the_launcher
 if (( failures > 0 )); then
   echo "$failures check(s) failed"

@@ -6,6 +6,11 @@
 // there. Every output line is prefixed with `[rank k] `. When a rank fails
 // (non-zero exit or a signal) the others are stopped and the launcher exits
 // non-zero, naming the rank and how it ended; so it does after --timeout.
+//
+// Several machines (torchrun's static rendezvous): one launcher per node
+// with `--nnodes M --node-rank K --master-addr ADDR --port P`, the same ADDR
+// and P everywhere (node 0's address); node K's ranks are K*N .. K*N+N-1 of
+// WORLD_SIZE=M*N.
 #include "commands.h"
 
 #include <fmt/format.h>
@@ -33,10 +38,16 @@ namespace nanguard::cli {
 namespace {
 
 struct launch_args {
-  int ranks = 1;
+  int ranks = 1;  // on this node
+  int nodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
   double timeout = 0;
   int port = 0;
   std::vector<std::string> argv;
+
+  int world_size() const { return nodes * ranks; }
+  int first_rank() const { return node_rank * ranks; }
 };
 
 // A port nobody listens on now (the kernel picks it).
@@ -103,12 +114,15 @@ pid_t spawn(const launch_args& a, int rank, int port, int out_fd, int err_fd) {
   if (::getppid() != parent) ::_exit(127);
   ::dup2(out_fd, STDOUT_FILENO);
   ::dup2(err_fd, STDERR_FILENO);
-  const std::string r = std::to_string(rank), n = std::to_string(a.ranks), p = std::to_string(port);
+  const std::string r = std::to_string(rank), local = std::to_string(rank - a.first_rank()),
+                    world = std::to_string(a.world_size()), n = std::to_string(a.ranks), p = std::to_string(port),
+                    node = std::to_string(a.node_rank);
   ::setenv("RANK", r.c_str(), 1);
-  ::setenv("LOCAL_RANK", r.c_str(), 1);
-  ::setenv("WORLD_SIZE", n.c_str(), 1);
+  ::setenv("LOCAL_RANK", local.c_str(), 1);
+  ::setenv("WORLD_SIZE", world.c_str(), 1);
   ::setenv("LOCAL_WORLD_SIZE", n.c_str(), 1);
-  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("GROUP_RANK", node.c_str(), 1);  // torchrun's name of the node's rank
+  ::setenv("MASTER_ADDR", a.master_addr.c_str(), 1);
   ::setenv("MASTER_PORT", p.c_str(), 1);
   std::vector<char*> argv;
   for (const std::string& s : a.argv) argv.push_back(const_cast<char*>(s.c_str()));
@@ -118,27 +132,43 @@ pid_t spawn(const launch_args& a, int rank, int port, int out_fd, int err_fd) {
   ::_exit(127);
 }
 
-int run_launch(const launch_args& a) {
+void check_args(const launch_args& a) {
   if (a.ranks < 1 || a.ranks > 1024)
     throw usage_error(fmt::format("launch: -n must be in [1, 1024] but is {}", a.ranks));
+  if (a.nodes < 1 || a.nodes > 1024)
+    throw usage_error(fmt::format("launch: --nnodes must be in [1, 1024] but is {}", a.nodes));
+  if (a.node_rank < 0 || a.node_rank >= a.nodes)
+    throw usage_error(fmt::format("launch: --node-rank must be in [0, --nnodes={}) but is {}", a.nodes, a.node_rank));
+  if (a.nodes > 1 && a.port == 0)
+    throw usage_error("launch: with --nnodes > 1 every node needs the same --port (and --master-addr: node 0's "
+                      "address), e.g. --port 29500");
   if (!(a.timeout >= 0)) throw usage_error(fmt::format("launch: --timeout must be >= 0 seconds but is {}", a.timeout));
   if (a.argv.empty()) throw usage_error("launch: no program given; usage: nanguard launch -n 2 -- ./train ARGS");
-  const int port = a.port > 0 ? a.port : free_port();
-  ::signal(SIGPIPE, SIG_IGN);
+}
 
+// Starts this node's ranks, each writing into two pipes the launcher reads.
+std::vector<rank_process> start_ranks(const launch_args& a, int port) {
   std::vector<rank_process> ranks(static_cast<size_t>(a.ranks));
-  for (int r = 0; r < a.ranks; ++r) {
+  for (int i = 0; i < a.ranks; ++i) {
     int out[2], err[2];
     if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
       throw std::runtime_error(fmt::format("launch: pipe failed: {}", std::strerror(errno)));
-    rank_process& p = ranks[static_cast<size_t>(r)];
-    p.rank = r;
-    p.pid = spawn(a, r, port, out[1], err[1]);
+    rank_process& p = ranks[static_cast<size_t>(i)];
+    p.rank = a.first_rank() + i;
+    p.pid = spawn(a, p.rank, port, out[1], err[1]);
     ::close(out[1]);
     ::close(err[1]);
     p.fd[0] = out[0];
     p.fd[1] = err[0];
   }
+  return ranks;
+}
+
+int run_launch(const launch_args& a) {
+  check_args(a);
+  const int port = a.port > 0 ? a.port : free_port();
+  ::signal(SIGPIPE, SIG_IGN);
+  std::vector<rank_process> ranks = start_ranks(a, port);
 
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
@@ -239,12 +269,16 @@ int run_launch(const launch_args& a) {
 
 command add_launch_command(CLI::App& app) {
   auto* sub = app.add_subcommand(
-      "launch", "Run a program as N ranks of one process group on this machine (RANK, WORLD_SIZE, MASTER_ADDR, "
-                "MASTER_PORT set like torchrun)");
+      "launch", "Run a program as N ranks of one process group on this machine, or on each of --nnodes machines "
+                "(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set like torchrun)");
   auto a = std::make_shared<launch_args>();
   sub->add_option("-n,--nproc", a->ranks, "the number of ranks (processes)")->required();
   sub->add_option("--timeout", a->timeout, "stop every rank and fail after this many seconds (0: no limit)");
-  sub->add_option("--port", a->port, "MASTER_PORT (default: a free port)")->check(CLI::Range(1, 65535));
+  sub->add_option("--port", a->port, "MASTER_PORT (default: a free port; required with --nnodes > 1)")
+      ->check(CLI::Range(1, 65535));
+  sub->add_option("--nnodes", a->nodes, "the number of nodes (one launcher on each; default 1)");
+  sub->add_option("--node-rank", a->node_rank, "this node's index in [0, --nnodes) (default 0)");
+  sub->add_option("--master-addr", a->master_addr, "MASTER_ADDR: node 0's address (default 127.0.0.1)");
   sub->add_option("command", a->argv, "the program and its arguments, after --")->required()->expected(-1);
   sub->footer(exit_codes("every rank exited 0") +
               "\nA rank that fails: its exit code (128+N when killed by signal N); --timeout reached: 124.");
