@@ -7,6 +7,14 @@
 #include "detail/chunked_parallel.h"
 #include "detail/value_range.h"
 
+#include <ATen/Dispatch.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/aminmax.h>
+#include <ATen/ops/isfinite.h>
+#include <ATen/ops/isnan.h>
+#include <ATen/ops/isneginf.h>
+#include <ATen/ops/isposinf.h>
+#include <ATen/ops/view_as_real.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <fmt/format.h>

@@ -9,6 +9,7 @@
 #include <nanguard/column_stats.h>
 #include <nanguard/csv.h>
 
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>

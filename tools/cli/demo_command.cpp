@@ -20,6 +20,7 @@
 #include <nanguard/tracer.h>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/nn/module.h>
