@@ -2,7 +2,7 @@
 """The guard over a compiled model: step time against the compiled plain
 step, and the recompiles and graph breaks nanguard causes.
 
-Workload: bench_overhead.py's reference model (TransformerEncoder
+Workload: workload.py's reference model (TransformerEncoder
 classifier, batch 16 x 64 tokens, AdamW, clip_grad_norm_(1.0), 2 threads),
 compiled with torch.compile (Inductor, default mode).
 
@@ -14,8 +14,8 @@ step time each:
 Prints `py_compiled_guard_ratio` (and `_ci95`, `_cpu_ratio`) as
 bench_overhead.py does, then `compiled_recompiles` and
 `compiled_graph_breaks`: what Dynamo's counters gained from the first guarded
-step on (after both variants' warm-up), 0 when nanguard neither recompiles
-nor breaks the graph. `compiled_guard_replay_recompiles` is the same after a
+step on (two plain steps compiled the model before it), 0 when nanguard
+neither recompiles nor breaks the graph. `compiled_guard_replay_recompiles` is the same after a
 bad step that the guard replays eagerly.
 Environment: NANGUARD_BENCH_ROUNDS (default 30), NANGUARD_BENCH_STEPS (2).
 """
@@ -26,11 +26,10 @@ import time
 import warnings
 
 import torch
-import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 import nanguard
-from bench_overhead import Model, paired_ratio
+from workload import Model, paired_ratio, rotated, step_variants
 
 
 def dynamo_counts():
@@ -48,43 +47,27 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = torch.randint(0, 1000, (16, 64))
     labels = torch.randint(0, 10, (16,))
-    guard = nanguard.Guard(model, opt, max_norm=1.0)
-
-    def loss_fn():
-        return F.cross_entropy(model(tokens), labels)
-
-    def plain_step():
-        opt.zero_grad(set_to_none=True)
-        loss_fn().backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-
-    def guard_step():
-        r = guard.step(loss_fn)
-        assert r.action == "step", r
-
-    variants = {"plain": plain_step, "guard": guard_step}
+    every, loss = step_variants(model, opt, tokens, labels)
+    variants = {k: every[k] for k in ("plain", "guard")}
     t0 = time.perf_counter()
-    plain_step()  # compiles forward and backward
+    variants["plain"]()  # compiles forward and backward
     print(f"# first compiled step (compiling) {time.perf_counter() - t0:.1f} s")
-    plain_step()
+    variants["plain"]()
     before = dynamo_counts()
-    guard_step()
+    variants["guard"]()
     times = {k: [] for k in variants}
     cpu_times = {k: [] for k in variants}
     for r in range(rounds):
-        order = list(variants.items())
-        order = order[r % len(order):] + order[:r % len(order)]
-        for name, fn in order:
+        for name, fn in rotated(variants, r):
             for _ in range(steps):
                 t0, c0 = time.perf_counter(), time.thread_time()
                 fn()
                 times[name].append(time.perf_counter() - t0)
                 cpu_times[name].append(time.thread_time() - c0)
     after = dynamo_counts()
-    bad = guard.step(lambda: loss_fn() * float("nan"))  # replayed eagerly
+    bad = nanguard.Guard(model, opt).step(lambda: loss() * float("nan"))  # replayed eagerly
     assert bad.skipped and bad.verdict == "reproduced", bad
-    guard_step()
+    variants["guard"]()
     after_replay = dynamo_counts()
     print(f"# reference workload compiled (Inductor), {rounds} rounds x {steps} steps per variant, 2 threads, "
           f"torch {torch.__version__}")

@@ -241,3 +241,35 @@ def test_a_backend_that_does_not_exist_is_one_clear_error():
     with pytest.raises(Exception, match="this backend cannot compile"):
         guard.step(lambda: model(torch.randn(4, 4)).sum())
     assert not nanguard._nanguard.observers_paused()
+
+
+def test_lightning_guards_a_compiled_lightning_module():
+    pl = pytest.importorskip("lightning.pytorch")
+    from nanguard.integrations.lightning import NanGuard
+
+    class Lit(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.head = Norm(), nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.head(self.norm(x))
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.cross_entropy(self(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    x, y = torch.randn(32, 4), torch.arange(32) % 3
+    x[20] = 1.0  # step 3's batch holds a constant row
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    callback = NanGuard(policy="skip")
+    trainer = pl.Trainer(max_epochs=1, callbacks=[callback], logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    breaks = graphs_compiled()[1]
+    trainer.fit(torch.compile(Lit()), loader)
+    assert [(r.step, r.verdict, r.finding.op, r.finding.module) for r in callback.bad_steps] == \
+        [(3, "reproduced", "aten::div", "norm")]
+    assert graphs_compiled()[1] == breaks
