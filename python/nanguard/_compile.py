@@ -32,12 +32,6 @@ def original_module(model):
     return model
 
 
-def is_compiled(model):
-    """True for a model made by ``torch.compile(model)`` or compiled in place
-    with ``model.compile()``."""
-    return model is not original_module(model) or getattr(model, "_compiled_call_impl", None) is not None
-
-
 def anything_compiled():
     """True once Dynamo has compiled a frame in this process (a compiled
     function or training step is compiled too, not only a module)."""
@@ -71,15 +65,15 @@ def begin_eager_run():
     return lambda: stance.__exit__(None, None, None)  # back to the stance before
 
 
-def bisect(model, step_finite):
+def bisect(step_finite):
     """Which stage of the compiler makes a NaN/Inf that the eager step does
     not: runs ``step_finite()`` (the step again from its RNG state; whether
     it stayed finite) with the graphs compiled by ``aot_eager`` (Dynamo and
     AOTAutograd, no code generation), then as compiled, with Inductor's
-    kernels checked one by one. Returns one sentence, or "" when ``model``
-    is not compiled or neither stage makes the NaN/Inf again
+    kernels checked one by one. Returns one sentence, or "" when nothing is
+    compiled in this process or neither stage makes the NaN/Inf again
     (non-determinism)."""
-    if not (is_compiled(model) or anything_compiled()):
+    if not anything_compiled():
         return ""
     with torch.compiler.set_stance("default", force_backend="aot_eager"):
         aot_eager_finite = step_finite()
@@ -108,8 +102,7 @@ class _KernelWatch:
         self._wrapped = []
 
     def __enter__(self):
-        from torch._inductor.codecache import PyCodeCache
-        for module in list(PyCodeCache.modules):
+        for module in _generated_modules():
             for name, kernel in list(vars(module).items()):
                 if name.startswith(self._KERNEL_PREFIXES) and callable(kernel):
                     self._wrapped.append((module, name, kernel))
@@ -152,6 +145,16 @@ class _KernelWatch:
         if self.path:
             text += f"; its code: {self.path}"
         return text
+
+
+def _generated_modules():
+    """The Python modules of Inductor's generated code in this process:
+    PyCodeCache's, and those it also put in sys.modules (with Inductor's
+    caches off, PyCodeCache forgets its modules after each compile)."""
+    from torch._inductor.codecache import PyCodeCache
+    prefix = "torch._inductor.runtime.compile_tasks."
+    modules = list(PyCodeCache.modules) + [m for name, m in list(sys.modules.items()) if name.startswith(prefix)]
+    return list({id(m): m for m in modules}.values())
 
 
 def _kernel_origins(kernel):

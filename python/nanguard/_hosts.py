@@ -17,7 +17,6 @@ class ModuleHost(_nanguard.TrainingHost):
 
     def __init__(self, model, optimizer, named):
         super().__init__()
-        self.compiled = model
         self.model = _compile.original_module(model)
         self.optimizer = optimizer
         self.named = named
@@ -59,7 +58,7 @@ class ModuleHost(_nanguard.TrainingHost):
         return end
 
     def bisect_compiled(self, step_finite):
-        return _compile.bisect(self.compiled, step_finite)
+        return _compile.bisect(step_finite)
 
     def close(self):
         """Lets go of what the host hooked into the model."""
