@@ -19,17 +19,15 @@ neither recompiles nor breaks the graph. `compiled_guard_replay_recompiles` is t
 bad step that the guard replays eagerly.
 Environment: NANGUARD_BENCH_ROUNDS (default 30), NANGUARD_BENCH_STEPS (2).
 """
-import os
 import statistics
 import sys
 import time
-import warnings
 
 import torch
 from torch._dynamo.utils import counters
 
 import nanguard
-from workload import Model, paired_ratio, rotated, step_variants
+from workload import paired_ratio, rotated, settings, step_variants, training
 
 
 def dynamo_counts():
@@ -38,15 +36,9 @@ def dynamo_counts():
 
 
 def main():
-    torch.set_num_threads(2)
-    torch.manual_seed(0)
-    warnings.filterwarnings("ignore")
-    rounds = int(os.environ.get("NANGUARD_BENCH_ROUNDS", "30"))
-    steps = int(os.environ.get("NANGUARD_BENCH_STEPS", "2"))
-    model = torch.compile(Model().train())
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    tokens = torch.randint(0, 1000, (16, 64))
-    labels = torch.randint(0, 10, (16,))
+    rounds, steps = settings(rounds=30, steps=2)
+    eager, opt, tokens, labels = training()
+    model = torch.compile(eager)
     every, loss = step_variants(model, opt, tokens, labels)
     variants = {k: every[k] for k in ("plain", "guard")}
     t0 = time.perf_counter()
