@@ -84,9 +84,11 @@ bench-tracer: build
 bench-guard: build
 	$(BUILD)/bench/guard_bench
 
-# Consensus cost of the distributed guard on 2 ranks over loopback (Gloo).
+# Consensus cost of the distributed guard on 2 ranks over loopback (Gloo), and
+# the Guard over DDP and FSDP2 against their plain steps (2 ranks).
 bench-distributed: build
 	$(BUILD)/bench/distributed_bench
+	PYTHONPATH=$(BUILD)/python $(PYTHON) python/bench/bench_distributed.py
 
 bench-python: build
 	PYTHONPATH=$(BUILD)/python $(PYTHON) python/bench/bench_overhead.py
