@@ -31,7 +31,9 @@ __all__ = [
 
 #: ``nanguard::distributed`` over a torch.distributed process group, for
 #: ``Guard(distributed=...)``: ``Distributed(process_group,
-#: average_gradients=True)``; ``rank``, ``world_size``.
+#: average_gradients=True, backward="none")`` (``backward="all_reduce"``:
+#: the model is the module inside a framework's DistributedDataParallel);
+#: ``rank``, ``world_size``, ``backward``.
 Distributed = _nanguard.Distributed
 
 #: One-pass statistics of a tensor (``nanguard::tensor_stats``).

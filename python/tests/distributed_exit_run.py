@@ -1,6 +1,6 @@
 """Two Gloo ranks of DDP + begin_step/check that end as users write them:
-destroy_process_group with the guard still open, then the interpreter's
-exit (run by test_distributed_exit.py as `python distributed_exit_run.py
+destroy_process_group with the guard still open (and alive until the
+interpreter's exit, as in a script written at the top level), then the exit (run by test_distributed_exit.py as `python distributed_exit_run.py
 STORE`; a rank that dies dies with the run's exit code). With
 `--dead-rank`, rank 1 dies at step 3 and rank 0 prints the error its step
 raised."""
@@ -14,6 +14,9 @@ import torch.multiprocessing as mp
 
 import nanguard
 
+#: What a script at the top level keeps until the interpreter exits.
+KEPT = []
+
 
 def main(rank, store, dead_rank):
     torch.set_num_threads(1)
@@ -23,6 +26,7 @@ def main(rank, store, dead_rank):
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     guard = nanguard.Guard(model, opt)
+    KEPT.append((guard, model))
     for step in range(1, 5):
         x = torch.randn(8, 4)
         if rank == 1 and step == 2:
