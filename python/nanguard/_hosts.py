@@ -66,8 +66,10 @@ class ModuleHost(_nanguard.TrainingHost):
 
 class _OwnGradients:
     """Whether this rank's own gradients stayed finite since the last look:
-    a hook on each of ``tensors`` reads its gradient once it is accumulated,
-    before the model's backward collective sends it to the other ranks."""
+    a hook on each of ``tensors`` reads the gradient this rank's backward
+    computes for it, before it is accumulated (after a reduced micro-batch,
+    ``.grad`` holds what the other ranks sent too) and before the model's
+    backward collective sends it."""
 
     def __init__(self):
         self.finite = True
@@ -75,10 +77,10 @@ class _OwnGradients:
 
     def watch(self, tensors):
         for t in tensors:
-            self._handles.append(t.register_post_accumulate_grad_hook(self._read))
+            self._handles.append(t.register_hook(self._read))
 
-    def _read(self, t):
-        if self.finite and t.grad is not None and _nanguard.has_nonfinite(t.grad.detach()):
+    def _read(self, grad):
+        if self.finite and _nanguard.has_nonfinite(grad.detach()):
             self.finite = False
 
     def take(self):

@@ -77,3 +77,34 @@ def test_guard_step_over_ddp(tmp_path):
 
 def test_guard_check_over_ddp(tmp_path):
     _check_ranks(run_ranks(_ddp_run, tmp_path, True))
+
+
+def _ddp_accumulated(rank):
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    model = torch.nn.parallel.DistributedDataParallel(inner)
+    guard = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.05), policy="rollback", snapshot_every=1)
+    g = torch.Generator().manual_seed(rank)
+    out = []
+    for step in range(1, 4):
+        batches = []
+        for i in range(3):
+            x = torch.randn(4, 4, generator=g)
+            if rank == 1 and step == 2 and i == 1:
+                x[0, 0] = float("nan")
+            batches.append((x, x.sum(1, keepdim=True)))
+        r = guard.step_accumulated(lambda a, b: F.mse_loss(model(a), b), batches)
+        out.append((r.action, r.nonfinite_ranks, r.verdict, r.finding.rank if r.finding else None))
+    guard.close()
+    params = [p.detach().tolist() for p in inner.parameters()]
+    model = None
+    return out, params
+
+
+def test_accumulated_micro_batches_over_ddp_name_the_rank_the_nan_came_from(tmp_path):
+    # Each micro-batch's backward all-reduces: after rank 1's bad one, rank
+    # 0's .grad holds the NaN it received, yet its own gradients were finite.
+    got = run_ranks(_ddp_accumulated, tmp_path)
+    for rank, (out, _) in got.items():
+        assert out == [("step", [], "", None), ("rollback", [1], "reproduced", 1), ("step", [], "", None)], (rank, out)
+    assert got[0][1] == got[1][1]
