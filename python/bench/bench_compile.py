@@ -27,7 +27,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import nanguard
-from workload import paired_ratio, rotated, settings, step_variants, training
+from workload import paired_ratio, settings, step_variants, timed_rounds, training
 
 
 def dynamo_counts():
@@ -47,15 +47,7 @@ def main():
     variants["plain"]()
     before = dynamo_counts()
     variants["guard"]()
-    times = {k: [] for k in variants}
-    cpu_times = {k: [] for k in variants}
-    for r in range(rounds):
-        for name, fn in rotated(variants, r):
-            for _ in range(steps):
-                t0, c0 = time.perf_counter(), time.thread_time()
-                fn()
-                times[name].append(time.perf_counter() - t0)
-                cpu_times[name].append(time.thread_time() - c0)
+    times, cpu_times = timed_rounds(variants, rounds, steps)
     after = dynamo_counts()
     bad = nanguard.Guard(model, opt).step(lambda: loss() * float("nan"))  # replayed eagerly
     assert bad.skipped and bad.verdict == "reproduced", bad

@@ -17,16 +17,14 @@ import datetime
 import os
 import sys
 import tempfile
-import time
 import warnings
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from workload import Model, paired_ratio, rotated  # noqa: E402
+from workload import Model, paired_ratio, step_variants, timed_rounds  # noqa: E402
 
 import nanguard  # noqa: E402
 
@@ -52,31 +50,11 @@ def measure(kind, rounds, steps):
     tokens = torch.randint(0, 1000, (16, 64), generator=g)
     labels = torch.randint(0, 10, (16,), generator=g)
     guard = nanguard.Guard(model, opt, max_norm=1.0)
-
-    def loss_fn():
-        return F.cross_entropy(model(tokens), labels)
-
-    def plain_step():
-        opt.zero_grad(set_to_none=True)
-        loss_fn().backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-
-    def guard_step():
-        r = guard.step(loss_fn)
-        assert r.action == "step", r
-
-    variants = {"plain": plain_step, "guard": guard_step}
-    times = {name: [] for name in variants}
+    every, _ = step_variants(model, opt, tokens, labels, guard)
+    variants = {k: every[k] for k in ("plain", "guard")}
     for fn in variants.values():  # warm-up
         fn()
-    for i in range(rounds):
-        for name, fn in rotated(variants, i):
-            for _ in range(steps):
-                dist.barrier()
-                start = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - start)
+    times, _ = timed_rounds(variants, rounds, steps, before_step=dist.barrier)
     guard.close()
     return times
 

@@ -22,28 +22,19 @@ round (default 2).
 """
 import statistics
 import sys
-import time
 
 import torch
 
-from workload import paired_ratio, rotated, settings, step_variants, training
+from workload import paired_ratio, settings, step_variants, timed_rounds, training
 
 
 def main():
     rounds, steps = settings(rounds=30, steps=2)
     model, opt, tokens, labels = training()
     variants, _ = step_variants(model, opt, tokens, labels)
-    times = {k: [] for k in variants}
-    cpu_times = {k: [] for k in variants}
     for fn in variants.values():  # warm-up
         fn()
-    for r in range(rounds):
-        for name, fn in rotated(variants, r):
-            for _ in range(steps):
-                t0, c0 = time.perf_counter(), time.thread_time()
-                fn()
-                times[name].append(time.perf_counter() - t0)
-                cpu_times[name].append(time.thread_time() - c0)
+    times, cpu_times = timed_rounds(variants, rounds, steps)
     med = {k: statistics.median(v) for k, v in times.items()}
     print(f"# reference workload, {rounds} rounds x {steps} steps per variant, 2 threads, torch {torch.__version__}")
     for k, v in med.items():

@@ -5,6 +5,7 @@ the variants and the paired ratio they print."""
 import math
 import os
 import statistics
+import time
 import warnings
 
 import torch
@@ -55,7 +56,7 @@ def training(shape=REFERENCE, device="cpu"):
     return model, opt, tokens, labels
 
 
-def step_variants(model, opt, tokens, labels):
+def step_variants(model, opt, tokens, labels, guard=None):
     """One training step of `model` (cross entropy, clip_grad_norm_(1.0),
     `opt`) per checking tool, by name, the baseline first:
       plain     the usual loop
@@ -63,9 +64,11 @@ def step_variants(model, opt, tokens, labels):
       anomaly   the loop under torch.autograd.detect_anomaly()
       trace     the loop under nanguard.trace(model): every forward and backward op checked
       guard     nanguard.Guard(max_norm=1.0): sentinel on, tracing on failure only
-    plus `loss`, the loss closure they step on."""
+    plus `loss`, the loss closure they step on. `guard` is the guard
+    variant's Guard (default: a new one)."""
     params = list(model.parameters())
-    guard = nanguard.Guard(model, opt, max_norm=1.0)
+    if guard is None:
+        guard = nanguard.Guard(model, opt, max_norm=1.0)
 
     def loss():
         return F.cross_entropy(model(tokens), labels)
@@ -110,6 +113,24 @@ def rotated(variants, round_index):
     order = list(variants.items())
     k = round_index % len(order)
     return order[k:] + order[:k]
+
+
+def timed_rounds(variants, rounds, steps, before_step=lambda: None):
+    """Runs `steps` steps of each variant per round, in rotated() order, for
+    `rounds` rounds; returns ({name: wall seconds of each step}, {name: the
+    main thread's CPU seconds of each step}). `before_step` runs untimed
+    before each step (e.g. a barrier)."""
+    times = {k: [] for k in variants}
+    cpu_times = {k: [] for k in variants}
+    for r in range(rounds):
+        for name, fn in rotated(variants, r):
+            for _ in range(steps):
+                before_step()
+                t0, c0 = time.perf_counter(), time.thread_time()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+                cpu_times[name].append(time.thread_time() - c0)
+    return times, cpu_times
 
 
 def paired_ratio(variant, baseline):
