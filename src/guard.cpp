@@ -404,9 +404,9 @@ struct guard::impl {
                                  "{}", ranks, to_string(collective())));
   }
 
-  // Distributed: the gradient-consistency check when due; a rank whose
-  // averaged gradients differ from the others' is named and the step skipped
-  // on every rank. Returns true when the step was skipped.
+  // Distributed: the gradient-consistency check when due. Returns whether
+  // some rank's averaged gradients differ from the others' (the same answer
+  // on every rank): a bad step, named in the note and warned about.
   bool inconsistent(step_event& e) {
     distributed& d = *options.distributed();
     const int64_t k = d.options().check_every();
@@ -415,15 +415,10 @@ struct guard::impl {
     if (differ.empty()) return false;
     std::string ranks;
     for (int64_t r : differ) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-    const std::string note = "gradient checksum differs after averaging on rank(s) " + ranks +
-                             " (silent data corruption?): the step was skipped on every rank";
+    const std::string note =
+        "gradient checksum differs after averaging on rank(s) " + ranks + " (silent data corruption?)";
     add_note(e.note, note);
     TORCH_WARN("nanguard::guard: step ", step, ": ", note);
-    host->zero_grad();
-    e.skipped = true;
-    e.action = "skip";
-    ++skipped;
-    write(e);
     return true;
   }
 
@@ -529,11 +524,26 @@ struct guard::impl {
     return report.finite();
   }
 
+  // The rest of a measured step, the same for guard::step and guard::check:
+  // the consensus (distributed), then take a finite step, or localize the
+  // bad one, decide and act (abort throws). `bad_batch`: the micro-batch a
+  // bundle keeps.
+  void conclude(const micro_batches& batches, const step_fn& fn, const detail::generator_states& rng_before,
+                grad_report& report, bool locally_finite, size_t bad_batch, bool step_optimizer, step_event& e) {
+    const bool finite = options.distributed() ? agree(e, report, locally_finite) && !inconsistent(e)
+                                              : locally_finite;
+    if (finite) {
+      take(e, step_optimizer);
+      return;
+    }
+    localize(batches, fn, rng_before, report, locally_finite, bad_batch, e);
+    act(decide(e), batches[bad_batch], rng_before, e);
+  }
+
   // A finite step: unscale + clip in one write, the optimizer steps (unless
   // a framework steps it), a calm step may become the snapshot to roll
   // back to.
   void take(step_event& e, bool step_optimizer) {
-    if (options.distributed() && inconsistent(e)) return;
     e.spikes = sentinel.observe(e.loss, e.grad_norm);
     e.clip_coef = clip_coefficient(e.grad_norm, options.max_norm());
     sentinel.apply_factor_(scaler.inv_scale() * e.clip_coef);
@@ -664,16 +674,23 @@ struct guard::impl {
     throw nonfinite_error(thrown_finding(e, batch));
   }
 
-  // What abort throws: the first finding, or one naming the loss or the
-  // first bad parameter when the replay named no op.
+  // What abort throws: the first finding, or when the replay named no op
+  // one naming the first bad parameter, the loss, or (all finite: the
+  // gradient checksums differed) the averaged gradients.
   finding thrown_finding(const step_event& e, const std::vector<at::Tensor>& batch) const {
     if (!e.findings.empty()) return e.findings.front();
     finding f;
     f.step = step;
-    f.op = e.nonfinite_params.empty() ? "loss" : "backward";
     f.role = role::input;
-    f.culprit = e.nonfinite_params.empty() ? "loss" : e.nonfinite_params.front().name;
-    f.value = e.nonfinite_params.empty() ? e.loss : std::numeric_limits<double>::quiet_NaN();
+    if (!e.nonfinite_params.empty()) {
+      f.op = "backward";
+      f.culprit = e.nonfinite_params.front().name;
+      f.value = std::numeric_limits<double>::quiet_NaN();
+    } else {
+      f.op = std::isfinite(e.loss) ? "gradient all-reduce" : "loss";
+      f.culprit = std::isfinite(e.loss) ? "averaged gradients" : "loss";
+      f.value = e.loss;
+    }
     if (options.distributed()) f.rank = e.nonfinite_ranks.empty() ? e.rank : e.nonfinite_ranks.front();
     f.diagnosis = diagnose(f, history(e, batch));
     return f;
@@ -724,8 +741,8 @@ step_event guard::step(const std::vector<at::Tensor>& batch, const step_fn& fn) 
   return step_accumulated({batch}, fn);
 }
 
-// One step, in stages: begin, measure, agree, then take it or localize,
-// decide and act; every stage that ends the step records its event.
+// One step, in stages: begin, measure, then conclude (agree, take it or
+// localize, decide and act); every stage that ends the step records its event.
 step_event guard::step_accumulated(const micro_batches& batches, const step_fn& fn) {
   TORCH_CHECK(!batches.empty(), "nanguard::guard::step_accumulated: no micro-batches; pass at least one");
   impl& s = *impl_;
@@ -736,15 +753,8 @@ step_event guard::step_accumulated(const micro_batches& batches, const step_fn& 
     grad_report report;
     size_t bad_batch = 0;  // the micro-batch a bundle keeps
     const bool locally_finite = s.measure(batches, fn, report, bad_batch, e);
-    const bool finite = s.options.distributed() ? s.agree(e, report, locally_finite) : locally_finite;
-    if (finite) {
-      s.take(e, /*step_optimizer=*/true);
-      return e;
-    }
-    s.localize(batches, fn, rng_before, report, locally_finite, bad_batch, e);
-    const policy p = s.decide(e);
-    s.act(p, batches[bad_batch], rng_before, e);  // abort throws
-    if (p != policy::rollback || s.options.rollback_skip_batch() || again) return e;
+    s.conclude(batches, fn, rng_before, report, locally_finite, bad_batch, /*step_optimizer=*/true, e);
+    if (e.action != "rollback" || s.options.rollback_skip_batch() || again) return e;
   }
 }
 
@@ -755,6 +765,7 @@ void guard::begin_step() {
   s.start_trace({});
 }
 
+// The stages of step_accumulated after the framework's forward and backward.
 step_event guard::check(const at::Tensor& loss, const step_fn& replay, const std::vector<at::Tensor>& batch) {
   impl& s = *impl_;
   TORCH_CHECK(s.started, "nanguard::guard::check: no step was begun; call begin_step() before the step's "
@@ -763,16 +774,7 @@ step_event guard::check(const at::Tensor& loss, const step_fn& replay, const std
   s.started.reset();
   grad_report report;
   const bool locally_finite = s.measured(s.sentinel.check_loss(loss, &e.loss), report, e);
-  const bool finite = s.options.distributed() ? s.agree(e, report, locally_finite) : locally_finite;
-  if (finite) {
-    s.take(e, /*step_optimizer=*/false);
-    return e;
-  }
-  size_t bad_batch = 0;
-  const micro_batches batches{batch};
-  s.localize(batches, replay, s.started_rng, report, locally_finite, bad_batch, e);
-  const policy p = s.decide(e);
-  s.act(p, batch, s.started_rng, e);  // abort throws
+  s.conclude({batch}, replay, s.started_rng, report, locally_finite, /*bad_batch=*/0, /*step_optimizer=*/false, e);
   return e;
 }
 

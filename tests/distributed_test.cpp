@@ -166,6 +166,46 @@ TEST(distributed, a_tracer_sees_a_nan_that_arrives_through_the_all_reduce) {
   EXPECT_EQ(nanguard::role::input, findings.front().role);
 }
 
+// Two ranks on two threads; rank 1 changes a gradient after averaging at
+// steps 2 and 3. A differing checksum is a bad step like a NaN: the policy
+// acts on both ranks (rollback, with its remedy) and it counts towards
+// max_bad_steps (the second aborts).
+TEST(distributed, a_differing_gradient_checksum_goes_through_the_policy) {
+  const std::string store = fresh_store("checksum_policy");
+  std::vector<nanguard::step_event> events[2];
+  std::string errors[2];
+  const auto rank_main = [&](int64_t rank) {
+    auto d = std::make_shared<nanguard::distributed>(nanguard::init_process_group(store, rank, 2),
+                                                     nanguard::distributed_options().check_every(1));
+    if (rank == 1)
+      d->on_averaged([](int64_t step, const std::vector<at::Tensor>& params) {
+        if (step >= 2) params[0].grad().view(-1)[0].add_(1e-3);
+      });
+    torch::manual_seed(0);
+    torch::nn::Linear model(4, 1);
+    torch::optim::SGD opt(model->parameters(), 0.1);
+    nanguard::guard g(model, opt, nanguard::guard_options().distributed(d).policy(nanguard::policy::rollback)
+                                      .max_bad_steps(2).bundle_dir(""));
+    const auto fn = [&](const std::vector<at::Tensor>& b) { return model->forward(b[0]).pow(2).mean(); };
+    errors[rank] = error_of([&] {
+      for (int i = 0; i < 3; ++i) events[rank].push_back(g.step({torch::ones({8, 4})}, fn));
+    });
+  };
+  std::thread other(rank_main, 1);
+  rank_main(0);
+  other.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(events[r].size(), 2u) << "rank " << r << ": " << errors[r];
+    const nanguard::step_event& e = events[r][1];
+    EXPECT_EQ(e.action, "rollback") << "rank " << r;
+    EXPECT_TRUE(e.skipped);
+    EXPECT_EQ(e.rollback_to, 0);
+    EXPECT_NE(e.note.find("gradient checksum differs after averaging on rank(s) 1"), std::string::npos) << e.note;
+    EXPECT_NE(e.remedy.find("rolled back to the snapshot of step 0"), std::string::npos) << e.remedy;
+    EXPECT_NE(errors[r].find("gradient all-reduce"), std::string::npos) << "rank " << r << ": " << errors[r];
+  }
+}
+
 }  // namespace
 
 // A c10d collective writes its tensors on the backend's thread, after the op
