@@ -78,14 +78,6 @@ args parse(int argc, char** argv) {
   return a;
 }
 
-nanguard::policy to_policy(const std::string& p) {
-  if (p == "skip") return nanguard::policy::skip;
-  if (p == "backoff") return nanguard::policy::backoff;
-  if (p == "rollback") return nanguard::policy::rollback;
-  if (p == "abort") return nanguard::policy::abort;
-  throw std::invalid_argument("--policy must be skip, backoff, rollback or abort, not '" + p + "'");
-}
-
 // Rows scaled to unit length, then a two-layer MLP.
 struct net_impl : torch::nn::Module {
   torch::nn::Linear fc1{nullptr}, fc2{nullptr};
@@ -120,7 +112,7 @@ int main(int argc, char** argv) {
     net model;
     torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     nanguard::guard_options o;
-    o.policy(to_policy(a.policy)).max_norm(1.0).distributed(dist).snapshot_every(a.snapshot_every);
+    o.policy(nanguard::policy_from_string(a.policy)).max_norm(1.0).distributed(dist).snapshot_every(a.snapshot_every);
     if (a.loss_scale > 0)  // dynamic loss scaling (growth every 3 good steps), as in fp16 training
       o.scaler(nanguard::loss_scaler_options().init_scale(a.loss_scale).growth_interval(3));
     if (!a.log_dir.empty()) std::filesystem::create_directories(a.log_dir);
@@ -147,7 +139,7 @@ int main(int argc, char** argv) {
         std::string ranks;
         for (int64_t r : e.nonfinite_ranks) ranks += (ranks.empty() ? "" : ",") + std::to_string(r);
         std::printf("step %lld: %s, non-finite on rank(s) [%s]%s%s\n", static_cast<long long>(e.step),
-                    e.action.c_str(), ranks.c_str(), e.note.empty() ? "" : ": ", e.note.c_str());
+                    nanguard::to_string(e.action), ranks.c_str(), e.note.empty() ? "" : ": ", e.note.c_str());
         for (const nanguard::finding& f : e.findings) std::printf("  %s\n", nanguard::to_string(f).c_str());
       }
     }

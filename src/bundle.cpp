@@ -143,8 +143,8 @@ std::string write_bundle(const std::string& parent, const bundle& b) {
   meta["lr"] = number(b.lr);
   meta["scale"] = number(b.scale);
   meta["loss"] = number(b.loss);
-  meta["policy"] = b.policy;
-  meta["verdict"] = b.verdict;
+  meta["policy"] = b.policy ? to_string(*b.policy) : "";
+  meta["verdict"] = to_string(b.verdict);
   meta["versions"] = {{"nanguard", version()}, {"torch", TORCH_VERSION}};
   meta["finding"] = b.finding ? json::parse(to_json(*b.finding)) : json(nullptr);
   meta["tags"] = json::object();
@@ -189,8 +189,9 @@ bundle read_bundle(const std::string& dir) {
   b.lr = json_field<double>(meta, "lr", 0.0, where);
   b.scale = json_field<double>(meta, "scale", 1.0, where);
   b.loss = json_field<double>(meta, "loss", 0.0, where);
-  b.policy = json_field<std::string>(meta, "policy", "", where);
-  b.verdict = json_field<std::string>(meta, "verdict", "", where);
+  const std::string policy = json_field<std::string>(meta, "policy", "", where);
+  if (!policy.empty()) b.policy = policy_from_string(policy);
+  b.verdict = verdict_from_string(json_field<std::string>(meta, "verdict", "", where));
   const json versions = json_field<json::object_t>(meta, "versions", {}, where);
   b.nanguard_version = json_field<std::string>(versions, "nanguard", "", where);
   b.torch_version = json_field<std::string>(versions, "torch", "", where);

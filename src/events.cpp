@@ -1,5 +1,6 @@
 #include "nanguard/events.h"
 
+#include "detail/enum_from_string.h"
 #include "detail/json_field.h"
 #include "detail/json_number.h"
 
@@ -48,6 +49,37 @@ data_counts data_from_json(const json& j) {
 
 }  // namespace
 
+const char* to_string(action a) {
+  switch (a) {
+    case action::step: return "step";
+    case action::skip: return "skip";
+    case action::backoff: return "backoff";
+    case action::rollback: return "rollback";
+    case action::abort: return "abort";
+    case action::data: return "data";
+  }
+  TORCH_INTERNAL_ASSERT(false, "nanguard: action ", static_cast<int>(a), " has no name");
+}
+
+action action_from_string(const std::string& name) {
+  return detail::enum_from_string(name, all_actions, "action");
+}
+
+const char* to_string(verdict v) {
+  switch (v) {
+    case verdict::none: return "";
+    case verdict::reproduced: return "reproduced";
+    case verdict::not_reproduced: return "not reproduced";
+    case verdict::replay_failed: return "replay failed";
+    case verdict::compiled_only: return "compiled only";
+  }
+  TORCH_INTERNAL_ASSERT(false, "nanguard: verdict ", static_cast<int>(v), " has no name");
+}
+
+verdict verdict_from_string(const std::string& name) {
+  return detail::enum_from_string(name, all_verdicts, "verdict");
+}
+
 std::string to_json(const step_event& e) {
   json j;
   j["step"] = e.step;
@@ -57,7 +89,8 @@ std::string to_json(const step_event& e) {
   j["scale"] = number(e.scale);
   j["lr"] = number(e.lr);
   j["skipped"] = e.skipped;
-  j["action"] = e.action;
+  j["action"] = to_string(e.action);
+  if (!e.reason.empty()) j["reason"] = e.reason;
   json spikes = json::array();
   for (const auto& s : e.spikes) spikes.push_back({{"series", s.series}, {"value", number(s.value)}, {"z", number(s.z)}});
   j["spikes"] = spikes;
@@ -69,7 +102,7 @@ std::string to_json(const step_event& e) {
   j["top_norms"] = norms;
   if (e.rank >= 0) j["rank"] = e.rank;
   if (!e.nonfinite_ranks.empty()) j["nonfinite_ranks"] = e.nonfinite_ranks;
-  if (!e.verdict.empty()) j["verdict"] = e.verdict;
+  if (e.verdict != verdict::none) j["verdict"] = to_string(e.verdict);
   json findings = json::array();
   for (const auto& f : e.findings) findings.push_back(json::parse(nanguard::to_json(f)));
   j["findings"] = findings;
@@ -100,7 +133,8 @@ step_event step_event_from_json(const std::string& line) {
   e.scale = value("scale", 1.0);
   e.lr = value("lr", 0.0);
   e.skipped = json_field<bool>(j, "skipped", false, kWhere);
-  e.action = json_field<std::string>(j, "action", kWhere);
+  e.action = action_from_string(json_field<std::string>(j, "action", kWhere));
+  e.reason = json_field<std::string>(j, "reason", "", kWhere);
   for (const json& s : list("spikes"))
     e.spikes.push_back({json_field<std::string>(s, "series", kWhere), json_field<double>(s, "value", kWhere),
                         json_field<double>(s, "z", kWhere)});
@@ -110,7 +144,7 @@ step_event step_event_from_json(const std::string& line) {
     e.top_norms.emplace_back(json_field<std::string>(n, "name", kWhere), json_field<double>(n, "norm", kWhere));
   e.rank = json_field<int64_t>(j, "rank", -1, kWhere);
   e.nonfinite_ranks = json_field<std::vector<int64_t>>(j, "nonfinite_ranks", {}, kWhere);
-  e.verdict = json_field<std::string>(j, "verdict", "", kWhere);
+  e.verdict = verdict_from_string(json_field<std::string>(j, "verdict", "", kWhere));
   for (const json& f : list("findings")) e.findings.push_back(finding_from_json(f.dump()));
   e.rollback_to = json_field<int64_t>(j, "rollback_to", -1, kWhere);
   e.bundle = json_field<std::string>(j, "bundle", "", kWhere);
@@ -118,8 +152,9 @@ step_event step_event_from_json(const std::string& line) {
   e.note = json_field<std::string>(j, "note", "", kWhere);
   e.guard_ms = value("guard_ms", 0.0);
   if (j.contains("data")) e.data = data_from_json(j["data"]);
-  TORCH_CHECK(e.data.has_value() == (e.action == "data"), kWhere, ": step ", e.step,
-              e.data ? ": has \"data\" counts but its action is \"" + e.action + "\" (a data event's is \"data\")"
+  TORCH_CHECK(e.data.has_value() == (e.action == action::data), kWhere, ": step ", e.step,
+              e.data ? std::string(": has \"data\" counts but its action is \"") + to_string(e.action) +
+                           "\" (a data event's is \"data\")"
                      : std::string(": action \"data\" without the \"data\" counts"));
   return e;
 }

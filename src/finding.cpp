@@ -211,6 +211,7 @@ finding finding_from_json(const std::string& text) {
 }
 
 nonfinite_error::nonfinite_error(nanguard::finding f)
-    : std::runtime_error("nanguard: non-finite value: " + to_string(f)), finding_(std::move(f)) {}
+    : c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, "nanguard: non-finite value: " + to_string(f)),
+      finding_(std::move(f)) {}
 
 }  // namespace nanguard

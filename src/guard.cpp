@@ -5,6 +5,7 @@
 #include "nanguard/distributed.h"
 #include "nanguard/training_host.h"
 
+#include "detail/enum_from_string.h"
 #include "detail/generator_states.h"
 
 #include <ATen/ATen.h>
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
@@ -32,14 +34,36 @@ using step_clock = std::chrono::steady_clock;
 // How findings name the i-th tensor of the batch.
 std::string batch_name(size_t i) { return "batch[" + std::to_string(i) + "]"; }
 
+// The action of a bad step that policy `p` acted on.
+action action_of(policy p) {
+  switch (p) {
+    case policy::skip: return action::skip;
+    case policy::backoff: return action::backoff;
+    case policy::rollback: return action::rollback;
+    case policy::abort: return action::abort;
+  }
+  TORCH_INTERNAL_ASSERT(false, "nanguard: policy ", static_cast<int>(p), " has no action");
+}
+
 // What the guard did about a bad step: skipped or rolled back, and how the
 // LR and the loss scale changed.
 std::string applied_remedy(const step_event& e, double lr_after, double scale_after) {
-  std::string r = e.action == "rollback" ? fmt::format("rolled back to the snapshot of step {}", e.rollback_to)
+  std::string r = e.action == action::rollback ? fmt::format("rolled back to the snapshot of step {}", e.rollback_to)
                                          : "skipped the step";
   if (lr_after != e.lr) r += fmt::format("; lr {:.6g} -> {:.6g}", e.lr, lr_after);
   if (scale_after != e.scale) r += fmt::format("; loss scale {:.6g} -> {:.6g}", e.scale, scale_after);
   return r;
+}
+
+// "1, 3".
+std::string rank_list(const std::vector<int64_t>& ranks) {
+  return fmt::format("{}", fmt::join(ranks, ", "));
+}
+
+// The one line an error says: a c10::Error's message without its backtrace.
+std::string message_of(const std::exception& ex) {
+  const auto* error = dynamic_cast<const c10::Error*>(&ex);
+  return error ? error->what_without_backtrace() : ex.what();
 }
 
 // Adds `note` to a step's notes, "; " between two.
@@ -94,7 +118,11 @@ const char* to_string(policy p) {
     case policy::rollback: return "rollback";
     case policy::abort: return "abort";
   }
-  return "?";
+  TORCH_INTERNAL_ASSERT(false, "nanguard: policy ", static_cast<int>(p), " has no name");
+}
+
+policy policy_from_string(const std::string& name) {
+  return detail::enum_from_string(name, all_policies, "policy");
 }
 
 namespace {
@@ -208,15 +236,15 @@ struct guard::impl {
     live_run.reset();
     live.reset();  // a step begun and never checked
     live.emplace(options.tracer());
-    prepare(*live, batches);
+    prepare(*live, batches, step);
     live_run.emplace(*host);
   }
 
-  // Tags a tracer's findings with this step and names what they may name:
-  // the parameters and the tensors of every micro-batch.
-  void prepare(tracer& t, const micro_batches& batches) const {
+  // Tags a tracer's findings with step `number` and names what they may
+  // name: the parameters and the tensors of every micro-batch.
+  void prepare(tracer& t, const micro_batches& batches, int64_t number) const {
     t.name_parameters(host->named_parameters());
-    t.set_step(step);
+    t.set_step(number);
     for (const auto& batch : batches)
       for (size_t j = 0; j < batch.size(); ++j)
         if (batch[j].defined()) t.name_tensor(batch[j], batch_name(j));
@@ -242,7 +270,7 @@ struct guard::impl {
     bool reproduced = false, failed = false;
     try {
       tracer t(tracer_options(options.tracer()).keep_inputs(true));  // the bundle's culprit inputs
-      prepare(t, batches);
+      prepare(t, batches, e.step);
       const traced_run run(*host);
       // Under a backward collective every micro-batch runs on every rank,
       // whatever this rank's tracer found: the other ranks' collectives wait for it.
@@ -262,16 +290,16 @@ struct guard::impl {
           reproduced = collective_replay ? !own_finite : !sentinel.inspect_grads(scaler.inv_scale()).finite();
       } catch (const nonfinite_error& ex) {
         reproduced = true;
-        add_note(e.note, std::string("replay: ") + ex.what());
+        add_note(e.note, "replay: " + message_of(ex));
       }
       reproduced = reproduced || t.found();
       e.findings = t.findings();
     } catch (const std::exception& ex) {
       // E.g. a tracer already lives on this thread, or the step itself threw.
       failed = true;
-      add_note(e.note, std::string("replay failed: ") + ex.what());
+      add_note(e.note, "replay failed: " + message_of(ex));
     }
-    e.verdict = failed ? "replay failed" : reproduced ? "reproduced" : "not reproduced";
+    e.verdict = failed ? verdict::replay_failed : reproduced ? verdict::reproduced : verdict::not_reproduced;
     // (Not under a backward collective: one rank's bisection would run the model's collectives alone.)
     if (!failed && !reproduced && collective() == backward_collective::none) bisect_compiled(batches, fn, rng_before, e);
     host->zero_grad();
@@ -296,7 +324,7 @@ struct guard::impl {
     try {
       const std::string stage = host->bisect_compiled(step_finite);
       if (stage.empty()) return;
-      e.verdict = "compiled only";
+      e.verdict = verdict::compiled_only;
       add_note(e.note, stage);
     } catch (const std::exception& ex) {
       add_note(e.note, std::string("bisecting the compiled model failed: ") + ex.what());
@@ -331,8 +359,12 @@ struct guard::impl {
     const double sumsq = report.finite() ? e.grad_norm * e.grad_norm : nan;  // NaN: every rank learns of it
     const consensus c = d.agree(!finite, finite ? sumsq : 0.0, finite ? e.loss : 0.0);
     e.nonfinite_ranks = c.nonfinite_ranks;
-    if (!c.finite()) return false;
+    if (!c.finite()) {
+      if (e.reason.empty()) e.reason = "non-finite on rank(s) " + rank_list(c.nonfinite_ranks);
+      return false;
+    }
     if (!std::isfinite(c.sumsq)) {
+      e.reason = "non-finite gradients after the " + std::string(to_string(collective()));
       add_note(e.note, fmt::format("the gradients are not finite after the model's {} although every rank's own "
                                    "were (overflow in the {})", to_string(collective()), to_string(collective())));
       return false;
@@ -349,6 +381,7 @@ struct guard::impl {
     e.top_norms = top_norms(sentinel.names(), report.norms, options.log_top_norms());
     if (!report.finite()) {
       // Identical on every rank: the sum overflowed in the all-reduce.
+      e.reason = "non-finite averaged gradients";
       add_note(e.note,
                "the averaged gradients are not finite although every rank's were (overflow in the gradient "
                "all-reduce)");
@@ -363,13 +396,14 @@ struct guard::impl {
     if (e.nonfinite_ranks.empty()) return;  // overflow in the all-reduce: nobody replayed
     distributed& d = *options.distributed();
     std::vector<finding> all;
-    std::string verdict, note;
+    std::optional<nanguard::verdict> first_verdict;
+    std::string note;
     for (int64_t r : e.nonfinite_ranks) {
       std::string payload;
       std::vector<finding> own;  // this rank's, whose input values (for the bundle) JSON does not carry
       if (r == d.rank()) {
         nlohmann::json j;
-        j["verdict"] = e.verdict;
+        j["verdict"] = to_string(e.verdict);
         j["note"] = e.note;
         j["findings"] = nlohmann::json::array();
         for (finding& f : e.findings) {
@@ -380,7 +414,7 @@ struct guard::impl {
         payload = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
       }
       const nlohmann::json j = nlohmann::json::parse(d.broadcast(payload, r));
-      if (verdict.empty()) verdict = j.value("verdict", std::string());
+      if (!first_verdict) first_verdict = verdict_from_string(j.value("verdict", std::string()));
       const std::string n = j.value("note", std::string());
       if (!n.empty()) add_note(note, "rank " + std::to_string(r) + ": " + n);
       if (r == d.rank()) {
@@ -390,7 +424,7 @@ struct guard::impl {
       }
     }
     e.findings = std::move(all);
-    e.verdict = verdict;
+    e.verdict = first_verdict.value_or(verdict::none);
     e.note = note;
   }
 
@@ -413,10 +447,9 @@ struct guard::impl {
     if (k <= 0 || step % k != 0 || !d.options().average_gradients()) return false;
     const std::vector<int64_t> differ = d.check_consistency(sentinel.parameters());
     if (differ.empty()) return false;
-    std::string ranks;
-    for (int64_t r : differ) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    e.reason = "gradient checksum differs on rank(s) " + rank_list(differ);
     const std::string note =
-        "gradient checksum differs after averaging on rank(s) " + ranks + " (silent data corruption?)";
+        "gradient checksum differs after averaging on rank(s) " + rank_list(differ) + " (silent data corruption?)";
     add_note(e.note, note);
     TORCH_WARN("nanguard::guard: step ", step, ": ", note);
     return true;
@@ -431,7 +464,7 @@ struct guard::impl {
     b.lr = e.lr;
     b.scale = e.scale;
     b.loss = e.loss;
-    b.policy = to_string(options.policy());
+    b.policy = options.policy();
     b.verdict = e.verdict;
     b.batch = batch;
     b.rng_state = rng_before.cpu;
@@ -442,6 +475,21 @@ struct guard::impl {
     if (b.finding && b.finding->role == role::producer) b.culprit_inputs = b.finding->input_values;
     b.tags = bundle_tags;
     return write_bundle(options.bundle_dir(), b);
+  }
+
+  // Copies `saved` into the host's parameters of the same names (a bundle's).
+  void load_parameters(const named_tensors& saved) {
+    const named_tensors own = host->named_parameters();
+    const at::NoGradGuard no_grad;
+    for (const auto& [name, value] : saved) {
+      const auto it = std::find_if(own.begin(), own.end(), [&](const auto& p) { return p.first == name; });
+      TORCH_CHECK(it != own.end(), "nanguard::guard::replay: the bundle's parameter '", name,
+                  "' is not in the model; replay with the model the bundle was written from");
+      TORCH_CHECK(it->second.sizes().equals(value.sizes()), "nanguard::guard::replay: the bundle's parameter '",
+                  name, "' is ", value.sizes(), " but the model's is ", it->second.sizes(),
+                  "; replay with the model the bundle was written from");
+      it->second.detach().copy_(value);
+    }
   }
 
   // ---- the stages of guard::step
@@ -481,10 +529,13 @@ struct guard::impl {
     const bool own_finite = host->backward_done();
     if (!losses_finite) {
       e.grad_norm = std::numeric_limits<double>::quiet_NaN();
+      e.reason = "non-finite loss";
       return false;
     }
     const bool finite = inspect(report, e);
-    return collective() == backward_collective::none ? finite : own_finite;
+    const bool finite_here = collective() == backward_collective::none ? finite : own_finite;
+    if (!finite_here) e.reason = "non-finite gradient";
+    return finite_here;
   }
 
   // Forward, the loss check and the (scaled) backward of each micro-batch;
@@ -604,7 +655,7 @@ struct guard::impl {
   // non-finite step (GradScaler semantics). Abort writes the bundle and throws.
   void act(policy p, const std::vector<at::Tensor>& batch, const detail::generator_states& rng_before,
            step_event& e) {
-    e.action = to_string(p);
+    e.action = action_of(p);
     switch (p) {
       case policy::abort: abort_step(batch, rng_before, e);
       case policy::skip: break;
@@ -622,7 +673,7 @@ struct guard::impl {
     try {
       scaler.update(true);
     } catch (const std::exception& ex) {
-      add_note(e.note, ex.what());
+      add_note(e.note, message_of(ex));
       write(e);
       throw;
     }
@@ -662,8 +713,7 @@ struct guard::impl {
         e.remedy += "; repro bundle in " + e.bundle;
       } catch (const std::exception& ex) {
         // The run still stops on its NaN/Inf: that is the error to raise.
-        const auto* error = dynamic_cast<const c10::Error*>(&ex);
-        const std::string why = error ? error->what_without_backtrace() : ex.what();
+        const std::string why = message_of(ex);
         add_note(e.note, "no repro bundle: " + why);
         TORCH_WARN("nanguard::guard: step ", e.step, ": no repro bundle: ", why);
       }
@@ -754,7 +804,7 @@ step_event guard::step_accumulated(const micro_batches& batches, const step_fn& 
     size_t bad_batch = 0;  // the micro-batch a bundle keeps
     const bool locally_finite = s.measure(batches, fn, report, bad_batch, e);
     s.conclude(batches, fn, rng_before, report, locally_finite, bad_batch, /*step_optimizer=*/true, e);
-    if (e.action != "rollback" || s.options.rollback_skip_batch() || again) return e;
+    if (e.action != action::rollback || s.options.rollback_skip_batch() || again) return e;
   }
 }
 
@@ -775,6 +825,25 @@ step_event guard::check(const at::Tensor& loss, const step_fn& replay, const std
   grad_report report;
   const bool locally_finite = s.measured(s.sentinel.check_loss(loss, &e.loss), report, e);
   s.conclude({batch}, replay, s.started_rng, report, locally_finite, /*bad_batch=*/0, /*step_optimizer=*/false, e);
+  return e;
+}
+
+step_event guard::replay(const bundle& b, const step_fn& fn) {
+  impl& s = *impl_;
+  s.load_parameters(b.parameters);
+  step_event e;
+  e.step = b.step;
+  e.loss = b.loss;
+  e.lr = s.first_lr();
+  e.scale = s.scaler.get_scale();
+  detail::generator_states rng = detail::capture_generators();
+  if (b.rng_state.defined() && b.rng_state.numel() > 0) rng.cpu = b.rng_state;
+  // The bundle's CUDA generators for the devices this machine has (a CPU
+  // run on a GPU machine bundles them too; replayed on a CPU, none is used).
+  for (size_t i = 0; i < rng.cuda.size() && i < b.cuda_rng_states.size(); ++i) rng.cuda[i] = b.cuda_rng_states[i];
+  size_t bad_batch = 0;
+  s.replay({b.batch}, fn, rng, bad_batch, e);
+  e.skipped = true;  // nothing was stepped
   return e;
 }
 

@@ -185,7 +185,7 @@ json parameter_series(const std::vector<step_event>& events, json& omitted) {
 }
 
 bool notable(const step_event& e) {
-  return e.action != "step" || e.skipped || !e.spikes.empty() || !e.verdict.empty() || !e.bundle.empty() ||
+  return e.action != action::step || e.skipped || !e.spikes.empty() || e.verdict != verdict::none || !e.bundle.empty() ||
          !e.note.empty() || !e.nonfinite_params.empty() || !e.nonfinite_ranks.empty() || !e.findings.empty();
 }
 
@@ -212,7 +212,7 @@ json timeline_row(const step_event& e) {
   }
   for (const auto& s : e.spikes)
     items.push_back({"spike", s.series + " spike: " + number_text(s.value) + " (z = " + number_text(s.z) + ")"});
-  if (!e.verdict.empty()) items.push_back({"verdict", "replay: " + e.verdict});
+  if (e.verdict != verdict::none) items.push_back({"verdict", std::string("replay: ") + to_string(e.verdict)});
   for (const auto& f : e.findings)
     items.push_back({"finding", to_string(f) + " (likely cause: " + to_string(f.diagnosis.cause) + ")"});
   if (!e.remedy.empty()) items.push_back({"remedy", e.remedy});
@@ -220,7 +220,7 @@ json timeline_row(const step_event& e) {
   if (e.rollback_to >= 0 && e.remedy.empty()) items.push_back({"rollback", "rolled back to the snapshot of step " + std::to_string(e.rollback_to)});
   if (!e.bundle.empty()) items.push_back({"bundle", "repro bundle: " + e.bundle});
   if (!e.note.empty()) items.push_back({"note", e.note});
-  return {{"step", e.step}, {"action", e.action}, {"skipped", e.skipped}, {"items", std::move(items)}};
+  return {{"step", e.step}, {"action", to_string(e.action)}, {"skipped", e.skipped}, {"items", std::move(items)}};
 }
 
 std::string first_problem(const std::vector<step_event>& events) {
@@ -280,8 +280,8 @@ json run_json(const report_run& all) {
   bool aborted = false;
   for (const auto& e : ev) {
     skipped += e.skipped ? 1 : 0;
-    rollbacks += e.action == "rollback" ? 1 : 0;
-    aborted = aborted || e.action == "abort";
+    rollbacks += e.action == action::rollback ? 1 : 0;
+    aborted = aborted || e.action == action::abort;
   }
   r["skipped"] = skipped;
   r["rollbacks"] = rollbacks;
@@ -316,8 +316,8 @@ json run_json(const report_run& all) {
   r["skipped_ranges"] = skipped_ranges(ev);
   json rb = json::array(), aborts = json::array();
   for (const auto& e : ev) {
-    if (e.action == "rollback") rb.push_back({{"step", e.step}, {"to", e.rollback_to}});
-    if (e.action == "abort") aborts.push_back(e.step);
+    if (e.action == action::rollback) rb.push_back({{"step", e.step}, {"to", e.rollback_to}});
+    if (e.action == action::abort) aborts.push_back(e.step);
   }
   r["rollback_marks"] = rb;
   r["abort_marks"] = aborts;

@@ -248,7 +248,7 @@ std::string step_text(const step_event& e) {
   std::vector<std::string> lines;
   for (const auto& f : e.findings)
     lines.push_back("- finding: " + to_string(f) + " (likely cause: " + to_string(f.diagnosis.cause) + ")");
-  if (!e.verdict.empty()) lines.push_back("- replay: " + e.verdict);
+  if (e.verdict != verdict::none) lines.push_back(std::string("- replay: ") + to_string(e.verdict));
   if (!std::isfinite(e.loss) && !e.data) lines.push_back("- loss = " + format_number(e.loss));
   for (const auto& b : e.nonfinite_params)
     lines.push_back("- non-finite gradient: " + b.name + " (" + std::to_string(b.nonfinite) + " values)");
@@ -258,7 +258,7 @@ std::string step_text(const step_event& e) {
   if (!e.bundle.empty()) lines.push_back("- repro bundle: " + e.bundle);
   if (!e.note.empty()) lines.push_back("- note: " + e.note);
   if (lines.empty()) return "";
-  std::string text = "**step " + std::to_string(e.step) + ": " + e.action + "**\n\n";
+  std::string text = "**step " + std::to_string(e.step) + ": " + to_string(e.action) + "**\n\n";
   for (const auto& l : lines) text += l + "\n";
   return text;
 }

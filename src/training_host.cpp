@@ -112,7 +112,7 @@ std::shared_ptr<const saved_state> module_host::save() {
 
 void module_host::restore(const saved_state& saved) {
   const auto* s = dynamic_cast<const module_state*>(&saved);
-  TORCH_CHECK(s, "nanguard::module_host::restore: the state was not saved by a module_host");
+  TORCH_INTERNAL_ASSERT(s, "nanguard::module_host::restore: the state was not saved by a module_host");
   at::NoGradGuard no_grad;
   const auto params = module_.parameters();
   const auto buffers = module_.buffers();

@@ -29,8 +29,8 @@ nanguard::bundle sample() {
   b.lr = 1e-3;
   b.scale = 512;
   b.loss = INFINITY;
-  b.policy = "abort";
-  b.verdict = "reproduced";
+  b.policy = nanguard::policy::abort;
+  b.verdict = nanguard::verdict::reproduced;
   nanguard::finding f;
   f.step = 42;
   f.op = "aten::exp";
@@ -58,8 +58,8 @@ TEST(bundle, round_trip) {
   EXPECT_EQ(1e-3, back.lr);
   EXPECT_EQ(512, back.scale);
   EXPECT_TRUE(std::isinf(back.loss));
-  EXPECT_EQ("abort", back.policy);
-  EXPECT_EQ("reproduced", back.verdict);
+  EXPECT_EQ(nanguard::policy::abort, back.policy);
+  EXPECT_EQ(nanguard::verdict::reproduced, back.verdict);
   EXPECT_EQ("0.1.0", back.nanguard_version);
   EXPECT_EQ(TORCH_VERSION, back.torch_version);
   ASSERT_TRUE(back.finding.has_value());

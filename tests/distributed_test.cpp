@@ -116,12 +116,12 @@ TEST(distributed, guard_events_carry_the_rank) {
   x[2][1] = -1;  // sqrt(-1) = nan: aten::sqrt is the producer
   e = g.step({x}, fn);
   EXPECT_TRUE(e.skipped);
-  EXPECT_EQ(e.action, "skip");
+  EXPECT_EQ(nanguard::action::skip, e.action);
   EXPECT_EQ(e.nonfinite_ranks, std::vector<int64_t>{0});
   ASSERT_FALSE(e.findings.empty());
   EXPECT_EQ(e.findings.front().op, "aten::sqrt");
   EXPECT_EQ(e.findings.front().rank, 0);
-  EXPECT_EQ(e.verdict, "reproduced");
+  EXPECT_EQ(nanguard::verdict::reproduced, e.verdict);
 }
 
 // A tracer on every step instead of a replay: its findings are shared and
@@ -166,16 +166,16 @@ TEST(distributed, a_tracer_sees_a_nan_that_arrives_through_the_all_reduce) {
   EXPECT_EQ(nanguard::role::input, findings.front().role);
 }
 
-// Two ranks on two threads; rank 1 changes a gradient after averaging at
-// steps 2 and 3. A differing checksum is a bad step like a NaN: the policy
-// acts on both ranks (rollback, with its remedy) and it counts towards
-// max_bad_steps (the second aborts).
+// Three ranks on three threads (a majority to differ from); rank 1 changes
+// a gradient after averaging at steps 2 and 3. A differing checksum is a bad
+// step like a NaN: the policy acts on every rank (rollback, with its remedy)
+// and it counts towards max_bad_steps (the second aborts).
 TEST(distributed, a_differing_gradient_checksum_goes_through_the_policy) {
   const std::string store = fresh_store("checksum_policy");
-  std::vector<nanguard::step_event> events[2];
-  std::string errors[2];
+  std::vector<nanguard::step_event> events[3];
+  std::string errors[3];
   const auto rank_main = [&](int64_t rank) {
-    auto d = std::make_shared<nanguard::distributed>(nanguard::init_process_group(store, rank, 2),
+    auto d = std::make_shared<nanguard::distributed>(nanguard::init_process_group(store, rank, 3),
                                                      nanguard::distributed_options().check_every(1));
     if (rank == 1)
       d->on_averaged([](int64_t step, const std::vector<at::Tensor>& params) {
@@ -191,15 +191,17 @@ TEST(distributed, a_differing_gradient_checksum_goes_through_the_policy) {
       for (int i = 0; i < 3; ++i) events[rank].push_back(g.step({torch::ones({8, 4})}, fn));
     });
   };
-  std::thread other(rank_main, 1);
+  std::thread one(rank_main, 1), two(rank_main, 2);
   rank_main(0);
-  other.join();
-  for (int r = 0; r < 2; ++r) {
+  one.join();
+  two.join();
+  for (int r = 0; r < 3; ++r) {
     ASSERT_EQ(events[r].size(), 2u) << "rank " << r << ": " << errors[r];
     const nanguard::step_event& e = events[r][1];
-    EXPECT_EQ(e.action, "rollback") << "rank " << r;
+    EXPECT_EQ(nanguard::action::rollback, e.action) << "rank " << r;
     EXPECT_TRUE(e.skipped);
     EXPECT_EQ(e.rollback_to, 0);
+    EXPECT_EQ(e.reason, "gradient checksum differs on rank(s) 1");
     EXPECT_NE(e.note.find("gradient checksum differs after averaging on rank(s) 1"), std::string::npos) << e.note;
     EXPECT_NE(e.remedy.find("rolled back to the snapshot of step 0"), std::string::npos) << e.remedy;
     EXPECT_NE(errors[r].find("gradient all-reduce"), std::string::npos) << "rank " << r << ": " << errors[r];

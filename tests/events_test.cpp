@@ -1,4 +1,5 @@
 #include "nanguard/events.h"
+#include "support.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 namespace {
 
 namespace fs = std::filesystem;
+using nanguard::test::error_of;
 
 TEST(events, round_trip_keeps_nan_inf_spikes_and_findings) {
   nanguard::step_event e;
@@ -19,10 +21,11 @@ TEST(events, round_trip_keeps_nan_inf_spikes_and_findings) {
   e.scale = 1024;
   e.lr = 3e-4;
   e.skipped = true;
-  e.action = "rollback";
+  e.action = nanguard::action::rollback;
+  e.reason = "non-finite gradient";
   e.spikes = {{"loss", 9.5, 11.2}};
   e.nonfinite_params = {{"encoder.0.weight", 3}};
-  e.verdict = "reproduced";
+  e.verdict = nanguard::verdict::reproduced;
   nanguard::finding f;
   f.step = 12;
   f.op = "aten::div";
@@ -48,13 +51,14 @@ TEST(events, round_trip_keeps_nan_inf_spikes_and_findings) {
   EXPECT_EQ(1024, back.scale);
   EXPECT_EQ(3e-4, back.lr);
   EXPECT_TRUE(back.skipped);
-  EXPECT_EQ("rollback", back.action);
+  EXPECT_EQ(nanguard::action::rollback, back.action);
+  EXPECT_EQ("non-finite gradient", back.reason);
   ASSERT_EQ(1u, back.spikes.size());
   EXPECT_EQ("loss", back.spikes[0].series);
   ASSERT_EQ(1u, back.nonfinite_params.size());
   EXPECT_EQ("encoder.0.weight", back.nonfinite_params[0].name);
   EXPECT_EQ(3, back.nonfinite_params[0].nonfinite);
-  EXPECT_EQ("reproduced", back.verdict);
+  EXPECT_EQ(nanguard::verdict::reproduced, back.verdict);
   ASSERT_EQ(1u, back.findings.size());
   EXPECT_EQ("aten::div", back.findings[0].op);
   EXPECT_EQ("norm", back.findings[0].module);
@@ -74,6 +78,24 @@ TEST(events, round_trip_keeps_nan_inf_spikes_and_findings) {
   EXPECT_TRUE(std::isnan(back.top_norms[1].second));
   EXPECT_EQ(0, back.rank);
   EXPECT_EQ((std::vector<int64_t>{1, 3}), back.nonfinite_ranks);
+}
+
+// Every action and verdict reads back from its one name; an unknown name
+// is an error listing the valid ones.
+TEST(events, actions_and_verdicts_read_back_from_their_names) {
+  for (nanguard::action a : nanguard::all_actions) EXPECT_EQ(a, nanguard::action_from_string(nanguard::to_string(a)));
+  for (nanguard::verdict v : nanguard::all_verdicts)
+    EXPECT_EQ(v, nanguard::verdict_from_string(nanguard::to_string(v)));
+  EXPECT_STREQ("compiled only", nanguard::to_string(nanguard::verdict::compiled_only));
+  EXPECT_EQ(error_of([] { nanguard::action_from_string("jump"); }),
+            "nanguard::action_from_string: action must be one of 'step', 'skip', 'backoff', 'rollback', 'abort', "
+            "'data' but is 'jump'");
+  EXPECT_NE(error_of([] { nanguard::verdict_from_string("maybe"); })
+                .find("verdict must be one of '', 'reproduced', 'not reproduced', 'replay failed', 'compiled only'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { nanguard::step_event_from_json(R"({"step": 1, "action": "jump"})"); })
+                .find("action must be one of"),
+            std::string::npos);
 }
 
 TEST(events, each_line_is_on_disk_as_soon_as_it_is_written) {
@@ -100,7 +122,7 @@ TEST(events, errors_say_what_is_wrong) {
     EXPECT_NE(std::string::npos, std::string(e.what()).find("'step' is missing"));
   }
   try {
-    nanguard::step_event_from_json("{\"step\": 1, \"action\": \"ok\", \"top_norms\": [{\"name\": \"w\", \"norm\": true}]}");
+    nanguard::step_event_from_json("{\"step\": 1, \"action\": \"step\", \"top_norms\": [{\"name\": \"w\", \"norm\": true}]}");
     FAIL();
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string::npos, std::string(e.what()).find("'norm' should be a number"));

@@ -89,12 +89,12 @@ TEST(guard, rollback_recovers_a_run_that_blows_up_under_a_high_lr) {
   ASSERT_EQ(400u, events.size());
   int rollbacks = 0;
   for (const auto& e : events) {
-    if (e.action != "rollback") continue;
+    if (e.action != nanguard::action::rollback) continue;
     ++rollbacks;
     EXPECT_TRUE(e.skipped);
     EXPECT_GE(e.rollback_to, 0);
     EXPECT_EQ(0, e.rollback_to % 10);
-    EXPECT_EQ("reproduced", e.verdict);
+    EXPECT_EQ(nanguard::verdict::reproduced, e.verdict);
     EXPECT_NE(std::string::npos, e.note.find("moved most since the snapshot: ")) << e.note;
     ASSERT_FALSE(e.findings.empty()) << "the replay named no op";
     EXPECT_EQ(nanguard::role::producer, e.findings.front().role);
@@ -108,8 +108,8 @@ TEST(guard, diagnoses_a_blow_up_under_a_high_lr_as_divergence_and_logs_the_remed
   torch::optim::SGD opt(r.model->parameters(), torch::optim::SGDOptions(0.1));
   guard g(r.model, opt, guard_options().policy(policy::rollback).snapshot_every(10));
   step_event e;
-  while (g.steps() < 200 && e.action != "rollback") e = r.step(g, opt);
-  ASSERT_EQ("rollback", e.action);
+  while (g.steps() < 200 && e.action != nanguard::action::rollback) e = r.step(g, opt);
+  ASSERT_EQ(nanguard::action::rollback, e.action);
   ASSERT_FALSE(e.findings.empty());
   const nanguard::diagnosis& d = e.findings.front().diagnosis;
   EXPECT_EQ(nanguard::cause::divergence, d.cause) << to_string(d);
@@ -163,8 +163,8 @@ TEST(guard, abort_writes_a_bundle_that_names_the_producer) {
   EXPECT_EQ(fmt::format("step-{:06d}", bad_step), bundles[0].filename().string());
   const nanguard::bundle b = nanguard::read_bundle(bundles[0].string());
   EXPECT_EQ(bad_step, b.step);
-  EXPECT_EQ("abort", b.policy);
-  EXPECT_EQ("reproduced", b.verdict);
+  EXPECT_EQ(nanguard::policy::abort, b.policy);
+  EXPECT_EQ(nanguard::verdict::reproduced, b.verdict);
   EXPECT_TRUE(std::isinf(b.loss) || std::isnan(b.loss));
   EXPECT_DOUBLE_EQ(1.5, b.lr);
   EXPECT_GT(bad_step, 31);
@@ -203,11 +203,11 @@ TEST(guard, backoff_handles_an_fp16_overflow) {
   };
   std::vector<step_event> events;
   for (int i = 0; i < 40; ++i) events.push_back(g.step({x, y}, fn));
-  ASSERT_EQ("backoff", events[0].action);
+  ASSERT_EQ(nanguard::action::backoff, events[0].action);
   EXPECT_TRUE(events[0].skipped);
   EXPECT_DOUBLE_EQ(65536, events[0].scale);
   EXPECT_FALSE(events[0].nonfinite_params.empty());
-  EXPECT_EQ("reproduced", events[0].verdict);
+  EXPECT_EQ(nanguard::verdict::reproduced, events[0].verdict);
   ASSERT_FALSE(events[0].findings.empty());
   EXPECT_EQ(nanguard::direction::backward, events[0].findings[0].direction);
   EXPECT_EQ(nanguard::cause::precision_range, events[0].findings[0].diagnosis.cause)
@@ -216,13 +216,13 @@ TEST(guard, backoff_handles_an_fp16_overflow) {
       << events[0].findings[0].diagnosis.evidence;
   EXPECT_EQ("skipped the step; loss scale 65536 -> 32768", events[0].remedy);
   int backoffs = 0;
-  while (backoffs < 40 && events[backoffs].action == "backoff") ++backoffs;
+  while (backoffs < 40 && events[backoffs].action == nanguard::action::backoff) ++backoffs;
   EXPECT_LT(backoffs, 20);
   int total_backoffs = 0;
-  for (const auto& e : events) total_backoffs += e.action == "backoff";
+  for (const auto& e : events) total_backoffs += e.action == nanguard::action::backoff;
   EXPECT_DOUBLE_EQ(65536 * std::pow(0.5, total_backoffs), g.scaler().get_scale());
   EXPECT_EQ(total_backoffs, g.skipped());
-  EXPECT_EQ("step", events.back().action);
+  EXPECT_EQ(nanguard::action::step, events.back().action);
   EXPECT_TRUE(all_finite(*model));
   EXPECT_LT(events.back().loss, events[backoffs].loss);
 }
@@ -243,12 +243,12 @@ TEST(guard, a_nan_injected_once_is_not_reproduced) {
   for (int i = 0; i < 8; ++i) events.push_back(g.step({x, y}, fn));
   EXPECT_EQ(9, calls) << "one replay";
   const step_event& bad = events[4];
-  EXPECT_EQ("skip", bad.action);
+  EXPECT_EQ(nanguard::action::skip, bad.action);
   EXPECT_TRUE(bad.skipped);
   EXPECT_TRUE(std::isnan(bad.loss));
-  EXPECT_EQ("not reproduced", bad.verdict);
+  EXPECT_EQ(nanguard::verdict::not_reproduced, bad.verdict);
   EXPECT_TRUE(bad.findings.empty());
-  for (int i : {0, 1, 2, 3, 5, 6, 7}) EXPECT_EQ("step", events[i].action) << i;
+  for (int i : {0, 1, 2, 3, 5, 6, 7}) EXPECT_EQ(nanguard::action::step, events[i].action) << i;
   EXPECT_EQ(1, g.skipped());
 }
 
@@ -265,8 +265,8 @@ TEST(guard, replay_names_a_deterministic_producer_and_nothing_is_stepped) {
   g.step({x, y, torch::ones({3})}, fn);
   const auto before = model->weight.clone();
   const step_event e = g.step({x, y, torch::full({3}, -1.0)}, fn);
-  EXPECT_EQ("skip", e.action);
-  EXPECT_EQ("reproduced", e.verdict);
+  EXPECT_EQ(nanguard::action::skip, e.action);
+  EXPECT_EQ(nanguard::verdict::reproduced, e.verdict);
   ASSERT_EQ(1u, e.findings.size());
   EXPECT_EQ("aten::sqrt", e.findings[0].op);
   EXPECT_EQ(nanguard::role::producer, e.findings[0].role);
@@ -307,7 +307,7 @@ TEST(guard, dropout_step_reproduces_under_the_same_rng) {
     const step_event e = g.step({torch::randn({8, 4})}, fn);
     if (e.skipped) {
       ++bad;
-      reproduced += e.verdict == "reproduced";
+      reproduced += e.verdict == nanguard::verdict::reproduced;
     }
   }
   EXPECT_GT(bad, 0);
@@ -351,7 +351,7 @@ TEST(guard, rollback_without_skipping_runs_the_batch_again) {
   for (int i = 0; i < 200 && g.rollbacks() == 0; ++i) e = r.step(g, opt);
   ASSERT_EQ(1, g.rollbacks());
   EXPECT_EQ(g.steps(), e.step);
-  EXPECT_EQ("step", e.action) << "the retry at half the LR stepped";
+  EXPECT_EQ(nanguard::action::step, e.action) << "the retry at half the LR stepped";
   EXPECT_DOUBLE_EQ(0.75, e.lr);
 }
 
@@ -407,7 +407,7 @@ TEST(guard, schedule_and_event_log_record_every_step) {
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(i + 1, events[i].step);
     EXPECT_DOUBLE_EQ(ref.lr(i), events[i].lr);
-    EXPECT_EQ("step", events[i].action);
+    EXPECT_EQ(nanguard::action::step, events[i].action);
     EXPECT_FALSE(events[i].skipped);
     // Linear(2, 1): weight and bias, largest norm first.
     ASSERT_EQ(2u, events[i].top_norms.size());
@@ -428,6 +428,13 @@ TEST(guard, loss_spike_is_logged_as_a_warning) {
   EXPECT_EQ("loss", e.spikes[0].series);
   EXPECT_DOUBLE_EQ(50.0, e.spikes[0].value);
   EXPECT_FALSE(e.skipped);
+}
+
+TEST(guard, policies_read_back_from_their_names) {
+  for (policy p : nanguard::all_policies) EXPECT_EQ(p, nanguard::policy_from_string(nanguard::to_string(p)));
+  EXPECT_EQ(nanguard::test::error_of([] { nanguard::policy_from_string("sometimes"); }),
+            "nanguard::policy_from_string: policy must be one of 'skip', 'backoff', 'rollback', 'abort' but is "
+            "'sometimes'");
 }
 
 TEST(guard, options_are_validated_with_clear_messages) {
@@ -483,7 +490,7 @@ TEST(guard, a_replay_that_cannot_run_says_so) {
   nanguard::tracer user_tracer;  // one tracer per thread: the replay cannot make its own
   user_tracer.pause();
   const step_event e = g.step({torch::ones({1, 2}), torch::full({}, NAN)}, fn);
-  EXPECT_EQ("replay failed", e.verdict);
+  EXPECT_EQ(nanguard::verdict::replay_failed, e.verdict);
   EXPECT_NE(std::string::npos, e.note.find("replay failed: ")) << e.note;
   EXPECT_TRUE(e.skipped);
 }
@@ -593,7 +600,7 @@ TEST(guard, drives_the_model_and_optimizer_through_its_training_host) {
   EXPECT_EQ(3, host->saves) << "snapshots at steps 2 and 4";
   const at::Tensor at_step_4 = r.model->weight.clone();
   const step_event e = g.step({r.x, r.y}, [&](const std::vector<at::Tensor>& b) { return r.loss_fn()(b) * NAN; });
-  EXPECT_EQ("rollback", e.action);
+  EXPECT_EQ(nanguard::action::rollback, e.action);
   EXPECT_EQ(1, host->restores);
   EXPECT_EQ(4, host->optimizer_steps);
   EXPECT_TRUE(torch::equal(at_step_4, r.model->weight));
@@ -654,7 +661,7 @@ TEST(guard, traces_every_step_without_a_replay) {
   ASSERT_FALSE(e.findings.empty());
   EXPECT_EQ("SqrtBackward0", e.findings.front().node);
   EXPECT_EQ(2, e.findings.front().step);
-  EXPECT_EQ("", e.verdict) << "no replay";
+  EXPECT_EQ(nanguard::verdict::none, e.verdict) << "no replay";
   EXPECT_EQ(nanguard::cause::sqrt_at_zero, e.findings.front().diagnosis.cause);
   // A framework's step: traced from begin_step() to check().
   g.begin_step();
@@ -684,7 +691,7 @@ TEST(guard, an_abort_tags_its_bundle_and_leaves_its_event) {
   EXPECT_THROW(g.step({r.x, r.y}, bad), nanguard::nonfinite_error);
   const step_event& e = g.last_event();
   EXPECT_EQ(2, e.step);
-  EXPECT_EQ("abort", e.action);
+  EXPECT_EQ(nanguard::action::abort, e.action);
   ASSERT_FALSE(e.bundle.empty());
   const nanguard::bundle b = nanguard::read_bundle(e.bundle);
   const nanguard::bundle_tag_list expected = {{"csv_lines", "3,4"}, {"task", "regress"}};

@@ -1,6 +1,9 @@
 // support.h — what the C++ test files share.
 #pragma once
 
+#include <nanguard/events.h>
+#include <nanguard/policy.h>
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -8,8 +11,18 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <ostream>
 #include <string>
 #include <vector>
+
+namespace nanguard {
+
+// gtest prints nanguard's enums by their names.
+inline void PrintTo(policy p, std::ostream* os) { *os << to_string(p); }
+inline void PrintTo(action a, std::ostream* os) { *os << to_string(a); }
+inline void PrintTo(verdict v, std::ostream* os) { *os << '"' << to_string(v) << '"'; }
+
+}  // namespace nanguard
 
 namespace nanguard::test {
 

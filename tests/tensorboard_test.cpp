@@ -146,7 +146,7 @@ TEST(tensorboard, step_tags_and_text) {
   e.scale = 1024;
   e.clip_coef = 0.5;
   e.skipped = true;
-  e.action = "skip";
+  e.action = nanguard::action::skip;
   e.top_norms = {{"head.weight", 3}, {"body.bias", 1}};
   e.remedy = "skipped the step";
   std::map<std::string, float> tags;
@@ -172,7 +172,7 @@ TEST(tensorboard, step_tags_and_text) {
 TEST(tensorboard, data_events_have_their_own_tags) {
   nanguard::step_event e;
   e.step = 2;
-  e.action = "data";
+  e.action = nanguard::action::data;
   e.data = nanguard::data_counts{};
   e.data->checked = 32;
   e.data->dropped = 3;
@@ -189,7 +189,7 @@ TEST(tensorboard, data_events_have_their_own_tags) {
 TEST(events, data_event_round_trip_and_checks) {
   nanguard::step_event e;
   e.step = 3;
-  e.action = "data";
+  e.action = nanguard::action::data;
   e.data = nanguard::data_counts{};
   e.data->source = "firewall_collate";
   e.data->checked = 16;

@@ -16,7 +16,9 @@
 //   nanguard::bundle back = nanguard::read_bundle(dir);
 #pragma once
 
+#include <nanguard/events.h>
 #include <nanguard/finding.h>
+#include <nanguard/policy.h>
 
 #include <ATen/core/Tensor.h>
 
@@ -34,8 +36,8 @@ struct bundle {
   double lr = 0;                   ///< learning rate of the first param group
   double scale = 1;                ///< loss scale
   double loss = 0;                 ///< the step's loss (NaN/Inf when bad)
-  std::string policy;              ///< the guard's policy, e.g. "abort"
-  std::string verdict;             ///< "reproduced" / "not reproduced" / ""
+  std::optional<nanguard::policy> policy;  ///< the guard's policy (none: not written by a guard)
+  nanguard::verdict verdict = verdict::none;  ///< the replay's verdict
   std::optional<nanguard::finding> finding;  ///< the tracer's finding, if any
   std::vector<at::Tensor> batch;   ///< the step's batch
   at::Tensor rng_state;            ///< CPU generator state at step start (uint8)

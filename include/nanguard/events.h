@@ -3,9 +3,9 @@
 //
 //   nanguard::event_log log("train.jsonl");
 //   nanguard::step_event e;
-//   e.step = 7; e.loss = 0.31; e.grad_norm = 1.2; e.action = "step";
+//   e.step = 7; e.loss = 0.31; e.grad_norm = 1.2; e.action = nanguard::action::step;
 //   log.write(e);
-//   for (auto& ev : nanguard::read_events("train.jsonl")) std::cout << ev.action << "\n";
+//   for (auto& ev : nanguard::read_events("train.jsonl")) std::cout << nanguard::to_string(ev.action) << "\n";
 #pragma once
 
 #include <nanguard/finding.h>
@@ -21,6 +21,39 @@
 #include <vector>
 
 namespace nanguard {
+
+/// What the guard did with a step (the event log's "action").
+enum class action {
+  step,      ///< "step": a finite step, the optimizer stepped
+  skip,      ///< "skip": policy skip acted on a bad step
+  backoff,   ///< "backoff": policy backoff acted
+  rollback,  ///< "rollback": policy rollback acted
+  abort,     ///< "abort": policy abort acted (or max_bad_steps)
+  data,      ///< "data": not a training step but a data firewall's check
+};
+/// Every action, in declaration order.
+inline constexpr action all_actions[] = {action::step,     action::skip,  action::backoff,
+                                         action::rollback, action::abort, action::data};
+/// Its name in the event log: "step", "skip", "backoff", "rollback", "abort", "data".
+const char* to_string(action a);
+/// The action whose to_string is `name`. Throws c10::Error listing the valid names.
+action action_from_string(const std::string& name);
+
+/// What the replay of a bad step concluded (the event log's "verdict").
+enum class verdict {
+  none,            ///< "": no replay (a finite step, or replay off)
+  reproduced,      ///< "reproduced": the replay made the NaN/Inf again
+  not_reproduced,  ///< "not reproduced": the replay ran finite (non-deterministic, hardware)
+  replay_failed,   ///< "replay failed": the replay could not run (the note says why)
+  compiled_only,   ///< "compiled only": only the compiled code makes it, the eager code runs finite
+};
+/// Every verdict, in declaration order.
+inline constexpr verdict all_verdicts[] = {verdict::none, verdict::reproduced, verdict::not_reproduced,
+                                           verdict::replay_failed, verdict::compiled_only};
+/// Its name in the event log: "", "reproduced", "not reproduced", "replay failed", "compiled only".
+const char* to_string(verdict v);
+/// The verdict whose to_string is `name`. Throws c10::Error listing the valid names.
+verdict verdict_from_string(const std::string& name);
 
 /// One parameter whose gradient held NaN/Inf.
 struct bad_parameter {
@@ -58,8 +91,11 @@ struct step_event {
   double scale = 1;             ///< loss scale used for this step
   double lr = 0;                ///< learning rate of the first param group
   bool skipped = false;         ///< true when the optimizer did not step
-  /// "step", "skip", "backoff", "rollback", "abort".
-  std::string action = "step";
+  nanguard::action action = action::step;  ///< what the guard did with it
+  /// What made a bad step bad: "non-finite loss", "non-finite gradient",
+  /// "non-finite on rank(s) 1", "non-finite averaged gradients" or
+  /// "gradient checksum differs on rank(s) 3" ("" on a healthy step).
+  std::string reason;
   std::vector<spike> spikes;    ///< loss / grad-norm spikes
   std::vector<bad_parameter> nonfinite_params;  ///< parameters with bad gradients
   /// The largest per-parameter grad norms (unscaled, before clipping), largest
@@ -67,8 +103,7 @@ struct step_event {
   std::vector<std::pair<std::string, double>> top_norms;
   int64_t rank = -1;            ///< distributed: this process's rank (-1: single process)
   std::vector<int64_t> nonfinite_ranks;  ///< distributed: the ranks that saw a non-finite value
-  /// "", "reproduced", "not reproduced" or "replay failed" (replay of a bad step).
-  std::string verdict;
+  nanguard::verdict verdict = verdict::none;  ///< the replay's conclusion (none: no replay)
   std::vector<finding> findings;  ///< the tracer's findings from the replay
   int64_t rollback_to = -1;     ///< rollback: the step of the restored snapshot
   std::string bundle;           ///< abort: the repro bundle's directory

@@ -7,9 +7,9 @@
 #include <nanguard/diagnosis.h>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -76,7 +76,9 @@ std::string to_json(const finding& f);
 finding finding_from_json(const std::string& json);
 
 /// Thrown when a non-finite value must stop the caller; carries the finding.
-class nonfinite_error : public std::runtime_error {
+/// A c10::Error, as every error nanguard throws (what_without_backtrace()
+/// is the one line to show).
+class nonfinite_error : public c10::Error {
  public:
   explicit nonfinite_error(nanguard::finding f);
   /// The finding that caused the error.

@@ -17,7 +17,7 @@
 //     nanguard::step_event e = g.step({x, y}, [&](const std::vector<at::Tensor>& b) {
 //       return torch::nn::functional::cross_entropy(model->forward(b[0]), b[1]);
 //     });
-//     if (e.skipped) std::cerr << "step " << e.step << ": " << e.action << "\n";
+//     if (e.skipped) std::cerr << "step " << e.step << ": " << nanguard::to_string(e.action) << "\n";
 //   }
 //
 // Distributed (data parallel): give it a `distributed` (distributed.h) and
@@ -31,6 +31,7 @@
 
 #include <nanguard/events.h>
 #include <nanguard/loss_scaler.h>
+#include <nanguard/policy.h>
 #include <nanguard/schedule.h>
 #include <nanguard/sentinel.h>
 #include <nanguard/snapshot.h>
@@ -60,18 +61,7 @@ namespace nanguard {
 
 class distributed;
 class training_host;
-
-/// What the guard does with a step whose loss or gradients are not finite.
-/// In every case the optimizer does not step on it.
-enum class policy {
-  skip,      ///< drop the step (the loss scaler, if enabled, still backs off)
-  backoff,   ///< drop the step and back off the loss scale
-  rollback,  ///< restore the last snapshot, multiply the LR by rollback_lr_factor
-  abort,     ///< write a repro bundle, then throw nonfinite_error
-};
-
-/// "skip", "backoff", "rollback", "abort".
-const char* to_string(policy p);
+struct bundle;
 
 /// (name, value) tags of a repro bundle.
 using bundle_tag_list = std::vector<std::pair<std::string, std::string>>;
@@ -190,6 +180,19 @@ class guard {
   /// step changes nothing. `batch` is what an abort's bundle keeps.
   /// Throws c10::Error when no step was begun, nonfinite_error under abort.
   step_event check(const at::Tensor& loss, const step_fn& replay = {}, const std::vector<at::Tensor>& batch = {});
+
+  /// Runs a repro bundle's step again (what `nanguard replay` does): loads
+  /// the bundle's parameters into the model and its RNG states, then `fn`
+  /// on its batch and the (scaled) backward under the replay's tracer, as a
+  /// bad step's replay. Returns the event: the bundle's step and loss, the
+  /// findings, and the verdict (reproduced, not reproduced, or replay
+  /// failed, the note saying why). Nothing is stepped or counted.
+  ///
+  ///   nanguard::step_event e = g.replay(nanguard::read_bundle("bundles/step-000012"), loss_fn);
+  ///
+  /// Throws c10::Error when a bundled parameter is not the model's or has
+  /// another shape.
+  step_event replay(const bundle& b, const step_fn& fn);
 
   /// The tags of the bundles written from now on (what the next batch is,
   /// e.g. {"csv_lines", "12,13"}), instead of the options' bundle_tags.

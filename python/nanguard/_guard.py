@@ -8,7 +8,6 @@ so that a Python run behaves, logs and bundles as a C++ one, and
 """
 import atexit
 import json
-import math
 import weakref
 from dataclasses import dataclass, field
 
@@ -18,7 +17,8 @@ from . import _compile, _nanguard
 from ._hosts import host_for
 from ._trace import Finding, NonFiniteError
 
-POLICIES = ("skip", "backoff", "rollback", "abort")
+#: The guard's policies, from the C++ ``nanguard::policy``.
+POLICIES = _nanguard.POLICIES
 
 
 @dataclass
@@ -27,8 +27,9 @@ class StepResult:
 
     ``step`` counts from 1. ``action`` is "step" for a healthy step, else
     the policy that acted ("skip", "backoff", "rollback", "abort").
-    ``reason`` says what was not finite ("non-finite loss", "non-finite
-    gradient"; "" on a healthy step) and ``note`` what else the guard noted
+    ``reason`` says what made a bad step bad ("non-finite loss",
+    "non-finite gradient", "gradient checksum differs on rank(s) 3", ...;
+    "" on a healthy step) and ``note`` what else the guard noted
     (which layers moved most before a rollback, ...). ``finding`` is the
     replay's :class:`~nanguard.Finding` (or None), diagnosed with the steps
     before (``finding.cause``, ``finding.remedy``), and ``verdict``
@@ -71,11 +72,10 @@ class StepResult:
         """The result of the C++ step event ``event_json``."""
         e = json.loads(event_json)
         bad = [(p["name"], int(p["nonfinite"])) for p in e.get("nonfinite_params", [])]
-        loss = float(e["loss"])  # float() reads the log's "nan", "inf", "-inf" too
-        reason = "" if not e["skipped"] else "non-finite loss" if not math.isfinite(loss) else "non-finite gradient"
         findings = e.get("findings", [])
-        return cls(step=int(e["step"]), loss=loss, grad_norm=float(e["grad_norm"]), action=e["action"],
-                   skipped=bool(e["skipped"]), scale=float(e["scale"]), lr=float(e["lr"]), reason=reason,
+        # float() reads the log's "nan", "inf", "-inf" too
+        return cls(step=int(e["step"]), loss=float(e["loss"]), grad_norm=float(e["grad_norm"]), action=e["action"],
+                   skipped=bool(e["skipped"]), scale=float(e["scale"]), lr=float(e["lr"]), reason=e.get("reason", ""),
                    first_nonfinite_param=bad[0][0] if bad else "",
                    finding=Finding(json.dumps(findings[0])) if findings else None,
                    verdict=e.get("verdict", ""),
@@ -117,9 +117,24 @@ def _call_of(micro_batch):
     return (micro_batch,), {}
 
 
-def _tensors(args, kwargs):
-    """The tensors among a call's arguments: the batch a bundle keeps."""
-    return [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+def batch_tensors(values):
+    """The tensors in ``values`` (tensors, tuples, lists, dicts, nested), in
+    order: the batch the guard names in findings and an abort's bundle
+    keeps."""
+    out = []
+
+    def walk(v):
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+
+    walk(values)
+    return out
 
 
 class Guard:
@@ -206,9 +221,8 @@ class Guard:
                  snapshot_keep=2, rollback_lr_factor=0.5, max_bad_steps=0, bundle_dir=None,
                  spike_window=50, spike_threshold=8.0, bundle_tags=None, log_top_norms=5, schedule=None,
                  tensorboard=None, distributed=None):
-        # The numeric options are checked by the C++ guard (ValueError).
-        if policy not in POLICIES:
-            raise ValueError(f"nanguard.Guard: policy must be one of {POLICIES}, got {policy!r}")
+        # The options are checked by the C++ guard (ValueError); the policy first.
+        policy = _nanguard.policy_from_string(policy)
         self.model = model
         self.optimizer = optimizer
         self.policy = policy
@@ -273,7 +287,7 @@ class Guard:
             args, kwargs = calls[index]
             return _trainable_loss(closure(*args, **kwargs))
 
-        batches = [_tensors(args, kwargs) for args, kwargs in calls]
+        batches = [batch_tensors(call) for call in calls]
         return self._run(lambda core: core.step_accumulated(batches, forward))
 
     def begin_step(self):

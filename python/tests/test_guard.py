@@ -161,6 +161,24 @@ def test_loss_scaler_backs_off():
     assert r.action == "step" and r.scale < 2.0 ** 21
 
 
+def test_the_enum_names_come_from_cpp():
+    """POLICIES, the actions and the verdicts are the C++ enums' names; an
+    unknown policy is refused by C++'s policy_from_string, listing them."""
+    assert nanguard.POLICIES == ("skip", "backoff", "rollback", "abort")
+    assert nanguard._nanguard.ACTIONS == ("step", "skip", "backoff", "rollback", "abort", "data")
+    assert nanguard._nanguard.VERDICTS == ("", "reproduced", "not reproduced", "replay failed", "compiled only")
+    with pytest.raises(ValueError, match="policy must be one of 'skip', 'backoff', 'rollback', 'abort' but is 'ignore'"):
+        nanguard._nanguard.policy_from_string("ignore")
+
+
+def test_a_bundle_keeps_every_tensor_of_the_call_in_order():
+    """One walker picks a batch's tensors (the Guard's and the callbacks'):
+    tensors in tuples, lists and dicts, nested, in order."""
+    from nanguard._guard import batch_tensors
+    a, b, c, d = (torch.full((1,), float(i)) for i in range(4))
+    assert [t.item() for t in batch_tensors(((a, [b, 7]), {"x": {"y": c}, "n": None, "z": d}))] == [0, 1, 2, 3]
+
+
 def test_bad_options_are_clear_errors():
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -207,7 +207,8 @@ assert f['op'] == 'aten::div' and f['module'] == 'norm', f"
   run 2 "$NANGUARD" replay "$B" --model missing.pt
   expect "cannot open model 'missing.pt'"
   run 2 "$NANGUARD" replay "$B" --model "$M/mlp_clf.pt"
-  expect "is not in '$M/mlp_clf.pt'"
+  expect "cannot replay '$B' with '$M/mlp_clf.pt': nanguard::guard::replay: the bundle's parameter"
+  expect "is not in the model"
 }
 
 # bad input: exit 2 and one line saying what

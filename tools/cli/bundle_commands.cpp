@@ -1,7 +1,7 @@
 // `nanguard inspect BUNDLE`: what a repro bundle holds, readable.
 // `nanguard replay BUNDLE --model M.pt`: re-runs the bundled step (batch,
-// parameters, RNG state) of a TorchScript model under the op tracer and
-// prints the finding. Exit code 3 when the step is non-finite again, 0 when
+// parameters, RNG states) of a TorchScript model through the guard's replay
+// (guard::replay: its tracer, its verdict) and prints the finding. Exit code 3 when the step is non-finite again, 0 when
 // it runs finite ("not reproduced"), 2 for a missing or malformed bundle.
 #include "commands.h"
 #include "script_model.h"
@@ -9,17 +9,17 @@
 #include <nanguard/bundle.h>
 #include <nanguard/census.h>
 #include <nanguard/finding.h>
-#include <nanguard/tracer.h>
+#include <nanguard/guard.h>
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/optim/sgd.h>
 #include <torch/types.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <mutex>
 
 namespace nanguard::cli {
 namespace {
@@ -68,8 +68,8 @@ int run_inspect(const inspect_args& a) {
   const bundle b = load_bundle(a.bundle);
   fmt::print("repro bundle {}\n", a.bundle);
   fmt::print("  step {}, loss {}, lr {}, loss scale {}, policy {}, verdict {}\n", b.step, number(b.loss),
-             number(b.lr), number(b.scale), b.policy.empty() ? "-" : b.policy,
-             b.verdict.empty() ? "-" : b.verdict);
+             number(b.lr), number(b.scale), b.policy ? to_string(*b.policy) : "-",
+             b.verdict == verdict::none ? "-" : to_string(b.verdict));
   fmt::print("  written by nanguard {}, torch {}\n", b.nanguard_version.empty() ? "?" : b.nanguard_version,
              b.torch_version.empty() ? "?" : b.torch_version);
   for (const auto& [k, v] : b.tags) fmt::print("  {}: {}\n", k, v);
@@ -95,6 +95,70 @@ int run_inspect(const inspect_args& a) {
   return exit_ok;
 }
 
+// The guard that replays a bundle's step of `params` (the model's mirror):
+// the bundle's loss scale, and an optimizer that never steps.
+struct replay_guard {
+  replay_guard(torch::nn::Module& params, const bundle& b)
+      : optimizer(params.parameters(), torch::optim::SGDOptions(0.0)), g(params, optimizer, options_of(b)) {}
+
+  static guard_options options_of(const bundle& b) {
+    const bool scaled = std::isfinite(b.scale) && b.scale > 0 && b.scale != 1.0;
+    return guard_options().scaler(loss_scaler_options()
+                                      .enabled(scaled)
+                                      .init_scale(scaled ? b.scale : 1.0)
+                                      .min_scale(std::min(1.0, scaled ? b.scale : 1.0))
+                                      .max_scale(std::max(loss_scaler_options().max_scale(), scaled ? b.scale : 1.0)));
+  }
+
+  torch::optim::SGD optimizer;
+  guard g;
+};
+
+// The rows of the bundle's batch that hold a NaN/Inf, by CSV line when the
+// bundle keeps them (its "csv_lines" tag).
+std::vector<std::string> bad_rows(const bundle& b) {
+  const std::string lines = tag(b, "csv_lines");
+  std::vector<std::string> line_of;
+  for (size_t pos = 0; !lines.empty() && pos <= lines.size();) {
+    const size_t end = lines.find(',', pos);
+    line_of.push_back(lines.substr(pos, end == std::string::npos ? std::string::npos : end - pos));
+    if (end == std::string::npos) break;
+    pos = end + 1;
+  }
+  const at::Tensor x = b.batch[0], y = b.batch[1];
+  const at::Tensor bad = (at::logical_not(at::isfinite(x)).any(1) |
+                          at::logical_not(at::isfinite(y.to(at::kDouble)))).contiguous();
+  std::vector<std::string> rows;
+  for (int64_t i = 0; i < bad.numel(); ++i)
+    if (bad.data_ptr<bool>()[i])
+      rows.push_back(size_t(i) < line_of.size() ? fmt::format("line {}", line_of[size_t(i)]) : fmt::format("batch row {}", i));
+  return rows;
+}
+
+// What the replay found: the first finding, the data rows it came from, and
+// whether it is the bundle's.
+void print_reproduced(const bundle& b, const step_event& e) {
+  if (e.findings.empty()) {
+    fmt::print("  the tracer named no op (the NaN/Inf was only in the gradients' sum, or allowed by a rule)\n");
+    return;
+  }
+  const finding& f = e.findings.front();
+  const std::string text = to_text(f);
+  fmt::print("{}{}", text, !text.empty() && text.back() != '\n' ? "\n" : "");
+  if (f.role == role::input && f.culprit.rfind("batch[", 0) == 0) {
+    const std::vector<std::string> rows = bad_rows(b);
+    if (!rows.empty())
+      fmt::print("the NaN/Inf came from the data: {} {}\n", tag(b, "data").empty() ? "rows" : tag(b, "data") + ",",
+                 fmt::join(rows, ", "));
+  }
+  if (b.finding) {
+    const bool same = b.finding->op == f.op && b.finding->module == f.module && b.finding->direction == f.direction;
+    fmt::print("{} the bundle's finding ({})\n", same ? "matches" : "differs from", to_string(*b.finding));
+  }
+}
+
+// Runs the bundled step again through the guard's replay (the bundle's
+// parameters, RNG states and loss scale; the replay's tracer).
 int run_replay(const replay_args& a) {
   const bundle b = load_bundle(a.bundle);
   torch::jit::Module model = load_script_model(a.model);
@@ -106,113 +170,35 @@ int run_replay(const replay_args& a) {
     throw usage_error(fmt::format("the bundle '{}' holds {} batch tensors; replay needs two (features, target) "
                                   "as `nanguard train` writes them", a.bundle, b.batch.size()));
 
-  // The parameters as they were at the start of the step.
-  {
-    torch::NoGradGuard no_grad;
-    auto named = model.named_parameters();
-    for (const auto& [name, value] : b.parameters) {
-      bool found = false;
-      for (const auto& p : named)
-        if (p.name == name) {
-          if (!p.value.sizes().equals(value.sizes()))
-            throw usage_error(fmt::format("the bundle's parameter '{}' is {} but the model's is {}; replay with "
-                                          "the model the bundle was written from", name, c10::str(value.sizes()),
-                                          c10::str(p.value.sizes())));
-          p.value.detach().copy_(value);
-          found = true;
-          break;
-        }
-      if (!found)
-        throw usage_error(fmt::format("the bundle's parameter '{}' is not in '{}'; replay with the model the "
-                                      "bundle was written from", name, a.model));
-    }
-  }
-  if (b.rng_state.defined() && b.rng_state.numel() > 0) {
-    auto gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    try {
-      gen.set_state(b.rng_state);
-    } catch (const c10::Error& e) {
-      throw usage_error(fmt::format("the bundle's rng_state cannot be restored: {}", e.what_without_backtrace()));
-    }
-  }
-
-  per_op_autograd per_op;
+  const per_op_autograd per_op;
   model.train();
-  auto params = mirror_parameters(model);
-  const at::Tensor x = b.batch[0], y = b.batch[1];
-  bool nonfinite = false;
-  double loss_value = NAN;
-  std::vector<finding> findings;
-  {
-    tracer t;
-    t.name_parameters(*params);
-    t.name_tensor(x, "batch[0]");
-    t.name_tensor(y, "batch[1]");
-    t.set_step(b.step);
-    at::Tensor loss;
-    try {
-      loss = task_loss(forward_tensor(model, x), y, task);
-    } catch (const usage_error&) {
-      throw;
-    } catch (const std::exception& e) {
-      throw usage_error(fmt::format("the model cannot run on the bundle's batch {}: {}", c10::str(x.sizes()),
-                                    one_line_error(e.what())));
-    }
-    {
-      tracer_pause pause(t);
-      loss_value = loss.item<double>();
-    }
-    if (std::isfinite(loss_value)) {
-      (std::isfinite(b.scale) && b.scale != 1.0 ? loss * b.scale : loss).backward();
-      tracer_pause pause(t);
-      for (const auto& p : params->parameters())
-        if (p.grad().defined() && has_nonfinite(p.grad())) nonfinite = true;
-    } else {
-      nonfinite = true;
-    }
-    nonfinite = nonfinite || t.found();
-    findings = t.findings();
+  const auto params = mirror_parameters(model);
+  replay_guard r(*params, b);
+  at::Tensor loss;  // the replay's
+  const step_fn loss_fn = [&](const std::vector<at::Tensor>& batch) {
+    loss = task_loss(forward_tensor(model, batch[0]), batch[1], task);
+    return loss;
+  };
+  step_event e;
+  try {
+    e = r.g.replay(b, loss_fn);
+  } catch (const c10::Error& error) {
+    throw usage_error(fmt::format("cannot replay '{}' with '{}': {}", a.bundle, a.model,
+                                  error.what_without_backtrace()));
   }
+  if (e.verdict == verdict::replay_failed)
+    throw usage_error(fmt::format("the model cannot run on the bundle's batch {}: {}", c10::str(b.batch[0].sizes()),
+                                  one_line_error(e.note)));
 
+  const double loss_value = loss.defined() ? loss.item<double>() : NAN;
   fmt::print("replay of step {} from {} with {} (task {})\n", b.step, a.bundle, a.model, task);
-  if (!nonfinite) {
+  if (e.verdict == verdict::not_reproduced) {
     fmt::print("not reproduced: the step ran finite (loss {}, gradients finite)\n", number(loss_value));
     if (b.finding) fmt::print("  the bundle's finding was: {}\n", to_string(*b.finding));
     return exit_ok;
   }
   fmt::print("reproduced: loss {}\n", number(loss_value));
-  if (findings.empty()) {
-    fmt::print("  the tracer named no op (the NaN/Inf was only in the gradients' sum, or allowed by a rule)\n");
-    return exit_nonfinite;
-  }
-  const finding& f = findings.front();
-  fmt::print("{}", to_text(f));
-  if (!to_text(f).empty() && to_text(f).back() != '\n') fmt::print("\n");
-  if (f.role == role::input && f.culprit.rfind("batch[", 0) == 0) {
-    // Name the data rows: the bundle keeps the CSV line of each batch row.
-    const std::string lines = tag(b, "csv_lines");
-    std::vector<std::string> line_of;
-    for (size_t pos = 0; !lines.empty() && pos <= lines.size();) {
-      const size_t end = lines.find(',', pos);
-      line_of.push_back(lines.substr(pos, end == std::string::npos ? std::string::npos : end - pos));
-      if (end == std::string::npos) break;
-      pos = end + 1;
-    }
-    const at::Tensor bad = (at::logical_not(at::isfinite(x)).any(1) |
-                            at::logical_not(at::isfinite(y.to(at::kDouble)))).contiguous();
-    std::vector<std::string> rows;
-    for (int64_t i = 0; i < bad.numel(); ++i)
-      if (bad.data_ptr<bool>()[i])
-        rows.push_back(size_t(i) < line_of.size() ? fmt::format("line {}", line_of[size_t(i)]) : fmt::format("batch row {}", i));
-    if (!rows.empty())
-      fmt::print("the NaN/Inf came from the data: {} {}\n", tag(b, "data").empty() ? "rows" : tag(b, "data") + ",",
-                 fmt::join(rows, ", "));
-  }
-  if (b.finding) {
-    const bool same = b.finding->op == f.op && b.finding->module == f.module && b.finding->direction == f.direction;
-    fmt::print("{} the bundle's finding ({})\n", same ? "matches" : "differs from", to_string(*b.finding));
-  }
+  print_reproduced(b, e);
   return exit_nonfinite;
 }
 

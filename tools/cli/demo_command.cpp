@@ -62,7 +62,7 @@ struct run_result {
     return std::count_if(events.begin(), events.end(), [](const step_event& e) { return e.skipped; });
   }
   int64_t rollbacks() const {
-    return std::count_if(events.begin(), events.end(), [](const step_event& e) { return e.action == "rollback"; });
+    return std::count_if(events.begin(), events.end(), [](const step_event& e) { return e.action == action::rollback; });
   }
   // The run ended on a finite step whose loss is below the first one.
   bool finite_and_falling() const {

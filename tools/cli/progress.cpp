@@ -37,7 +37,7 @@ std::string progress::line() const {
                               width, total_, rate, number(last_.loss), number(last_.grad_norm),
                               number(last_.scale));
   if (skipped_ > 0) s += fmt::format("  skipped {}", skipped_);
-  if (last_.skipped) s += fmt::format("  [{}]", last_.action);
+  if (last_.skipped) s += fmt::format("  [{}]", to_string(last_.action));
   return s;
 }
 

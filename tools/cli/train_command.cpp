@@ -138,7 +138,7 @@ json first_json(const step_event& e, const std::vector<int64_t>& rows) {
   // whatever the role (the tracer names a value that flowed through a
   // composite op such as mse_loss as that op's product).
   if (!rows.empty()) j["rows"] = rows;
-  j["verdict"] = e.verdict;
+  j["verdict"] = to_string(e.verdict);
   std::vector<std::string> params;
   for (const auto& p : e.nonfinite_params) params.push_back(p.name);
   j["parameters"] = params;
@@ -305,10 +305,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const train_args& a, tor
 // writing its event log and bundles into the run's directory.
 guard_options make_guard_options(const train_args& a, const run_outputs& out) {
   guard_options options;
-  options.policy(a.policy == "backoff"    ? policy::backoff
-                 : a.policy == "rollback" ? policy::rollback
-                 : a.policy == "abort"    ? policy::abort
-                                          : policy::skip)
+  options.policy(policy_from_string(a.policy))
       .max_norm(a.clip)
       .replay(a.trace == "on-failure")
       .snapshot_every(std::clamp<int64_t>(a.steps / 10, 1, 100))
@@ -520,7 +517,7 @@ void print_first_nonfinite(const train_args& a, const train_outcome& o) {
   const step_event& e = *o.first_bad;
   if (e.findings.empty()) {
     fmt::print("  first non-finite: step {} (no op named: {})\n", e.step,
-               a.trace == "off" ? "--trace off" : e.verdict.empty() ? "no replay" : e.verdict);
+               a.trace == "off" ? "--trace off" : e.verdict == verdict::none ? "no replay" : to_string(e.verdict));
   } else {
     const finding& f = e.findings.front();
     fmt::print("  first non-finite: {}\n", describe(f));
@@ -574,6 +571,13 @@ int run_train(const train_args& a) {
   return ended_finite(a, o) ? exit_ok : exit_nonfinite;
 }
 
+// The names --policy takes: the guard's policies.
+std::vector<std::string> policy_names() {
+  std::vector<std::string> names;
+  for (policy p : all_policies) names.emplace_back(to_string(p));
+  return names;
+}
+
 }  // namespace
 
 command add_train_command(CLI::App& app) {
@@ -597,7 +601,7 @@ command add_train_command(CLI::App& app) {
   sub->add_option("--warmup", a->warmup, "steps of linear LR warmup")->capture_default_str();
   sub->add_option("--policy", a->policy, "on a non-finite step: skip, backoff (as skip: fp32 training runs without a loss scaler), "
                   "rollback (restore + halve LR) or abort (bundle, exit 3)")
-      ->check(CLI::IsMember({"skip", "backoff", "rollback", "abort"}))
+      ->check(CLI::IsMember(policy_names()))
       ->capture_default_str();
   sub->add_option("--firewall", a->firewall, "NaN/Inf in a batch: off, drop the rows, or repair (impute the median)")
       ->check(CLI::IsMember({"off", "drop", "repair"}))

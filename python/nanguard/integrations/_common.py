@@ -8,6 +8,7 @@ import os
 import torch
 
 import nanguard
+from nanguard import _nanguard
 
 
 def require(package, extra_hint=""):
@@ -75,9 +76,7 @@ class CallbackGuard:
         if "loss_scale" in guard_options:
             raise ValueError(f"{name}: loss_scale is {scaler_owner} to manage (it uses a GradScaler, which the "
                              "callback reads); drop loss_scale=")
-        if policy not in nanguard.POLICIES:
-            raise ValueError(f"{name}: policy must be one of {nanguard.POLICIES}, got {policy!r}")
-        self.policy = policy
+        self.policy = _nanguard.policy_from_string(policy)
         self.event_log = event_log
         self.bundle_dir = bundle_dir
         self.max_norm = max_norm

@@ -51,6 +51,7 @@ import contextlib
 
 import torch
 
+from .._guard import batch_tensors
 from ._common import CallbackGuard, mean_loss as _mean, require
 
 _pl = require("lightning", " (the `lightning` package: `import lightning.pytorch`)").pytorch
@@ -124,7 +125,7 @@ class NanGuard(_pl.Callback, CallbackGuard):
             # them): the event says 0.0 and the gradients alone decide.
             loss = 0.0
         CallbackGuard.check(self, loss, lambda: self._replay(trainer, pl_module, window),
-                            _tensors([b for b, _ in window]), _scaler(trainer), optimizer,
+                            batch_tensors([b for b, _ in window]), _scaler(trainer), optimizer,
                             [c.scheduler for c in trainer.lr_scheduler_configs])
 
     def _replay(self, trainer, pl_module, window):
@@ -157,23 +158,3 @@ class NanGuard(_pl.Callback, CallbackGuard):
 def _scaler(trainer):
     """Lightning's GradScaler (16-bit AMP), or None."""
     return getattr(trainer.precision_plugin, "scaler", None)
-
-
-def _tensors(batches):
-    """The tensors of Lightning batches (tensors, tuples, lists, dicts), in
-    order: what an abort's repro bundle keeps as the batch."""
-    out = []
-
-    def walk(b):
-        if isinstance(b, torch.Tensor):
-            out.append(b)
-        elif isinstance(b, dict):
-            for v in b.values():
-                walk(v)
-        elif isinstance(b, (list, tuple)):
-            for v in b:
-                walk(v)
-
-    for b in batches:
-        walk(b)
-    return out

@@ -56,6 +56,7 @@ the loss function are not.
 
 import torch
 
+from .._guard import batch_tensors
 from ._common import CallbackGuard, mean_loss as _mean, require
 
 _hf = require("transformers", " (and `accelerate`, which its Trainer needs)")
@@ -130,7 +131,7 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
         # says 0.0 and the gradients alone decide.
         loss = _mean(losses) if losses else 0.0
         CallbackGuard.check(self, loss, lambda: self._replay(window),
-                            [t for a, k in window for t in list(a) + list(k.values()) if isinstance(t, torch.Tensor)],
+                            batch_tensors(window),
                             getattr(optimizer, "scaler", None), _inner(optimizer),
                             [getattr(lr_scheduler, "scheduler", lr_scheduler)])
 

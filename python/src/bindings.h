@@ -1,0 +1,56 @@
+// bindings.h — what the files of the `_nanguard` extension share: pybind11
+// with LibTorch's casters, and one bind_AREA(m) per area (module.cpp calls
+// them in order).
+#pragma once
+
+#include <torch/csrc/utils/pybind.h>
+
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace nanguard::python {
+
+/// The enum value named `name` among `names` (in enum order), or a ValueError
+/// that names `what` ("nanguard.Firewall: nonfinite policy") and lists the
+/// valid names.
+template <typename E, size_t N>
+E enum_of(const std::string& name, const char* const (&names)[N], const char* what) {
+  for (size_t i = 0; i < N; ++i)
+    if (name == names[i]) return static_cast<E>(i);
+  std::string valid;
+  for (size_t i = 0; i < N; ++i) valid += (i ? ", " : "") + std::string(names[i]);
+  throw py::value_error(std::string(what) + ": unknown '" + name + "'; use one of: " + valid);
+}
+
+/// census_bindings.cpp
+void bind_census(py::module_& m);
+/// tracer_bindings.cpp
+void bind_findings(py::module_& m);
+/// tracer_bindings.cpp
+void bind_scope(py::module_& m);
+/// tracer_bindings.cpp
+void bind_tracer(py::module_& m);
+/// training_bindings.cpp
+void bind_sentinel(py::module_& m);
+/// training_bindings.cpp
+void bind_schedule(py::module_& m);
+/// training_bindings.cpp
+void bind_loss_scaler(py::module_& m);
+/// events_bindings.cpp
+void bind_events(py::module_& m);
+/// data_bindings.cpp
+void bind_isolation_forest(py::module_& m);
+/// data_bindings.cpp
+void bind_firewall(py::module_& m);
+/// guard_bindings.cpp
+void bind_guard(py::module_& m);
+/// guard_bindings.cpp
+void bind_distributed(py::module_& m);
+
+}  // namespace nanguard::python

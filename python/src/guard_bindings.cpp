@@ -1,0 +1,203 @@
+// guard_bindings.cpp — the guard over a Python training host, and its distributed consensus.
+#include "bindings.h"
+
+#include <nanguard/distributed.h>
+#include <nanguard/events.h>
+#include <nanguard/guard.h>
+#include <nanguard/policy.h>
+#include <nanguard/training_host.h>
+
+#include <algorithm>
+
+namespace {
+
+/// A Python object, released with the GIL held (the guard may drop it on a
+/// thread that does not hold it).
+struct gil_object {
+  py::object object;
+  ~gil_object() {
+    py::gil_scoped_acquire gil;
+    object = py::object();
+  }
+};
+
+/// What the Python host saved: its object, and the parameters (saved_state).
+struct py_saved_state : nanguard::saved_state {
+  std::shared_ptr<gil_object> state;
+};
+
+/// A training_host whose methods a Python subclass implements
+/// (nanguard._hosts: an nn.Module, a DistributedDataParallel or FSDP2 one, and a torch.optim optimizer).
+class py_training_host : public nanguard::training_host {
+ public:
+  nanguard::named_tensors named_parameters() override {
+    PYBIND11_OVERRIDE_PURE(nanguard::named_tensors, nanguard::training_host, named_parameters, );
+  }
+  void zero_grad() override { PYBIND11_OVERRIDE_PURE(void, nanguard::training_host, zero_grad, ); }
+  void optimizer_step() override { PYBIND11_OVERRIDE_PURE(void, nanguard::training_host, optimizer_step, ); }
+  std::vector<double> lrs() override { PYBIND11_OVERRIDE_PURE(std::vector<double>, nanguard::training_host, lrs, ); }
+  void set_lrs(const std::vector<double>& lrs) override {
+    PYBIND11_OVERRIDE_PURE(void, nanguard::training_host, set_lrs, lrs);
+  }
+  bool backward_done() override { PYBIND11_OVERRIDE(bool, nanguard::training_host, backward_done, ); }
+  // Python's save() returns (state, [(name, parameter copy)]).
+  std::shared_ptr<const nanguard::saved_state> save() override {
+    py::gil_scoped_acquire gil;
+    const py::tuple saved = call("save")();
+    auto s = std::make_shared<py_saved_state>();
+    s->state = std::make_shared<gil_object>(gil_object{saved[0]});
+    s->parameters = saved[1].cast<nanguard::named_tensors>();
+    return s;
+  }
+  void restore(const nanguard::saved_state& state) override {
+    py::gil_scoped_acquire gil;
+    const auto* s = dynamic_cast<const py_saved_state*>(&state);
+    TORCH_INTERNAL_ASSERT(s, "nanguard: the state was not saved by this Python host");
+    call("restore")(s->state->object);
+  }
+  // Python's begin_traced_run() returns the callable that ends it.
+  std::function<void()> begin_traced_run() override {
+    py::gil_scoped_acquire gil;
+    auto end = std::make_shared<gil_object>(gil_object{call("begin_traced_run")()});
+    return [end] {
+      py::gil_scoped_acquire gil;
+      end->object();
+    };
+  }
+  // Python's bisect_compiled(step_finite) runs the step; without the GIL,
+  // as the guard's own step does (a backward on a device thread may need it).
+  std::string bisect_compiled(const std::function<bool()>& step_finite) override {
+    py::gil_scoped_acquire gil;
+    const py::function f = py::get_override(static_cast<const nanguard::training_host*>(this), "bisect_compiled");
+    if (!f) return {};
+    const py::cpp_function run([&step_finite] { return step_finite(); }, py::call_guard<py::gil_scoped_release>());
+    return f(run).cast<std::string>();
+  }
+
+ private:
+  py::function call(const char* name) {
+    py::function f = py::get_override(static_cast<const nanguard::training_host*>(this), name);
+    TORCH_CHECK_NOT_IMPLEMENTED(f, "nanguard: the training host does not implement ", name, "()");
+    return f;
+  }
+};
+
+/// The names of `values` (to_string of each), as a tuple.
+template <typename E, size_t N>
+py::tuple names_of(const E (&values)[N]) {
+  py::tuple names(N);
+  for (size_t i = 0; i < N; ++i) names[i] = py::str(nanguard::to_string(values[i]));
+  return names;
+}
+
+/// The options of a guard as the Python Guard passes them (python/nanguard/_guard.py).
+nanguard::guard_options guard_options_of(const py::dict& o) {
+  const auto get = [&](const char* key) { return o[key]; };
+  nanguard::guard_options g;
+  g.policy(nanguard::policy_from_string(get("policy").cast<std::string>()))
+      .max_norm(get("max_norm").cast<double>())
+      .clip_value(get("clip_value").cast<double>())
+      .replay(get("replay").cast<bool>())
+      .log_top_norms(get("log_top_norms").cast<int64_t>())
+      .event_log(get("event_log").cast<std::string>())
+      .bundle_dir(get("bundle_dir").cast<std::string>())
+      .bundle_tags(get("bundle_tags").cast<nanguard::bundle_tag_list>())
+      .snapshot_every(get("snapshot_every").cast<int64_t>())
+      .snapshot_keep(get("snapshot_keep").cast<int64_t>())
+      .rollback_lr_factor(get("rollback_lr_factor").cast<double>())
+      .max_bad_steps(get("max_bad_steps").cast<int64_t>())
+      .spikes(nanguard::spike_options()
+                  .window(get("spike_window").cast<int64_t>())
+                  .threshold(get("spike_threshold").cast<double>())
+                  .min_samples(std::min<int64_t>(10, get("spike_window").cast<int64_t>())));
+  // A tracer on every step costs what nanguard.trace does: not inside kernels.
+  if (get("trace_every_step").cast<bool>()) g.trace_every_step(true).tracer(nanguard::tracer_options());
+  if (!get("scaler").is_none()) g.scaler(get("scaler").cast<nanguard::loss_scaler>().options());
+  if (!get("schedule").is_none()) g.schedule(get("schedule").cast<nanguard::warmup_cosine>().options());
+  if (!get("distributed").is_none()) g.distributed(get("distributed").cast<std::shared_ptr<nanguard::distributed>>());
+  return g;
+}
+
+}  // namespace
+
+namespace nanguard::python {
+
+/// The guard: its enums' names, TrainingHost (subclassed in Python) and GuardCore.
+void bind_guard(py::module_& m) {
+  // The names of the guard's enums, from their one to_string: what Python
+  // checks and compares with (a StepResult keeps the strings).
+  m.attr("POLICIES") = names_of(nanguard::all_policies);
+  m.attr("ACTIONS") = names_of(nanguard::all_actions);
+  m.attr("VERDICTS") = names_of(nanguard::all_verdicts);
+  m.def("policy_from_string", [](const std::string& name) { return nanguard::to_string(nanguard::policy_from_string(name)); },
+        py::arg("name"), "`name` when it names a policy; else a ValueError listing the policies.");
+  // nanguard.Guard drives the C++ guard's step through a training_host that
+  // Python implements: one step core for every front end.
+  py::class_<nanguard::training_host, py_training_host, std::shared_ptr<nanguard::training_host>>(
+      m, "TrainingHost", "nanguard::training_host: subclass it to drive the guard from Python.")
+      .def(py::init<>());
+  py::class_<nanguard::guard>(m, "GuardCore", "nanguard::guard over a Python training host.")
+      .def(py::init([](std::shared_ptr<nanguard::training_host> host, const py::dict& options) {
+             return std::make_unique<nanguard::guard>(std::move(host), guard_options_of(options));
+           }),
+           py::arg("host"), py::arg("options"), py::keep_alive<1, 2>())
+      .def("step_accumulated",
+           [](nanguard::guard& g, const nanguard::guard::micro_batches& batches,
+              const std::function<at::Tensor(size_t)>& forward) {
+             // The guard runs the step on the elements of `batches`, by
+             // reference: an element's position is the index of the
+             // micro-batch, which Python's forward takes.
+             const nanguard::step_fn fn = [&](const std::vector<at::Tensor>& batch) {
+               const std::less<const void*> before;
+               TORCH_INTERNAL_ASSERT(!before(&batch, batches.data()) && before(&batch, batches.data() + batches.size()),
+                                     "nanguard: the guard ran a step on a batch it was not given");
+               return forward(static_cast<size_t>(&batch - batches.data()));
+             };
+             return nanguard::to_json(g.step_accumulated(batches, fn));
+           },
+           py::arg("micro_batches"), py::arg("forward"), py::call_guard<py::gil_scoped_release>(),
+           "One guarded step over the micro-batches (their tensors); forward(i) is the loss of the i-th. "
+           "Returns the step event's JSON.")
+      .def("begin_step", &nanguard::guard::begin_step)
+      .def("check",
+           [](nanguard::guard& g, const at::Tensor& loss, const nanguard::step_fn& replay,
+              const std::vector<at::Tensor>& batch) { return nanguard::to_json(g.check(loss, replay, batch)); },
+           py::arg("loss"), py::arg("replay"), py::arg("batch"), py::call_guard<py::gil_scoped_release>(),
+           "Checks a step a framework ran; returns the step event's JSON.")
+      .def("last_event", [](const nanguard::guard& g) { return nanguard::to_json(g.last_event()); },
+           "The last step's event JSON (after an abort: its bundle).")
+      .def_property_readonly("steps", &nanguard::guard::steps)
+      .def_property_readonly("skipped", &nanguard::guard::skipped)
+      .def_property_readonly("rollbacks", &nanguard::guard::rollbacks)
+      .def_property_readonly("lr_factor", &nanguard::guard::lr_factor)
+      .def_property_readonly("scaler", &nanguard::guard::scaler, py::return_value_policy::reference_internal)
+      .def_property_readonly("sentinel", &nanguard::guard::sentinel, py::return_value_policy::reference_internal);
+}
+
+/// Distributed: the consensus over a torch.distributed process group.
+void bind_distributed(py::module_& m) {
+  py::class_<nanguard::distributed, std::shared_ptr<nanguard::distributed>>(
+      m, "Distributed",
+      "nanguard::distributed over a torch.distributed process group: the guard averages the gradients and "
+      "every rank takes the same decision each step.")
+      .def(py::init([](c10::intrusive_ptr<c10d::ProcessGroup> pg, bool average_gradients, const std::string& backward) {
+             static const char* const collectives[] = {"none", "all_reduce", "reduce_scatter"};
+             return std::make_shared<nanguard::distributed>(
+                 std::move(pg), nanguard::distributed_options().average_gradients(average_gradients).backward(
+                                    enum_of<nanguard::backward_collective>(backward, collectives,
+                                                                           "nanguard.Distributed: backward")));
+           }),
+           py::arg("process_group"), py::arg("average_gradients") = true, py::arg("backward") = "none",
+           "backward: the collective the model's own backward reduces the gradients with: \"none\" (the guard "
+           "averages them), \"all_reduce\" (DistributedDataParallel) or \"reduce_scatter\" (FSDP2)")
+      .def_property_readonly("backward",
+                             [](const nanguard::distributed& d) {
+                               std::string name = nanguard::to_string(d.options().backward());
+                               std::replace(name.begin(), name.end(), '-', '_');
+                               return name;
+                             })
+      .def_property_readonly("rank", &nanguard::distributed::rank)
+      .def_property_readonly("world_size", &nanguard::distributed::world_size);
+}
+
+}  // namespace nanguard::python

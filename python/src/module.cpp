@@ -1,0 +1,63 @@
+// module.cpp — the `_nanguard` extension: nanguard's C++ core for Python,
+// bound per area as torch/csrc does (bind_census(m), bind_tracer(m), ...:
+// bindings.h).
+//
+// Tensors cross as at::Tensor through LibTorch's own pybind11 casters
+// (torch/csrc/utils/pybind.h): no copies. The pure-Python package
+// `nanguard` (python/nanguard) wraps these bindings in Pythonic classes.
+#include "bindings.h"
+
+#include <nanguard/finding.h>
+#include <nanguard/version.h>
+
+namespace {
+
+/// The exception a guard's abort raises: its argument is the finding's JSON.
+PyObject*& guard_abort_type() {
+  static PyObject* type = nullptr;
+  return type;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_nanguard, m) {
+  m.doc() = "nanguard's C++ core (census, tracer, scope, sentinel, loss scaler)";
+  m.attr("__version__") = NANGUARD_VERSION;
+  guard_abort_type() = PyErr_NewException("nanguard._nanguard.GuardAbort", PyExc_RuntimeError, nullptr);
+  m.attr("GuardAbort") = py::handle(guard_abort_type());
+  // C++ errors as the Python exception of their kind, as torch maps them,
+  // with the message only (no C++ backtrace); nanguard's own checks
+  // (TORCH_CHECK) refuse values, so a plain c10::Error is a ValueError. Any
+  // other std::exception is a RuntimeError (pybind11's default). Files are
+  // opened on the Python side (OSError).
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const nanguard::nonfinite_error& e) {
+      // The guard's abort: nanguard.Guard raises NonFiniteError with the finding.
+      PyErr_SetObject(guard_abort_type(), py::str(nanguard::to_json(e.finding())).ptr());
+    } catch (const c10::TypeError& e) {
+      PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
+    } catch (const c10::IndexError& e) {
+      PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
+    } catch (const c10::NotImplementedError& e) {
+      PyErr_SetString(PyExc_NotImplementedError, e.what_without_backtrace());
+    } catch (const c10::Error& e) {
+      PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+    }
+  });
+
+  using namespace nanguard::python;
+  bind_census(m);
+  bind_findings(m);
+  bind_scope(m);
+  bind_tracer(m);
+  bind_sentinel(m);
+  bind_schedule(m);
+  bind_loss_scaler(m);
+  bind_events(m);
+  bind_isolation_forest(m);
+  bind_firewall(m);
+  bind_guard(m);
+  bind_distributed(m);
+}
