@@ -13,6 +13,8 @@
 #include <cstring>
 #include <fstream>
 
+#include <unistd.h>
+
 namespace nanguard {
 namespace {
 
@@ -186,10 +188,24 @@ event_log::~event_log() {
 
 void event_log::write(const step_event& e) {
   const std::string line = to_json(e) + "\n";
-  const bool ok = std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
-  if (!ok)
-    throw_event_log_error(
-        fmt::format("nanguard::event_log: writing to '{}' failed: {}; is the disk full?", path_, std::strerror(errno)));
+  // Whole lines only: a write cut short (a full disk) is taken back, so
+  // that the log stays readable. The FILE only owns the descriptor.
+  const int fd = fileno(file_);
+  const off_t end = ::lseek(fd, 0, SEEK_END);
+  for (size_t written = 0; written < line.size();) {
+    const ssize_t n = ::write(fd, line.data() + written, line.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = std::strerror(n < 0 ? errno : ENOSPC);
+      const bool taken_back = end >= 0 && ::ftruncate(fd, end) == 0;
+      throw_event_log_error(fmt::format(
+          "nanguard::event_log: writing to '{}' failed: {}; is the disk full? Step {} was already taken or "
+          "skipped (do not run it again); {}",
+          path_, why, e.step,
+          taken_back ? "the log ends with the whole line before its event" : "the log's last line may be cut short"));
+    }
+    written += static_cast<size_t>(n);
+  }
 }
 
 std::vector<step_event> read_events(const std::string& path) {

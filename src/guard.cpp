@@ -181,6 +181,7 @@ struct guard::impl {
   std::optional<traced_run> live_run;
   bundle_tag_list bundle_tags = options.bundle_tags();
   std::optional<step_event> last;  // the last step's event
+  bool running = false;             // a step (or check) is under way
 
   // The collective the model's own backward runs (DDP, FSDP2), or none.
   backward_collective collective() const {
@@ -294,6 +295,8 @@ struct guard::impl {
       }
       reproduced = reproduced || t.found();
       e.findings = t.findings();
+    } catch (const interrupted&) {
+      throw;  // Ctrl-C: the user stops the run
     } catch (const std::exception& ex) {
       // E.g. a tracer already lives on this thread, or the step itself threw.
       failed = true;
@@ -315,7 +318,7 @@ struct guard::impl {
       host->zero_grad();
       detail::restore_generators(rng_before);
       for (const auto& batch : batches) {
-        const at::Tensor loss = fn(batch);
+        const at::Tensor loss = loss_of(fn, batch);
         if (!sentinel.check_loss(loss)) return false;
         scaler.scale(share_of(loss, batches.size())).backward();
       }
@@ -326,16 +329,42 @@ struct guard::impl {
       if (stage.empty()) return;
       e.verdict = verdict::compiled_only;
       add_note(e.note, stage);
+    } catch (const interrupted&) {
+      throw;
     } catch (const std::exception& ex) {
       add_note(e.note, std::string("bisecting the compiled model failed: ") + ex.what());
     }
+  }
+
+  // The loss `fn` gives for `batch`; refuses a step function that ran
+  // backward itself (following torch's "retain_graph=True" advice would
+  // then add every gradient twice).
+  at::Tensor loss_of(const step_fn& fn, const std::vector<at::Tensor>& batch) {
+    const auto before = gradient_marks();
+    at::Tensor loss = fn(batch);
+    TORCH_CHECK(gradient_marks() == before,
+                "nanguard::guard: the step function ran backward() itself; return the loss without calling "
+                "backward(): the guard runs backward (scaled, checked, clipped), and a second one would add every "
+                "gradient twice");
+    return loss;
+  }
+
+  // Each parameter's gradient and its version: a backward sets or adds to them.
+  std::vector<std::pair<const void*, int64_t>> gradient_marks() const {
+    std::vector<std::pair<const void*, int64_t>> marks;
+    marks.reserve(sentinel.parameters().size());
+    for (const at::Tensor& p : sentinel.parameters()) {
+      const at::Tensor& g = p.grad();
+      marks.emplace_back(g.unsafeGetTensorImpl(), g.defined() ? g._version() : 0);
+    }
+    return marks;
   }
 
   // One micro-batch of the replay; returns whether its loss was finite.
   // Its backward runs on a bad loss too when the model's backward is a
   // collective (the other ranks' backward waits for it).
   bool replay_forward_backward(const std::vector<at::Tensor>& batch, const step_fn& fn, size_t n, tracer& t) {
-    const at::Tensor loss = fn(batch);
+    const at::Tensor loss = loss_of(fn, batch);
     bool loss_ok;
     {
       tracer_pause pause(t);
@@ -550,7 +579,7 @@ struct guard::impl {
       at::Tensor loss;
       {
         user_time plain_work(user_s);
-        loss = fn(batches[i]);
+        loss = loss_of(fn, batches[i]);
       }
       double value = 0;
       if (!sentinel.check_loss(loss, &value) && finite) {
@@ -787,6 +816,27 @@ guard::guard(std::shared_ptr<training_host> host, guard_options options) {
 
 guard::~guard() = default;
 
+namespace {
+
+// Marks a step of the guard under way: a step function that calls the
+// guard again would interleave two steps (their gradients, RNG and events).
+class one_step_at_a_time {
+ public:
+  one_step_at_a_time(bool& running, const char* call) : running_(running) {
+    TORCH_CHECK(!running_, "nanguard::guard::", call, ": called from inside the step the guard is running (its step "
+                "function or replay); call the guard from the training loop, one step at a time");
+    running_ = true;
+  }
+  ~one_step_at_a_time() { running_ = false; }
+  one_step_at_a_time(const one_step_at_a_time&) = delete;
+  one_step_at_a_time& operator=(const one_step_at_a_time&) = delete;
+
+ private:
+  bool& running_;
+};
+
+}  // namespace
+
 step_event guard::step(const std::vector<at::Tensor>& batch, const step_fn& fn) {
   return step_accumulated({batch}, fn);
 }
@@ -796,6 +846,7 @@ step_event guard::step(const std::vector<at::Tensor>& batch, const step_fn& fn) 
 step_event guard::step_accumulated(const micro_batches& batches, const step_fn& fn) {
   TORCH_CHECK(!batches.empty(), "nanguard::guard::step_accumulated: no micro-batches; pass at least one");
   impl& s = *impl_;
+  const one_step_at_a_time running(s.running, "step");
   // A rollback that keeps the batch (rollback_skip_batch false) runs it once more.
   for (bool again = false;; again = true) {
     step_event e = s.begin();
@@ -810,6 +861,7 @@ step_event guard::step_accumulated(const micro_batches& batches, const step_fn& 
 
 void guard::begin_step() {
   impl& s = *impl_;
+  const one_step_at_a_time running(s.running, "begin_step");
   s.started = s.begin();
   s.started_rng = detail::capture_generators();
   s.start_trace({});
@@ -818,6 +870,7 @@ void guard::begin_step() {
 // The stages of step_accumulated after the framework's forward and backward.
 step_event guard::check(const at::Tensor& loss, const step_fn& replay, const std::vector<at::Tensor>& batch) {
   impl& s = *impl_;
+  const one_step_at_a_time running(s.running, "check");
   TORCH_CHECK(s.started, "nanguard::guard::check: no step was begun; call begin_step() before the step's "
               "first forward");
   step_event e = std::move(*s.started);

@@ -15,6 +15,7 @@
 
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,6 +28,15 @@ class Optimizer;
 }  // namespace torch::optim
 
 namespace nanguard {
+
+/// Thrown by a step function or a host to stop training now (the Python
+/// module throws it for KeyboardInterrupt and SystemExit): the guard lets it
+/// through where it notes other errors and goes on (a replay that throws
+/// gives the verdict "replay failed").
+class interrupted : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 /// Parameters by name, in the model's order.
 using named_tensors = std::vector<std::pair<std::string, at::Tensor>>;

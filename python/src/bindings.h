@@ -8,6 +8,8 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <nanguard/training_host.h>
+
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,6 +28,26 @@ E enum_of(const std::string& name, const char* const (&names)[N], const char* wh
   std::string valid;
   for (size_t i = 0; i < N; ++i) valid += (i ? ", " : "") + std::string(names[i]);
   throw py::value_error(std::string(what) + ": unknown '" + name + "'; use one of: " + valid);
+}
+
+/// A KeyboardInterrupt or SystemExit raised in Python code the guard runs:
+/// the guard lets a nanguard::interrupted through (a replay notes other
+/// errors and goes on), and module.cpp's translator raises the original again.
+struct python_interrupt : nanguard::interrupted {
+  explicit python_interrupt(const py::error_already_set& e) : interrupted(e.what()), error(e) {}
+  py::error_already_set error;
+};
+
+/// `run()`, its Python interrupts thrown as python_interrupt.
+template <class Run>
+auto interruptible(const Run& run) -> decltype(run()) {
+  try {
+    return run();
+  } catch (const py::error_already_set& e) {
+    py::gil_scoped_acquire gil;
+    if (e.matches(PyExc_KeyboardInterrupt) || e.matches(PyExc_SystemExit)) throw python_interrupt(e);
+    throw;
+  }
 }
 
 /// census_bindings.cpp

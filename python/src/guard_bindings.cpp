@@ -71,7 +71,7 @@ class py_training_host : public nanguard::training_host {
     const py::function f = py::get_override(static_cast<const nanguard::training_host*>(this), "bisect_compiled");
     if (!f) return {};
     const py::cpp_function run([&step_finite] { return step_finite(); }, py::call_guard<py::gil_scoped_release>());
-    return f(run).cast<std::string>();
+    return nanguard::python::interruptible([&] { return f(run).cast<std::string>(); });
   }
 
  private:
@@ -151,7 +151,7 @@ void bind_guard(py::module_& m) {
                const std::less<const void*> before;
                TORCH_INTERNAL_ASSERT(!before(&batch, batches.data()) && before(&batch, batches.data() + batches.size()),
                                      "nanguard: the guard ran a step on a batch it was not given");
-               return forward(static_cast<size_t>(&batch - batches.data()));
+               return interruptible([&] { return forward(static_cast<size_t>(&batch - batches.data())); });
              };
              return nanguard::to_json(g.step_accumulated(batches, fn));
            },
@@ -161,7 +161,11 @@ void bind_guard(py::module_& m) {
       .def("begin_step", &nanguard::guard::begin_step)
       .def("check",
            [](nanguard::guard& g, const at::Tensor& loss, const nanguard::step_fn& replay,
-              const std::vector<at::Tensor>& batch) { return nanguard::to_json(g.check(loss, replay, batch)); },
+              const std::vector<at::Tensor>& batch) {
+             nanguard::step_fn fn;
+             if (replay) fn = [&](const std::vector<at::Tensor>& b) { return interruptible([&] { return replay(b); }); };
+             return nanguard::to_json(g.check(loss, fn, batch));
+           },
            py::arg("loss"), py::arg("replay"), py::arg("batch"), py::call_guard<py::gil_scoped_release>(),
            "Checks a step a framework ran; returns the step event's JSON.")
       .def("last_event", [](const nanguard::guard& g) { return nanguard::to_json(g.last_event()); },

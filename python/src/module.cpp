@@ -7,6 +7,7 @@
 // `nanguard` (python/nanguard) wraps these bindings in Pythonic classes.
 #include "bindings.h"
 
+#include <nanguard/events.h>
 #include <nanguard/finding.h>
 #include <nanguard/version.h>
 
@@ -29,13 +30,17 @@ PYBIND11_MODULE(_nanguard, m) {
   // with the message only (no C++ backtrace); nanguard's own checks
   // (TORCH_CHECK) refuse values, so a plain c10::Error is a ValueError. Any
   // other std::exception is a RuntimeError (pybind11's default). Files are
-  // opened on the Python side (OSError).
+  // opened on the Python side (OSError), and the event log's errors are OSError too.
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (nanguard::python::python_interrupt& e) {
+      e.error.restore();  // the KeyboardInterrupt or SystemExit itself
     } catch (const nanguard::nonfinite_error& e) {
       // The guard's abort: nanguard.Guard raises NonFiniteError with the finding.
       PyErr_SetObject(guard_abort_type(), py::str(nanguard::to_json(e.finding())).ptr());
+    } catch (const nanguard::event_log_error& e) {
+      PyErr_SetString(PyExc_OSError, e.what_without_backtrace());  // a file error (a full disk)
     } catch (const c10::TypeError& e) {
       PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
     } catch (const c10::IndexError& e) {

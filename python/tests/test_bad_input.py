@@ -1,6 +1,11 @@
 """Bad input to the Python module: each gets a Python exception of the right
 type (TypeError, ValueError, OSError) with one clear message, never a C++
 backtrace or pybind11's "incompatible function arguments"."""
+import json
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 import torch.nn as nn
@@ -56,3 +61,27 @@ def test_cxx_errors_carry_no_backtrace(tensor, error):
 def test_an_unwritable_event_log_is_an_os_error(tmp_path):
     with pytest.raises(OSError):
         model_and_guard(event_log=str(tmp_path / "missing" / "train.jsonl"))
+
+
+def test_a_full_disk_ends_the_event_log_on_a_whole_line(tmp_path):
+    log = tmp_path / "train.jsonl"
+    script = textwrap.dedent(f"""
+        import resource, torch, torch.nn as nn, torch.nn.functional as F, nanguard
+        model = nn.Linear(4, 1)
+        guard = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), event_log={str(log)!r})
+        x, y = torch.randn(8, 4), torch.randn(8, 1)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))  # Python ignores SIGXFSZ: writes fail with EFBIG
+        for _ in range(50):
+            try:
+                guard.step(lambda: F.mse_loss(model(x), y))
+            except OSError as e:
+                print(e)
+                break
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert "nanguard::event_log: writing to" in run.stdout, run.stderr
+    assert "was already taken or skipped (do not run it again)" in run.stdout
+    lines = log.read_text().splitlines(keepends=True)
+    assert lines and all(line.endswith("\n") for line in lines)
+    assert [json.loads(line)["step"] for line in lines] == list(range(1, len(lines) + 1))
+

@@ -1,6 +1,9 @@
 """nanguard.Guard: healthy steps, skip, rollback recovery, abort, event log."""
 import json
 import math
+import os
+import signal
+import time
 
 import pytest
 import torch
@@ -235,3 +238,87 @@ def test_a_schedule_of_bad_options_is_a_clear_error():
     model = Net()
     with pytest.raises(Exception, match="base_lr must be finite and positive"):
         nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), schedule={"base_lr": -1.0})
+
+
+def nan_first_step(model, x, y, then):
+    """A closure whose first call makes a NaN loss and whose later calls (the
+    replay) run ``then()``."""
+    calls = []
+
+    def closure():
+        calls.append(1)
+        if len(calls) > 1:
+            then()
+        return F.cross_entropy(model(x), y) * float("nan")
+
+    return closure, calls
+
+
+def send_sigint():
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(5)  # the handler raises KeyboardInterrupt here
+
+
+def raise_(error):
+    def run():
+        raise error
+
+    return run
+
+
+@pytest.mark.parametrize("interrupt, expected", [(send_sigint, KeyboardInterrupt),
+                                                 (raise_(KeyboardInterrupt()), KeyboardInterrupt),
+                                                 (raise_(SystemExit(3)), SystemExit)],
+                         ids=["SIGINT", "KeyboardInterrupt", "SystemExit"])
+def test_an_interrupt_during_a_replay_reaches_the_caller(interrupt, expected):
+    model = Net()
+    guard = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = data()
+    closure, calls = nan_first_step(model, x, y, interrupt)
+    with pytest.raises(expected):
+        guard.step(closure)
+    assert len(calls) == 2  # the replay ran, and its interrupt was not noted as "replay failed"
+
+
+def test_an_interrupt_in_check_s_replay_reaches_the_caller():
+    model = Net()
+    guard = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = data()
+    guard.begin_step()
+    loss = F.cross_entropy(model(x), y) * float("nan")
+    loss.backward()
+    with pytest.raises(KeyboardInterrupt):
+        guard.check(loss, replay=raise_(KeyboardInterrupt()))
+
+
+@pytest.mark.parametrize("retain_graph", [False, True])
+def test_a_closure_that_runs_backward_itself_is_refused(retain_graph):
+    model = Net()
+    guard = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = data()
+    before = [p.detach().clone() for p in model.parameters()]
+
+    def closure():
+        loss = F.cross_entropy(model(x), y)
+        loss.backward(retain_graph=retain_graph)
+        return loss
+
+    with pytest.raises(ValueError, match=r"the step function ran backward\(\) itself.*the guard runs backward"):
+        guard.step(closure)
+    assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))  # no step at twice the gradient
+
+
+def test_a_step_from_inside_the_guard_s_step_is_refused():
+    model = Net()
+    guard = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = data()
+
+    def closure():
+        guard.step(lambda: F.cross_entropy(model(x), y))
+        return F.cross_entropy(model(x), y)
+
+    with pytest.raises(ValueError, match="step: called from inside the step the guard is running"):
+        guard.step(closure)
+    assert guard.steps == 1
+    guard.step(lambda: F.cross_entropy(model(x), y))  # the guard goes on
+    assert guard.steps == 2
