@@ -168,7 +168,7 @@ std::string to_json(const finding& f) {
                   {"backtrace", f.backtrace},
                   {"rank", f.rank},
                   {"diagnosis", diagnosis_json(f.diagnosis)}};
-  return j.dump();
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 finding finding_from_json(const std::string& text) {

@@ -504,7 +504,7 @@ std::string to_json(const precision_report& r) {
   for (const auto& g : r.gradients)
     j["gradients"].push_back(
         {{"parameter", g.parameter}, {"min_nonzero_abs", g.min_nonzero_abs}, {"values", json_of(g.values)}});
-  return j.dump(2);
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string to_text(const precision_report& r) {

@@ -94,7 +94,7 @@ case_bad_input() {
   run 2 "$NANGUARD" advise --model "$MODELS/clf_net.pt" --data data.csv --target y --task regress
   expect "--task regress needs one output per row; the model returned shape [32, 3] for 32 rows"
   run 2 "$NANGUARD" advise --model "$MODELS/fp16_net.pt" --data data.csv --target y --steps 0
-  expect "--steps must be at least 1, got 0"
+  expect "--steps: must be an integer in [1, 1000000000], got 0"
   run 2 "$NANGUARD" advise --model "$MODELS/fp16_net.pt" --data data.csv --target y --task cluster
   run 2 "$NANGUARD" advise --model "$MODELS/fp16_net.pt" --data data.csv
   expect "--target is required"

@@ -84,6 +84,21 @@ case_numbers_out_of_range() {
   ls | grep -q '\.tmp\.' && fail "a temporary file was left behind: $(ls)"
 }
 
+# integers past their type's range, refused rather than saturated (#41)
+case_integers_past_their_range() {
+  local huge=99999999999999999999
+  run 2 "$NANGUARD" train --model m.pt --data small.csv --target y --task regress --steps $huge
+  expect "--steps: must be an integer in [1, 1000000000], got $huge"
+  run 2 "$NANGUARD" train --model m.pt --data small.csv --target y --task regress --seed $huge
+  expect "--seed: must be an integer in [0, 18446744073709551615], got $huge"
+  run 2 "$NANGUARD" scan small.csv --seed $huge
+  expect '--seed'
+  run 2 "$NANGUARD" clean small.csv -o x.csv --policy drop --seed $huge
+  expect '--seed'
+  run 2 "$NANGUARD" advise --model m.pt --data small.csv --target y --steps $huge
+  expect '--steps'
+}
+
 # files of the wrong shape: one line naming the file (and line), no json.exception
 case_files_of_the_wrong_shape() {
   mkdir model_dir
@@ -155,6 +170,7 @@ run_cases pipes_are_read_once \
   duplicate_column_names \
   repair_of_an_all_nan_column \
   numbers_out_of_range \
+  integers_past_their_range \
   files_of_the_wrong_shape \
   signals_leave_nothing_behind \
   scan_is_linear_in_columns

@@ -114,6 +114,40 @@ case_nothing_left_from_a_previous_run() {
   [ "$(wc -l < reuse/events.jsonl)" -eq 5 ] || fail "reuse/events.jsonl should hold this run's 5 steps"
 }
 
+# a directory of the user's that no run held: its files of an output's name stay (#41)
+case_a_directory_of_the_user_s() {
+  mkdir -p mine/bundles && echo keep > mine/bundles/notes.txt && echo keep > mine/summary.json
+  run 2 train --steps 3 --out mine
+  expect "--out 'mine' holds 'mine/"
+  expect "it is not the output directory of a nanguard run (no .nanguard.lock); pass a new or empty directory"
+  no_backtrace
+  [ "$(cat mine/bundles/notes.txt)" = keep ] && [ "$(cat mine/summary.json)" = keep ] || fail "train --out removed the user's files"
+  [ -e mine/.nanguard.lock ] && fail "the refused run marked mine/ as a run's directory"
+  mkdir -p scenarios/zero-std && echo keep > scenarios/zero-std/notes.txt
+  run 2 "$NANGUARD" demo --scenario zero-std --out scenarios
+  expect "--out 'scenarios' holds 'scenarios/zero-std'"
+  [ -f scenarios/zero-std/notes.txt ] || fail "demo --out removed the user's scenarios/zero-std"
+  # a directory with other files only is the run's, and a run after it replaces its outputs
+  mkdir other && echo keep > other/notes.txt
+  run 0 train --steps 3 --out other
+  run 0 train --steps 3 --out other
+  [ -f other/notes.txt ] && [ -f other/summary.json ] || fail "a run into other/ lost notes.txt or wrote no summary.json"
+}
+
+# paths that are not UTF-8 (Latin-1 names): the JSON outputs hold U+FFFD for them (#41)
+case_paths_that_are_not_utf8() {
+  local data res
+  data=$(printf 'donn\xe9es.csv') res=$(printf 'r\xe9s')
+  cp "$M/reg.csv" "$data"
+  run 0 "$NANGUARD" train --model "$M/linear_reg.pt" --data "$data" --target y --task regress --steps 3 --out "$res"
+  [ -f "$res/summary.json" ] || fail "no summary.json in the run's --out"
+  grep -qF 'donn'$'\xef\xbf\xbd''es.csv' "$res/summary.json" || fail "summary.json does not name the data file"
+  run 0 "$NANGUARD" report "$res/events.jsonl" -o latin1.html
+  printf 'a,b\xe9\n1,2\n3,4\n5,6\n' > latin1.csv
+  run 0 "$NANGUARD" scan latin1.csv --json
+  expect '"b'$'\xef\xbf\xbd''"'
+}
+
 # an output that is one of the inputs
 case_an_output_that_is_an_input() {
   cp "$M/linear_reg.pt" model.pt
@@ -181,7 +215,10 @@ case_a_full_disk() {
   run 2 tiny "$NANGUARD" train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress \
     --steps 20 --out full_log
   expect "nanguard::event_log: writing to 'full_log/events.jsonl' failed: File too large; is the disk full?"
+  expect "the log ends with the whole line before its event"
   no_backtrace
+  [ -z "$(tail -c 1 full_log/events.jsonl)" ] || fail "full_log/events.jsonl ends in half a line"
+  run 0 "$NANGUARD" report full_log/events.jsonl -o full_log.html
   run 2 limited "$NANGUARD" report full/events.jsonl -o full.html
   expect "cannot write 'full.html': File too large"
   no_backtrace
@@ -208,6 +245,8 @@ run_cases one_output_directory_one_run \
   models_that_cannot_be_trained \
   corrupt_bundle_files \
   a_full_disk \
+  a_directory_of_the_user_s \
+  paths_that_are_not_utf8 \
   exit_codes_in_help
 if [ "$failures" -ne 0 ]; then echo "$failures check(s) failed"; exit 1; fi
 echo "bad_input_run: all checks passed"

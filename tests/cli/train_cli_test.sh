@@ -231,7 +231,7 @@ case_bad_input() {
   run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task sort
   expect "--task"
   run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --steps 0
-  expect "--steps must be at least 1, got 0"
+  expect "--steps: must be an integer in [1, 1000000000], got 0"
   run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --lr -1
   expect "--lr must be a finite number > 0, got -1"
   run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --batch 0

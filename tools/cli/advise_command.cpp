@@ -7,6 +7,7 @@
 #include "commands.h"
 #include "data_common.h"
 #include "script_model.h"
+#include "validators.h"
 
 #include <nanguard/census.h>
 #include <nanguard/csv.h>
@@ -88,7 +89,6 @@ std::string list(const std::vector<std::string>& v) {
 }
 
 int run_advise(const advise_args& a) {
-  if (a.steps < 1) throw usage_error(fmt::format("--steps must be at least 1, got {}", a.steps));
   if (a.batch < 1) throw usage_error(fmt::format("--batch must be at least 1, got {}", a.batch));
   torch::jit::Module model = load_script_model(a.model);
   const csv_table table = as_input_error([&] { return read_csv(a.data); });
@@ -141,7 +141,7 @@ int run_advise(const advise_args& a) {
                          {"fp16_with_keep_fp32_finite", v.fp16_kept_finite},
                          {"bf16_autocast_finite", v.bf16_finite},
                          {"confirmed", v.confirmed}};
-    fmt::print("{}\n", j.dump(2));
+    fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
     fmt::print("{}: {} steps of {} rows from {} ({} rows{}), task {}\n", a.model, a.steps, b, a.data, n,
                dropped ? fmt::format(", {} with missing or non-finite values dropped", dropped) : "", a.task);
@@ -171,7 +171,8 @@ command add_advise_command(CLI::App& app) {
       ->check(CLI::IsMember({"classify", "regress"}))
       ->capture_default_str();
   sub->add_option("--steps", a->steps, "forward+backward steps to measure (parameters are not updated)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(integer_in<int64_t>(1, max_steps));
   sub->add_option("--batch", a->batch, "rows per step")->capture_default_str();
   sub->add_flag("--json", a->json, "print the report as JSON");
   sub->footer(exit_codes("advice given", "the fp32 steps themselves went non-finite (fix that first)"));

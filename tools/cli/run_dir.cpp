@@ -52,6 +52,7 @@ run_directory::run_directory(const std::string& path, std::vector<std::string> o
   if (ec || !fs::is_directory(path_))
     throw usage_error(fmt::format("cannot create the output directory '{}': {}; pass a writable directory for --out",
                                   path, ec ? ec.message() : "it exists and is not a directory"));
+  refuse_foreign_outputs();  // before lock() makes the directory a run's
   lock();
   remove_previous_outputs();
 }
@@ -97,17 +98,34 @@ void run_directory::lock() {
     throw usage_error(fmt::format("cannot write the lock file '{}': {}", lock_path, std::strerror(errno)));
 }
 
-void run_directory::remove_previous_outputs() const {
+std::vector<fs::path> run_directory::previous_outputs() const {
+  std::vector<fs::path> found;
   for (const fs::directory_entry& e : fs::directory_iterator(path_)) {
     const std::string name = e.path().filename().string();
     for (const std::string& output : outputs_)
-      if (name == output || is_temporary_of(name, output)) {
-        std::error_code ec;
-        fs::remove_all(e.path(), ec);
-        if (ec)
-          throw usage_error(fmt::format("cannot remove '{}', left by a previous run: {}", e.path().string(),
-                                        ec.message()));
-      }
+      if (name == output || is_temporary_of(name, output)) found.push_back(e.path());
+  }
+  return found;
+}
+
+// A directory no nanguard run has held (no lock file) keeps what is in it:
+// a `bundles/` there is the user's, not a previous run's.
+void run_directory::refuse_foreign_outputs() const {
+  if (fs::exists(path_ / lock_name)) return;
+  const std::vector<fs::path> found = previous_outputs();
+  if (!found.empty())
+    throw usage_error(fmt::format("--out '{}' holds '{}', which this run would replace, but it is not the output "
+                                  "directory of a nanguard run (no {}); pass a new or empty directory for --out, "
+                                  "or move '{}' away",
+                                  path_.string(), found.front().string(), lock_name, found.front().string()));
+}
+
+void run_directory::remove_previous_outputs() const {
+  for (const fs::path& p : previous_outputs()) {
+    std::error_code ec;
+    fs::remove_all(p, ec);
+    if (ec)
+      throw usage_error(fmt::format("cannot remove '{}', left by a previous run: {}", p.string(), ec.message()));
   }
 }
 

@@ -3,6 +3,8 @@
 // a second run into it fails at once naming the first; then it removes what
 // a previous run left there (its outputs and their temporaries), so nothing
 // in the directory looks like this run's output unless this run wrote it.
+// A directory no run has held (no lock file) that holds files of those names
+// is refused: they are the user's.
 #pragma once
 
 #include <filesystem>
@@ -28,8 +30,8 @@ class run_directory {
   /// Creates `path`, locks it and removes the previous run's `outputs`
   /// (names of files or directories in it) and their temporaries. A
   /// usage_error when one of `inputs` is the directory or inside one of the
-  /// outputs, when the directory cannot be created, or when another run
-  /// holds it.
+  /// outputs, when the directory cannot be created, when another run
+  /// holds it, or when it holds one of the outputs but no run held it.
   run_directory(const std::string& path, std::vector<std::string> outputs, const std::vector<named_input>& inputs);
   ~run_directory();
   run_directory(const run_directory&) = delete;
@@ -40,6 +42,8 @@ class run_directory {
 
  private:
   void refuse_inputs(const std::vector<named_input>& inputs) const;
+  std::vector<std::filesystem::path> previous_outputs() const;
+  void refuse_foreign_outputs() const;
   void lock();
   void remove_previous_outputs() const;
 

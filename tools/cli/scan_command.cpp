@@ -252,7 +252,7 @@ void print_json(const scan_args& a, const scan_report& r) {
   for (const auto& [s, row] : r.worst) forest["top_rows"].push_back({{"row", row}, {"score", s}});
   j["isolation_forest"] = forest;
   j["advice"] = r.advice;
-  fmt::print("{}\n", j.dump(2));
+  fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 void print_text(const scan_args& a, const scan_report& r) {

@@ -165,7 +165,6 @@ std::string describe(const finding& f) {
 void validate(const train_args& a) {
   if (a.device == "cuda" && !at::hasCUDA())
     throw usage_error("--device cuda: no CUDA device found (torch sees none); train with --device cpu");
-  if (a.steps < 1) throw usage_error(fmt::format("--steps must be at least 1, got {}", a.steps));
   if (a.batch < 1) throw usage_error(fmt::format("--batch must be at least 1, got {}", a.batch));
   if (!(a.lr > 0) || !std::isfinite(a.lr))
     throw usage_error(fmt::format("--lr must be a finite number > 0, got {}; e.g. 1e-3", a.lr));
@@ -508,7 +507,7 @@ void write_outputs(const train_args& a, const json& summary, const run_outputs& 
   write_file_atomically(out.report,
                         render_html_report({{fs::path(a.model).stem().string(), read_events(out.events)}},
                                            fmt::format("nanguard train: {} on {}", a.model, a.data)));
-  write_file_atomically(out.summary, summary.dump(2) + "\n");
+  write_file_atomically(out.summary, summary.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 // The console's lines on the first non-finite step: the op, cause and remedy,
@@ -591,7 +590,7 @@ command add_train_command(CLI::App& app) {
   sub->add_option("--task", a->task, "classify ([batch, classes] logits, integer labels) or regress ([batch] outputs)")
       ->required()
       ->check(CLI::IsMember({"classify", "regress"}));
-  sub->add_option("--steps", a->steps, "training steps")->capture_default_str();
+  sub->add_option("--steps", a->steps, "training steps")->capture_default_str()->check(integer_in<int64_t>(1, max_steps));
   sub->add_option("--batch", a->batch, "rows per step")->capture_default_str();
   sub->add_option("--lr", a->lr, "learning rate")->capture_default_str();
   sub->add_option("--optimizer", a->optimizer, "adamw or sgd")
