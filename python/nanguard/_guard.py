@@ -93,6 +93,21 @@ class StepResult:
         return dict(self._event)
 
 
+#: The arguments of LossScaler and WarmupCosine, which loss_scale={...} and schedule={...} hold.
+LOSS_SCALE_KEYS = ("enabled", "init_scale", "growth_factor", "backoff_factor", "growth_interval", "hysteresis",
+                   "min_scale", "max_scale")
+SCHEDULE_KEYS = ("base_lr", "warmup_steps", "total_steps", "min_lr")
+
+
+def _known_keys(option, given, keys):
+    """``given`` (a dict) when each of its keys is one of ``keys``; else a
+    TypeError naming the first unknown key."""
+    unknown = [k for k in dict(given) if k not in keys]
+    if unknown:
+        raise TypeError(f"nanguard.Guard: {option} has no option {unknown[0]!r}; its options are {', '.join(keys)}")
+    return dict(given)
+
+
 def _trainable_loss(loss):
     """``loss`` when the guard can run backward on it; else a TypeError (not a
     tensor) or a ValueError (a tensor that no gradient flows from)."""
@@ -234,10 +249,14 @@ class Guard:
         if event_log:
             open(event_log, "w", encoding="utf-8").close()  # unwritable: the OSError Python raises
         if isinstance(schedule, dict):
-            schedule = _nanguard.WarmupCosine(**schedule)
+            schedule = _nanguard.WarmupCosine(**_known_keys("schedule", schedule, SCHEDULE_KEYS))
         scaler = None
         if loss_scale:
-            scaler = _nanguard.LossScaler(**({} if loss_scale is True else dict(loss_scale)))
+            scaler = _nanguard.LossScaler(**({} if loss_scale is True else _known_keys("loss_scale", loss_scale,
+                                                                                      LOSS_SCALE_KEYS)))
+        if bundle_tags is not None and not isinstance(bundle_tags, dict):
+            raise TypeError("nanguard.Guard: bundle_tags must be a dict of name -> value, e.g. "
+                            f"{{'task': 'classify'}}, got {type(bundle_tags).__name__}")
         options = dict(policy=policy, max_norm=float(max_norm), clip_value=float(clip_value), replay=bool(replay),
                        trace_every_step=bool(trace_every_step),
                        log_top_norms=int(log_top_norms), event_log=str(event_log or ""),
@@ -247,6 +266,9 @@ class Guard:
                        rollback_lr_factor=float(rollback_lr_factor), max_bad_steps=int(max_bad_steps),
                        spike_window=int(spike_window), spike_threshold=float(spike_threshold), scaler=scaler,
                        schedule=schedule)
+        for name in ("log_top_norms", "snapshot_every", "snapshot_keep", "max_bad_steps", "spike_window"):
+            if not -2 ** 63 <= options[name] < 2 ** 63:
+                raise ValueError(f"nanguard.Guard: {name} must fit in 64 bits, got {options[name]}")
         self._tensorboard = self._own_tensorboard = None
         if tensorboard is not None:
             from .tensorboard import StepLogger

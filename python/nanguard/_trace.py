@@ -3,6 +3,8 @@ named from the Python side."""
 import json
 from dataclasses import dataclass
 
+import torch
+
 from . import _compile, _nanguard
 
 
@@ -175,6 +177,9 @@ class Trace:
                  step=0, capture_backtrace=False, prefix="", measure_cost=False, inside_kernels=False):
         if max_findings < 1:
             raise ValueError(f"nanguard.trace: max_findings must be >= 1, got {max_findings}")
+        if model is not None and not isinstance(model, torch.nn.Module):
+            raise TypeError("nanguard.trace: model must be an nn.Module (its modules name the findings) or None, "
+                            f"got {type(model).__name__}")
         self.model = model
         self.max_findings = int(max_findings)
         self.raise_on_finding = bool(raise_on_finding)

@@ -85,3 +85,19 @@ def test_a_full_disk_ends_the_event_log_on_a_whole_line(tmp_path):
     assert lines and all(line.endswith("\n") for line in lines)
     assert [json.loads(line)["step"] for line in lines] == list(range(1, len(lines) + 1))
 
+
+@pytest.mark.parametrize("options, error, message", [
+    ({"loss_scale": {"init_scael": 2.0}}, TypeError, "loss_scale has no option 'init_scael'; its options are enabled"),
+    ({"schedule": {"base_lr": 0.1, "warmup": 5}}, TypeError, "schedule has no option 'warmup'; its options are base_lr"),
+    ({"bundle_tags": ["task", "classify"]}, TypeError, "bundle_tags must be a dict of name -> value.*got list"),
+    ({"max_bad_steps": 10 ** 30}, ValueError, "max_bad_steps must fit in 64 bits, got 10{30}"),
+], ids=["loss_scale_key", "schedule_key", "bundle_tags_list", "max_bad_steps_huge"])
+def test_wrong_guard_options_name_the_option(options, error, message):
+    with pytest.raises(error, match=message) as e:
+        model_and_guard(**options)
+    assert "incompatible" not in str(e.value) and "Unable to cast" not in str(e.value)
+
+
+def test_trace_of_something_not_a_module_is_a_type_error():
+    with pytest.raises(TypeError, match="nanguard.trace: model must be an nn.Module .* got str"):
+        nanguard.trace("model")
