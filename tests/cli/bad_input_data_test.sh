@@ -104,15 +104,19 @@ case_files_of_the_wrong_shape() {
   mkdir model_dir
   run 2 "$NANGUARD" train --model model_dir --data small.csv --target y --task regress
   expect "'model_dir' is a directory, not a TorchScript model"
-  printf '{"step": 1, "action": "ok"}\n{"step": "two", "action": "ok"}\n' > events.jsonl
+  printf '{"step": 1, "action": "step"}\n{"step": "two", "action": "step"}\n' > events.jsonl
   run 2 "$NANGUARD" report events.jsonl -o report.html
   expect "events.jsonl:2:"
   expect "'step' should be an integer but is a string"
   grep -q 'json.exception' <<<"$out" && fail "raw JSON library text: $out"
-  printf '{"step": 1, "action": "ok", "spikes": [{"series": "loss", "value": [1], "z": 2}]}\n' > spikes.jsonl
+  printf '{"step": 1, "action": "step", "spikes": [{"series": "loss", "value": [1], "z": 2}]}\n' > spikes.jsonl
   run 2 "$NANGUARD" report spikes.jsonl -o report.html
   expect "spikes.jsonl:1:"
   expect "'value' should be a number"
+  printf '{"step": 1, "action": "ok"}\n' > actions.jsonl
+  run 2 "$NANGUARD" report actions.jsonl -o report.html
+  expect "actions.jsonl:1:"
+  expect "action must be one of 'step', 'skip', 'backoff', 'rollback', 'abort', 'data' but is 'ok'"
   mkdir bundle
   printf '{"step": 3, "lr": 0.1, "policy": 7}\n' > bundle/meta.json
   run 2 "$NANGUARD" inspect bundle
