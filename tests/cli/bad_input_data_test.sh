@@ -53,8 +53,15 @@ case_repair_of_an_all_nan_column() {
   expect "cannot repair 'all_nan.csv': nanguard::firewall::fit: column 1 ('b') has no finite value"
   expect '(policy drop)'
   [ -e all_nan_out.csv ] && fail "clean wrote all_nan_out.csv from a column it cannot repair"
-  run 0 "$NANGUARD" clean all_nan.csv -o all_nan_drop.csv --policy drop
-  expect 'wrote all_nan_drop.csv: 3 -> 0 rows'
+  # scan names the column that has no value at all, not "constant" (#41)
+  run 3 "$NANGUARD" scan all_nan.csv
+  expect "column 'b' has no finite value (every row is missing or non-finite): drop it"
+  grep -qF "'b' is constant" <<<"$out" && fail "scan called the empty column 'b' constant: $out"
+  # drop leaves no row: no header-only file that scan and train refuse (#41)
+  run 2 "$NANGUARD" clean all_nan.csv -o all_nan_drop.csv --policy drop
+  expect "--policy drop drops every one of the 3 rows of 'all_nan.csv' (each holds a missing or non-finite value; no value of 'b' is finite); nothing written: remove that column or fix the data"
+  [ -e all_nan_drop.csv ] && fail "clean wrote all_nan_drop.csv with no row"
+  ls | grep -q '\.tmp' && fail "a temporary file was left behind: $(ls)"
 }
 
 # numbers out of range, refused when parsed

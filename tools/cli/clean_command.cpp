@@ -16,6 +16,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 namespace nanguard::cli {
 namespace {
@@ -29,6 +30,24 @@ struct clean_args {
   double high_quantile = 0.999;
   uint64_t seed = 0;
 };
+
+// A file of rows every one of which the policy dropped is no data (scan and
+// train refuse it): refused, naming the columns that hold no finite value.
+void refuse_an_empty_result(const clean_args& a, const std::vector<std::string>& names,
+                            const firewall_report& total) {
+  if (total.rows_in == 0 || total.rows_out > 0) return;
+  std::vector<std::string> never_finite;
+  for (size_t j = 0; j < names.size(); ++j) {
+    const column_report& c = total.columns[j];
+    if (c.nan + c.pos_inf + c.neg_inf == total.rows_in) never_finite.push_back("'" + names[j] + "'");
+  }
+  throw usage_error(fmt::format(
+      "--policy {} drops every one of the {} rows of '{}' (each holds a missing or non-finite value{}); nothing "
+      "written: {}",
+      a.policy, total.rows_in, a.path,
+      never_finite.empty() ? "" : fmt::format("; no value of {} is finite", fmt::join(never_finite, ", ")),
+      never_finite.empty() ? "fix the data" : "remove that column or fix the data"));
+}
 
 int run_clean(const clean_args& a) {
   if (!(a.low_quantile < a.high_quantile))
@@ -87,8 +106,9 @@ int run_clean(const clean_args& a) {
       changed += int64_t(r.report.changed_rows.size());
       base += b.size(0);
     }
-    out.commit();
   });
+  refuse_an_empty_result(a, names, total);
+  as_input_error([&] { out.commit(); });
 
   fmt::print("wrote {}: {} -> {} rows (policy {})\n", a.out, total.rows_in, total.rows_out, a.policy);
   fmt::print("  dropped {} rows{}\n", dropped, dropped ? " (rows " + list_rows(dropped_rows, dropped) + ")" : "");

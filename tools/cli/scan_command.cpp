@@ -207,10 +207,16 @@ std::vector<std::string> advise(const scan_args& a, const scan_report& r) {
   if (r.label >= 0 && r.columns[size_t(r.label)].nonfinite() > 0)
     advice.push_back(fmt::format("the label column '{}' has missing values: `nanguard clean` drops "
                                  "those rows under every policy (a label cannot be made up)", a.label));
-  for (int64_t j : r.constant)
-    if (j != r.label)
+  for (int64_t j : r.constant) {
+    const column_summary& c = r.columns[size_t(j)];
+    if (j == r.label) continue;
+    if (c.nonfinite() == r.rows)  // no value to be constant: every row misses it
+      advice.push_back(fmt::format("column '{}' has no finite value (every row is missing or non-finite): "
+                                   "drop it; neither repair nor drop can save it", c.name));
+    else
       advice.push_back(fmt::format("column '{}' is constant (std = 0): standardising it computes 0/0 = "
-                                   "NaN; drop it, or divide by (std + eps)", r.columns[size_t(j)].name));
+                                   "NaN; drop it, or divide by (std + eps)", c.name));
+  }
   for (const auto& c : r.columns) {
     if (c.is_label) continue;
     const double absmax = std::max(std::fabs(c.min), std::fabs(c.max));
