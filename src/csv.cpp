@@ -32,6 +32,19 @@ bool iequals(const char* b, const char* e, const char* word) {
   return true;
 }
 
+// Whether a header row is a row of data: every field a number, one at least
+// not a plain count (names such as "0", "1", "2" are real headers).
+bool looks_like_data(const std::vector<std::string>& names) {
+  bool fraction = false;
+  for (const std::string& n : names) {
+    double v = 0;
+    const auto r = std::from_chars(n.data(), n.data() + n.size(), v);
+    if (n.empty() || r.ec != std::errc() || r.ptr != n.data() + n.size()) return false;
+    fraction = fraction || n.find_first_not_of("0123456789") != std::string::npos;
+  }
+  return fraction;
+}
+
 // Parses one cell; false when it is neither a number nor a missing-value token.
 bool parse_cell(const char* b, const char* e, double& v) {
   while (b < e && (*b == ' ' || *b == '\t')) ++b;
@@ -166,6 +179,12 @@ csv_reader::csv_reader(std::string path, csv_options options)
     TORCH_CHECK(fresh, "nanguard::read_csv: '", name_, "' line ", line_, ": the column name '", columns_[j],
                 "' appears twice (columns ", it->second + 1, " and ", j + 1, "); give every column a unique name");
   }
+  TORCH_CHECK(columns_.size() < 2 || !columns_.back().empty(), "nanguard::read_csv: '", name_, "' line ", line_,
+              ": the last column has no name (the line ends with '", options_.delimiter(),
+              "'); remove the trailing delimiter from every line, or name the column");
+  TORCH_CHECK(!looks_like_data(columns_), "nanguard::read_csv: '", name_, "' line ", line_,
+              ": the header row holds numbers only ('", columns_.front(),
+              "', ...): is it a row of data? Add a first line with the column names");
 }
 
 bool csv_reader::fill() {

@@ -64,6 +64,18 @@ case_repair_of_an_all_nan_column() {
   ls | grep -q '\.tmp' && fail "a temporary file was left behind: $(ls)"
 }
 
+# a header row that is not one: a row of data, or a trailing comma's unnamed column (#41)
+case_headers_that_are_not_headers() {
+  printf '1.5,2,3\n4,5.5,6\n' > no_header.csv
+  run 2 "$NANGUARD" scan no_header.csv
+  expect "'no_header.csv' line 1: the header row holds numbers only ('1.5', ...): is it a row of data? Add a first line with the column names"
+  printf 'a,b,\n1,2,\n3,4,\n' > trailing.csv
+  run 2 "$NANGUARD" scan trailing.csv
+  expect "'trailing.csv' line 1: the last column has no name (the line ends with ','); remove the trailing delimiter"
+  printf '0,1,2\n1.5,2,3\n4,5,6\n' > numbered.csv  # numbered columns are a header
+  run 0 "$NANGUARD" scan numbered.csv
+}
+
 # numbers out of range, refused when parsed
 case_numbers_out_of_range() {
   run 2 "$NANGUARD" scan small.csv --seed -1
@@ -180,6 +192,7 @@ run_cases pipes_are_read_once \
   header_only_is_no_data \
   duplicate_column_names \
   repair_of_an_all_nan_column \
+  headers_that_are_not_headers \
   numbers_out_of_range \
   integers_past_their_range \
   files_of_the_wrong_shape \
