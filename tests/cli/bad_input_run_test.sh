@@ -229,6 +229,14 @@ case_a_full_disk() {
   expect "cannot write 'a_dir': it exists and is not a regular file"
 }
 
+# a word that is no command is named, with the commands (#41)
+case_an_unknown_command() {
+  run 2 "$NANGUARD" frobnicate --steps 3
+  expect "nanguard: error: no command 'frobnicate'; the commands are demo, census, launch, scan, clean, advise, report, train, inspect, replay; see nanguard --help"
+  run 2 "$NANGUARD"
+  expect "A subcommand is required"
+}
+
 # every command documents the same exit codes in its --help
 case_exit_codes_in_help() {
   for cmd in demo census launch scan clean advise report train inspect replay; do
@@ -247,6 +255,7 @@ run_cases one_output_directory_one_run \
   a_full_disk \
   a_directory_of_the_user_s \
   paths_that_are_not_utf8 \
+  an_unknown_command \
   exit_codes_in_help
 if [ "$failures" -ne 0 ]; then echo "$failures check(s) failed"; exit 1; fi
 echo "bad_input_run: all checks passed"

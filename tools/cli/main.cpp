@@ -7,9 +7,27 @@
 
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdio>
+#include <string>
 #include <vector>
+
+namespace {
+
+// The commands of `app` when `word` (the first argument) is none of them and
+// no option, else empty: CLI11 says only "A subcommand is required".
+std::string unknown_command(CLI::App& app, const std::string& word) {
+  if (word.empty() || word[0] == '-') return {};
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    if (sub->get_name() == word) return {};
+    names.push_back(sub->get_name());
+  }
+  return fmt::format("no command '{}'; the commands are {}; see nanguard --help", word, fmt::join(names, ", "));
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace nanguard::cli;
@@ -30,6 +48,10 @@ int main(int argc, char** argv) {
       add_replay_command(app),
   };
 
+  if (const std::string unknown = argc > 1 ? unknown_command(app, argv[1]) : ""; !unknown.empty()) {
+    std::fprintf(stderr, "nanguard: error: %s\n", unknown.c_str());
+    return exit_usage;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
