@@ -171,6 +171,11 @@ case_models_that_cannot_be_trained() {
   [ -e int_out ] || [ -e no_params ] && fail "a refused model left an output directory"
   run 2 "$NANGUARD" train --model "$M" --data "$M/reg.csv" --target y --task regress
   expect "'$M' is a directory, not a TorchScript model"
+  run 2 bash -c 'cat "$2" | "$1" train --model /dev/stdin --data "$3" --target y --task regress' - \
+    "$NANGUARD" "$M/linear_reg.pt" "$M/reg.csv"
+  expect "'/dev/stdin' is not a regular file (a pipe or a device?): a TorchScript model is a zip archive read by seeking"
+  run 2 "$NANGUARD" train --model missing.pt --data "$M/reg.csv" --target y --task regress
+  expect "cannot open model 'missing.pt': no such file"
 }
 
 # truncated or corrupt bundle files: one line naming the file, exit 2

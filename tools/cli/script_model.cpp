@@ -26,8 +26,10 @@ torch::jit::Module load_script_model(const std::string& path) {
   if (std::filesystem::is_directory(path))
     throw usage_error(fmt::format("'{}' is a directory, not a TorchScript model; pass the file that "
                                   "torch.jit.script(model).save(path) wrote", path));
+  if (!std::filesystem::exists(path)) throw usage_error(fmt::format("cannot open model '{}': no such file", path));
   if (!std::filesystem::is_regular_file(path))
-    throw usage_error(fmt::format("cannot open model '{}': no such file", path));
+    throw usage_error(fmt::format("'{}' is not a regular file (a pipe or a device?): a TorchScript model is a zip "
+                                  "archive read by seeking; save it to a file and pass that path", path));
   try {
     return torch::jit::load(path);
   } catch (const c10::Error&) {
