@@ -57,16 +57,22 @@ void check_has_data(const at::Tensor& x, const char* fn) {
               " is on the meta device and holds no values; pass a tensor on the CPU or a GPU");
 }
 
+// The dtypes the census kernels read.
+bool census_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
 void check_floating(const at::Tensor& x, const char* fn) {
   check_has_data(x, fn);
   const auto t = x.scalar_type();
   TORCH_CHECK_TYPE(!x.is_complex(), "nanguard::", fn, ": expected a real floating-point tensor but got ", t,
                    " with shape ", x.sizes(), "; take the census of the real and imaginary parts, "
                    "at::view_as_real(x) (Python: torch.view_as_real(x))");
-  TORCH_CHECK_TYPE(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16,
-                   "nanguard::", fn, ": expected a float32, float64, float16 or bfloat16 tensor but got ",
-                   t, " with shape ", x.sizes(), "; integer and bool tensors cannot hold NaN "
-                   "or Inf (convert with x.to(at::kFloat) to measure them anyway)");
+  TORCH_CHECK_TYPE(census_dtype(t), "nanguard::", fn, ": expected a float32, float64, float16 or bfloat16 tensor "
+                   "but got ", t, " with shape ", x.sizes(),
+                   x.is_floating_point() ? "; convert with x.to(at::kFloat) (NaN and Inf are kept) to measure it"
+                                         : "; integer and bool tensors cannot hold NaN or Inf (convert with "
+                                           "x.to(at::kFloat) to measure them anyway)");
 }
 
 template <typename T>
@@ -174,6 +180,8 @@ bool scan_for_nonfinite(const at::Tensor& x, bool parallel, const char* caller) 
   check_has_data(x, caller);
   if (x.is_complex()) return scan_for_nonfinite(at::view_as_real(x), parallel, caller);
   if (!x.is_floating_point()) return false;
+  // float8 and the like: no kernel here, nor an isfinite in ATen; float32 keeps their NaN and Inf.
+  if (!census_dtype(x.scalar_type())) return scan_for_nonfinite(x.to(at::kFloat), parallel, caller);
   if (!x.is_cpu()) return on_cuda_kernel(x) ? !check_many(x).all_finite() : !at::isfinite(x).all().item<bool>();
   const at::Tensor c = dense_block(x);
   const int64_t n = c.numel();
@@ -194,7 +202,7 @@ bool scan_for_nonfinite(const at::Tensor& x, bool parallel, const char* caller) 
                        [&](int64_t s, int64_t len) { return detail::any_nonfinite_16bit(d + s, len, mask); });
     }
     default:
-      return !at::isfinite(c).all().item<bool>();  // float types added after 1.13
+      TORCH_INTERNAL_ASSERT(false, "nanguard::", caller, ": no kernel for ", c.scalar_type());
   }
 }
 
