@@ -30,6 +30,7 @@ one list in the C++ core:
 ==========================  ==================================================
 """
 import json
+import math
 import os
 
 from . import _nanguard
@@ -45,12 +46,24 @@ def _event_json(result):
     if isinstance(result, str):
         return result
     if isinstance(result, dict):
-        return json.dumps(result)
+        return json.dumps(_as_logged(result))
     to_dict = getattr(result, "to_dict", None)
     if callable(to_dict):
-        return json.dumps(to_dict())
+        return json.dumps(_as_logged(to_dict()))
     raise TypeError("nanguard.tensorboard: expected a nanguard.StepResult, its to_dict() or an event-log line, "
                     f"got {type(result).__name__}")
+
+
+def _as_logged(value):
+    """``value`` with NaN and Inf written as the event log writes them ("nan",
+    "inf", "-inf"): json.dumps writes NaN, which is not JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"
+    if isinstance(value, dict):
+        return {k: _as_logged(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_logged(v) for v in value]
+    return value
 
 
 def step_scalars(result):
@@ -90,8 +103,9 @@ class StepLogger:
         """Writes one step: a :class:`~nanguard.StepResult`, its ``to_dict()``
         or a line of the event log (its ``step`` is TensorBoard's step)."""
         event = _event_json(result)
+        scalars = _nanguard.tensorboard_scalars(event)  # checks the event: a ValueError naming what is wrong
         step = int(json.loads(event)["step"])
-        for tag, value in _nanguard.tensorboard_scalars(event):
+        for tag, value in scalars:
             self.writer.add_scalar(tag, value, step, walltime=walltime)
         text = _nanguard.tensorboard_text(event)
         if text:

@@ -150,7 +150,17 @@ def test_step_logger_refuses_what_it_cannot_write(tmp_path):
         logger.log(3.5)
     with pytest.raises(ValueError, match="action \"data\" without the \"data\" counts"):
         logger.log({"step": 1, "action": "data"})
+    with pytest.raises(ValueError, match="nanguard::step_event_from_json: 'step' is missing"):
+        logger.log({"loss": 1.0})
     logger.close()
+
+
+def test_step_logger_takes_a_dict_with_nan_and_inf(tmp_path):
+    logger = StepLogger(tmp_path / "tb")
+    logger.log({"step": 1, "loss": float("nan"), "grad_norm": float("inf"), "action": "skip", "skipped": True})
+    logger.close()
+    scalars, _ = read(tmp_path / "tb")
+    assert math.isnan(scalars["loss"][0][1]) and scalars["grad_norm"] == [(1, math.inf)]
 
 
 def test_the_guard_logs_every_step_to_tensorboard_itself(tmp_path):
