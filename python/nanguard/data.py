@@ -205,7 +205,12 @@ def _get(sample, field, who):
         else:
             raise TypeError(f"nanguard.data.{who}: a {type(sample).__name__} sample needs field=, the key of "
                             "the features tensor the firewall checks (e.g. field='x')")
-    x = sample[field]
+    try:
+        x = sample[field]
+    except (KeyError, IndexError):
+        fields = list(sample.keys()) if hasattr(sample, "keys") else list(range(len(sample)))
+        raise ValueError(f"nanguard.data.{who}: the sample has no field {field!r} (its fields: {fields}); pass "
+                         "field= naming the features tensor") from None
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"nanguard.data.{who}: the field {field!r} of the sample is a {type(x).__name__}, "
                         "not the features tensor; pass field= naming it")

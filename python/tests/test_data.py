@@ -91,6 +91,11 @@ def test_collate_field_for_dict_batches_and_shape_errors():
         firewall_collate(nanguard.Firewall())([torch.zeros(2, 2), torch.zeros(2, 2)])
     with pytest.raises(TypeError, match="expected a nanguard.Firewall"):
         firewall_collate("drop")
+    with pytest.raises(ValueError, match=r"firewall_collate: the sample has no field 'feature' \(its fields: "
+                                         r"\['features', 'id'\]\); pass field= naming the features tensor"):
+        firewall_collate(nanguard.Firewall(), field="feature")([{"features": x[0], "id": 0}])
+    with pytest.raises(ValueError, match=r"has no field 2 \(its fields: \[0, 1\]\)"):
+        firewall_collate(nanguard.Firewall(), field=2)([(x[0], 0)])
 
 
 @pytest.mark.parametrize("workers", [0, 2])
