@@ -232,6 +232,12 @@ case_bad_input() {
   expect "--task"
   run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --steps 0
   expect "--steps: must be an integer in [1, 1000000000], got 0"
+  # a feature column with no finite value: neither firewall policy can train (exit 2, not 1) (#41)
+  printf 'a,b,c,d,y\n1,,1,1,1\n2,nan,2,2,2\n3,,3,3,3\n' > empty_b.csv
+  for policy in repair drop; do
+    run 2 train --model "$M/linear_reg.pt" --data empty_b.csv --target y --task regress --firewall $policy
+    expect "no value of column 'b' of 'empty_b.csv' is finite: --firewall $policy cannot train on it"
+  done
   run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --lr -1
   expect "--lr must be a finite number > 0, got -1"
   run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --batch 0

@@ -226,6 +226,17 @@ void check_targets(const train_args& a, const training_data& d) {
       throw usage_error(fmt::format("--task classify needs integer class labels in the target '{}' of '{}'; "
                                     "use --task regress for a continuous target", a.target, a.data));
   }
+  if (a.firewall != "off") {
+    // Neither policy saves such a column: repair has no median, drop no row.
+    const at::Tensor any_finite = at::isfinite(d.values).any(0);
+    std::vector<std::string> never_finite;
+    for (int64_t j = 0; j < d.features(); ++j)
+      if (!any_finite[j].item<bool>()) never_finite.push_back("'" + d.feature_names[size_t(j)] + "'");
+    if (!never_finite.empty())
+      throw usage_error(fmt::format("no value of column {} of '{}' is finite: --firewall {} cannot train on it ({}); "
+                                    "remove the column from the data", fmt::join(never_finite, ", "), a.data,
+                                    a.firewall, a.firewall == "repair" ? "no median to impute" : "no row left"));
+  }
   if (a.firewall == "drop" && !at::isfinite(d.values).all(1).any().item<bool>())
     throw usage_error(fmt::format("every row of '{}' holds a NaN/Inf: --firewall drop would leave no data; "
                                   "try --firewall repair", a.data));
