@@ -224,6 +224,9 @@ case_a_full_disk() {
   no_backtrace
   [ -z "$(tail -c 1 full_log/events.jsonl)" ] || fail "full_log/events.jsonl ends in half a line"
   run 0 "$NANGUARD" report full_log/events.jsonl -o full_log.html
+  run 2 tiny "$NANGUARD" demo --scenario zero-std --out full_demo  # exit 2 as train, not 1 (#41)
+  expect "nanguard::event_log: writing to 'full_demo/zero-std/unguarded/events.jsonl' failed: File too large"
+  no_backtrace
   run 2 limited "$NANGUARD" report full/events.jsonl -o full.html
   expect "cannot write 'full.html': File too large"
   no_backtrace

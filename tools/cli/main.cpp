@@ -3,6 +3,7 @@
 #include "commands.h"
 #include "temp_file.h"
 
+#include <nanguard/events.h>
 #include <nanguard/version.h>
 
 #include <c10/util/Exception.h>
@@ -64,6 +65,9 @@ int main(int argc, char** argv) {
     return exit_usage;
   } catch (const usage_error& e) {
     std::fprintf(stderr, "nanguard: error: %s\n", e.what());
+    return exit_usage;
+  } catch (const nanguard::event_log_error& e) {  // a full disk is exit 2, as for the other outputs
+    std::fprintf(stderr, "nanguard: error: %s\n", e.what_without_backtrace());
     return exit_usage;
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "nanguard: error: %s\n", e.what_without_backtrace());

@@ -444,8 +444,6 @@ std::pair<step_event, bool> guarded_step(guard& g, const std::vector<at::Tensor>
     return {g.step(tensors, fn), false};
   } catch (const nonfinite_error&) {
     return {g.last_event(), true};
-  } catch (const event_log_error& err) {
-    throw usage_error(err.what_without_backtrace());  // a full disk is exit 2, as for the other outputs
   }
 }
 
