@@ -72,6 +72,9 @@ case_headers_that_are_not_headers() {
   printf 'a,b,\n1,2,\n3,4,\n' > trailing.csv
   run 2 "$NANGUARD" scan trailing.csv
   expect "'trailing.csv' line 1: the last column has no name (the line ends with ','); remove the trailing delimiter"
+  printf 'a,b\x1b[2J\n1,x\x01\x00yz\n' > control.csv  # control bytes are shown, not sent to the terminal
+  run 2 "$NANGUARD" scan control.csv
+  expect "'control.csv' line 2, column 2 ('b\\x1b[2J'): 'x\\x01\\x00yz' is not a number"
   printf '0,1,2\n1.5,2,3\n4,5,6\n' > numbered.csv  # numbered columns are a header
   run 0 "$NANGUARD" scan numbered.csv
 }
