@@ -158,7 +158,14 @@ case_the_launcher() {
   grep -q 'nanguard: error: launch: -n must be in \[1, 1024\] but is 0' "$WORK/usage.out" || fail "launch -n 0: $(cat "$WORK/usage.out")"
   "$NANGUARD" launch -n 1 --timeout 1 -- sleep 30 >"$WORK/timeout.out" 2>&1
   [[ $? == 124 ]] || fail "launch --timeout: not exit 124 (as timeout(1); 1 is for internal errors)"
-  grep -q 'did not finish within --timeout 1 s' "$WORK/timeout.out" || fail "launch --timeout: $(cat "$WORK/timeout.out")"
+  grep -q 'did not finish within --timeout 1 s (still running: rank 0)' "$WORK/timeout.out" ||
+    fail "launch --timeout: $(cat "$WORK/timeout.out")"
+  # a rank that leaves a background child holding its stdout: launch returns when the rank exits (#41)
+  start=$SECONDS
+  "$NANGUARD" launch -n 2 -- sh -c 'sleep 30 & echo started $RANK' >"$WORK/child.out" 2>&1
+  [[ $? == 0 ]] || fail "launch with a background child: not exit 0: $(cat "$WORK/child.out")"
+  (( SECONDS - start < 10 )) || fail "launch waited $((SECONDS - start)) s for a rank's background child"
+  grep -q '^\[rank 1\] started 1' "$WORK/child.out" || fail "launch with a background child: $(cat "$WORK/child.out")"
   env -u RANK -u WORLD_SIZE "$TRAIN" >"$WORK/noenv.out" 2>&1
   [[ $? == 1 ]] || fail "no environment: not exit 1"
   grep -q 'environment variable WORLD_SIZE is not set' "$WORK/noenv.out" || fail "no environment: $(cat "$WORK/noenv.out")"

@@ -14,6 +14,7 @@
 #include "commands.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -174,7 +175,7 @@ int run_launch(const launch_args& a) {
   const auto start = clock::now();
   int failed_rank = -1, failed_status = 0;
   std::string also;  // the other ranks that failed before they were stopped
-  bool timed_out = false;
+  std::vector<int> running_at_timeout;  // the ranks --timeout stopped
   std::chrono::steady_clock::time_point kill_at{};
   bool stopping = false;
   const auto stop_all = [&] {
@@ -198,8 +199,17 @@ int run_launch(const launch_args& a) {
     for (const rank_process& p : ranks) all_exited = all_exited && p.exited;
     if (fds.empty() && all_exited) break;
 
-    if (!fds.empty()) ::poll(fds.data(), fds.size(), 100);
+    int ready = 0;
+    if (!fds.empty()) ready = ::poll(fds.data(), fds.size(), 100);
     else ::usleep(20000);
+    // Every rank is gone and their pipes hold nothing more: a child one
+    // left running in the background keeps them open, not launch waiting.
+    if (all_exited && ready == 0) {
+      for (rank_process& p : ranks)
+        for (int k = 0; k < 2; ++k)
+          if (p.fd[k] >= 0) emit(p.pending[k], p.rank, k == 0 ? stdout : stderr, true);
+      break;
+    }
     for (size_t j = 0; j < fds.size(); ++j) {
       if (!(fds[j].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       rank_process& p = ranks[owner[j].first];
@@ -241,7 +251,8 @@ int run_launch(const launch_args& a) {
     if (!newly_failed.empty()) stop_all();
     if (!stopping && a.timeout > 0 &&
         std::chrono::duration<double>(clock::now() - start).count() > a.timeout) {
-      timed_out = true;
+      for (const rank_process& p : ranks)
+        if (!p.exited) running_at_timeout.push_back(p.rank);
       stop_all();
     }
     if (stopping && clock::now() > kill_at) {
@@ -257,9 +268,9 @@ int run_launch(const launch_args& a) {
     if (WIFEXITED(failed_status)) return WEXITSTATUS(failed_status);
     return 128 + WTERMSIG(failed_status);
   }
-  if (timed_out) {
-    std::fprintf(stderr, "nanguard: error: launch: the ranks did not finish within --timeout %g s; stopped them\n",
-                 a.timeout);
+  if (!running_at_timeout.empty()) {
+    std::fprintf(stderr, "nanguard: error: launch: the ranks did not finish within --timeout %g s (still running: "
+                 "rank %s); stopped them\n", a.timeout, fmt::format("{}", fmt::join(running_at_timeout, ", ")).c_str());
     return 124;  // as timeout(1): 1 is kept for internal errors
   }
   return exit_ok;
