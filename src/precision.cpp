@@ -165,14 +165,9 @@ struct precision_advisor::state {
   detail::observer_slot<state> slot{"nanguard::precision_advisor"};  // last: uninstalled first
 };
 
-// What the advisor's RecordFunction callbacks (free functions) use to reach its state.
-struct advisor_callbacks {
-  using state = precision_advisor::state;
-};
-
 namespace {
 
-using advisor_state = advisor_callbacks::state;
+using advisor_state = detail::observer_access::state<precision_advisor>;
 
 advisor_state* current_advisor() {
   return detail::observer_slot<advisor_state>::current();
@@ -321,14 +316,14 @@ void precision_advisor::end_step() {
   state_->steps += 1;
 }
 
-precision_report precision_advisor::report() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  const advisor_options& o = state_->options;
-  precision_report r;
-  r.steps = state_->steps;
+namespace {
 
+// The values measured, summed per op, per module and direction, per
+// gradient and overall, and what they say of fp32, fp16's forward and bf16.
+void summarise(const advisor_state& st, precision_report& r) {
+  r.steps = st.steps;
   std::map<std::string, module_precision> modules;
-  for (const auto& [key, values] : state_->ops) {
+  for (const auto& [key, values] : st.ops) {
     const auto& [module, dir, op] = key;
     r.ops.push_back({module, op, dir ? direction::backward : direction::forward, values});
     module_precision& m = modules[module];
@@ -339,92 +334,80 @@ precision_report precision_advisor::report() const {
   std::stable_sort(r.ops.begin(), r.ops.end(), [](const op_precision& a, const op_precision& b) {
     return a.direction < b.direction;
   });
-  for (const auto& [name, g] : state_->gradients) {
+  for (const auto& [name, g] : st.gradients) {
     r.gradients.push_back(g);
     add(r.gradient, g.values);
   }
-
   for (auto& [name, m] : modules) {
     m.keep_fp32 = m.forward.fp16_overflow > 0;
     if (m.keep_fp32) r.keep_fp32.push_back(name);
     if (m.forward.bf16_overflow + m.backward.bf16_overflow > 0) r.bf16_overflow_modules.push_back(name);
     r.modules.push_back(m);
   }
-  int64_t grad_bf16_overflow = r.gradient.bf16_overflow;
   r.fp32_nonfinite = r.forward.nonfinite + r.backward.nonfinite + r.gradient.nonfinite > 0;
-  r.bf16_safe = r.bf16_overflow_modules.empty() && grad_bf16_overflow == 0;
+  r.bf16_safe = r.bf16_overflow_modules.empty() && r.gradient.bf16_overflow == 0;
+}
 
-  // Loss scale range. Lower bound: the smallest 2^k that keeps all but
-  // `underflow_tolerance` of the nonzero backward values (outside the modules
-  // kept in fp32) and gradients from flushing to zero in fp16.
-  std::array<int64_t, kBins> h = state_->gradient_histogram;
-  for (const auto& [module, mh] : state_->backward_histograms)
+// The smallest k keeping all but `tolerance` of the nonzero values counted
+// in `hist` from flushing to zero in fp16 once scaled by 2^k (e + k >= -24
+// for a value of exponent e); 0 if it counts none.
+int smallest_scale_exponent(const std::array<int64_t, kBins>& hist, double tolerance) {
+  int64_t nonzero = 0;
+  for (int64_t c : hist) nonzero += c;
+  if (nonzero == 0) return 0;
+  const double allowed = tolerance * double(nonzero);
+  int k = -64;
+  for (;; ++k) {
+    int64_t flushed = 0;
+    for (int b = 0; b < kBins && b + kMinExp + k < kFp16MinSubnormalExp; ++b) flushed += hist[size_t(b)];
+    if (double(flushed) <= allowed || k >= 200) return k;
+  }
+}
+
+// The largest |x| of the backward values and gradients outside the modules
+// kept in fp32: what a loss scale must keep within fp16's range.
+double scaled_absmax(const precision_report& r) {
+  double absmax = 0;
+  for (const auto& m : r.modules)
+    if (!m.keep_fp32) absmax = std::max(absmax, m.backward.absmax);
+  for (const auto& g : r.gradients)
+    if (!under_any(parent_of(g.parameter), r.keep_fp32)) absmax = std::max(absmax, g.values.absmax);
+  return absmax;
+}
+
+// The range of fp16 loss scales. Lower bound: the smallest 2^k that keeps
+// all but `underflow_tolerance` of the nonzero backward values (outside the
+// modules kept in fp32) and gradients from flushing to zero in fp16. Upper
+// bound: the largest 2^k that keeps every one of them within fp16's range.
+void fit_loss_scale(const advisor_state& st, precision_report& r) {
+  const double tolerance = st.options.underflow_tolerance();
+  std::array<int64_t, kBins> h = st.gradient_histogram;
+  for (const auto& [module, mh] : st.backward_histograms)
     if (!under_any(module, r.keep_fp32))
       for (int b = 0; b < kBins; ++b) h[size_t(b)] += mh[size_t(b)];
-  // The smallest k keeping all but the tolerated fraction of `hist` from
-  // flushing to zero (e + k >= -24 for a value of exponent e); 0 if empty.
-  auto min_k = [&](const std::array<int64_t, kBins>& hist) {
-    int64_t nonzero = 0;
-    for (int64_t c : hist) nonzero += c;
-    if (nonzero == 0) return 0;
-    const double allowed = o.underflow_tolerance() * double(nonzero);
-    int k = -64;
-    for (;; ++k) {
-      int64_t flushed = 0;
-      for (int b = 0; b < kBins && b + kMinExp + k < kFp16MinSubnormalExp; ++b) flushed += hist[size_t(b)];
-      if (double(flushed) <= allowed || k >= 200) return k;
-    }
-  };
-  const int k_cap = int(std::floor(std::log2(o.max_loss_scale())));
-  const int k_min = min_k(h);
+  const int k_min = smallest_scale_exponent(h, tolerance);
   // Whose values need the most scaling: a module's backward, or the gradients.
-  int k_worst = min_k(state_->gradient_histogram);
+  int k_worst = smallest_scale_exponent(st.gradient_histogram, tolerance);
   r.loss_scale_min_from = "the gradients";
-  for (const auto& [module, mh] : state_->backward_histograms) {
+  for (const auto& [module, mh] : st.backward_histograms) {
     if (under_any(module, r.keep_fp32)) continue;
-    const int k = min_k(mh);
+    const int k = smallest_scale_exponent(mh, tolerance);
     if (k > k_worst) k_worst = k, r.loss_scale_min_from = fmt::format("the backward of {}", label(module));
   }
-  // Upper bound: the largest 2^k that keeps every backward value (outside
-  // the modules kept in fp32) and every gradient within fp16's range.
-  double backward_absmax = 0;
-  for (const auto& m : r.modules)
-    if (!m.keep_fp32) backward_absmax = std::max(backward_absmax, m.backward.absmax);
-  for (const auto& g : r.gradients)
-    if (!under_any(parent_of(g.parameter), r.keep_fp32)) backward_absmax = std::max(backward_absmax, g.values.absmax);
-  int k_max = k_cap;
-  if (backward_absmax > 0) k_max = std::min(k_cap, int(std::floor(std::log2(fp16_max / backward_absmax))));
+  const int k_cap = int(std::floor(std::log2(st.options.max_loss_scale())));
+  const double absmax = scaled_absmax(r);
+  const int k_max = absmax > 0 ? std::min(k_cap, int(std::floor(std::log2(fp16_max / absmax)))) : k_cap;
   r.loss_scale_min = std::ldexp(1.0, k_min);
   r.loss_scale_max = std::ldexp(1.0, k_max);
   r.loss_scale_fits = k_min <= k_max;
+}
 
-  // The advice, most important first.
+// The advice on fp16's loss scale, and the modules whose forward values
+// fp16 flushes.
+void advise_fp16(const advisor_state& st, precision_report& r) {
+  const advisor_options& o = st.options;
   auto& a = r.advice;
-  if (r.fp32_nonfinite)
-    a.push_back(fmt::format(
-        "the model already makes NaN/Inf in float32 (first: {}): fix that first (nanguard::tracer "
-        "names the op); the advice below ignores those values",
-        state_->first_nonfinite.empty() ? std::string("in the gradients") : state_->first_nonfinite));
-  const double absmax = std::max({r.forward.absmax, r.backward.absmax, r.gradient.absmax});
-  if (r.bf16_safe)
-    a.push_back(fmt::format("bf16 is safe: the largest magnitude seen is {:.4g}, within bfloat16's range "
-                            "(3.39e38); it needs no loss scaling (bfloat16 has float32's exponent range)",
-                            absmax));
-  else
-    a.push_back(fmt::format("bf16 is not safe: {} exceed bfloat16's range (3.39e38); keep them in fp32",
-                            r.bf16_overflow_modules.empty() ? std::string("the gradients")
-                                                            : fmt::format("{}", fmt::join(r.bf16_overflow_modules, ", "))));
-  if (!r.keep_fp32.empty()) {
-    std::vector<std::string> why;
-    for (const auto& m : r.modules)
-      if (m.keep_fp32)
-        why.push_back(fmt::format("{} ({} values > 65504, largest {:.4g})", label(m.module), m.forward.fp16_overflow,
-                                  m.forward.absmax));
-    a.push_back(fmt::format("keep these modules in fp32: {}", fmt::join(why, ", ")));
-  } else {
-    a.push_back(fmt::format("fp16 forward is in range: no forward value exceeds 65504 (largest {:.4g})",
-                            r.forward.absmax));
-  }
+  const double backward_absmax = scaled_absmax(r);
   if (r.loss_scale_fits) {
     a.push_back(fmt::format(
         "fp16 needs a loss scale in [{}, {}]{}: below, more than {:g}% of the nonzero backward and gradient "
@@ -446,16 +429,54 @@ precision_report precision_advisor::report() const {
                               "they lose precision or flush to zero in fp16",
                               100.0 * double(m.forward.fp16_underflow) / double(nonzero), label(m.module)));
   }
+}
+
+// The advice, most important first.
+void advise(const advisor_state& st, precision_report& r) {
+  auto& a = r.advice;
+  if (r.fp32_nonfinite)
+    a.push_back(fmt::format(
+        "the model already makes NaN/Inf in float32 (first: {}): fix that first (nanguard::tracer "
+        "names the op); the advice below ignores those values",
+        st.first_nonfinite.empty() ? std::string("in the gradients") : st.first_nonfinite));
+  const double absmax = std::max({r.forward.absmax, r.backward.absmax, r.gradient.absmax});
+  if (r.bf16_safe)
+    a.push_back(fmt::format("bf16 is safe: the largest magnitude seen is {:.4g}, within bfloat16's range "
+                            "(3.39e38); it needs no loss scaling (bfloat16 has float32's exponent range)",
+                            absmax));
+  else
+    a.push_back(fmt::format("bf16 is not safe: {} exceed bfloat16's range (3.39e38); keep them in fp32",
+                            r.bf16_overflow_modules.empty() ? std::string("the gradients")
+                                                            : fmt::format("{}", fmt::join(r.bf16_overflow_modules, ", "))));
+  if (!r.keep_fp32.empty()) {
+    std::vector<std::string> why;
+    for (const auto& m : r.modules)
+      if (m.keep_fp32)
+        why.push_back(fmt::format("{} ({} values > 65504, largest {:.4g})", label(m.module), m.forward.fp16_overflow,
+                                  m.forward.absmax));
+    a.push_back(fmt::format("keep these modules in fp32: {}", fmt::join(why, ", ")));
+  } else {
+    a.push_back(fmt::format("fp16 forward is in range: no forward value exceeds 65504 (largest {:.4g})",
+                            r.forward.absmax));
+  }
+  advise_fp16(st, r);
+}
+
+}  // namespace
+
+precision_report precision_advisor::report() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  precision_report r;
+  summarise(*state_, r);
+  fit_loss_scale(*state_, r);
+  advise(*state_, r);
   return r;
 }
 
 void precision_advisor::pause() { state_->slot.uninstall(); }
 
 void precision_advisor::resume() {
-  state_->slot.install(at::RecordFunctionCallback(advisor_start, advisor_end)
-                           .needsInputs(true)
-                           .needsOutputs(true)
-                           .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+  state_->slot.install(advisor_start, advisor_end, /*autograd_nodes=*/true);
 }
 
 // ============================================================== report rendering
@@ -545,14 +566,9 @@ struct precision_emulator::state {
   detail::observer_slot<state> slot{"nanguard::precision_emulator"};  // last: uninstalled first
 };
 
-// What the emulator's RecordFunction callbacks (free functions) use to reach its state.
-struct emulator_callbacks {
-  using state = precision_emulator::state;
-};
-
 namespace {
 
-using emulator_state = emulator_callbacks::state;
+using emulator_state = detail::observer_access::state<precision_emulator>;
 
 emulator_state* current_emulator() {
   return detail::observer_slot<emulator_state>::current();
@@ -618,15 +634,12 @@ void emulator_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
 
 precision_emulator::precision_emulator(emulator_options options) : state_(std::make_unique<state>()) {
   const at::ScalarType d = options.dtype();
-  TORCH_CHECK(d == at::kHalf || d == at::kBFloat16 || d == at::kFloat,
-              "nanguard::precision_emulator: dtype must be Half, BFloat16 or Float (watch only), got ",
-              c10::toString(d));
+  TORCH_CHECK_TYPE(d == at::kHalf || d == at::kBFloat16 || d == at::kFloat,
+                   "nanguard::precision_emulator: dtype must be Half, BFloat16 or Float (watch only), got ",
+                   c10::toString(d));
   state_->options = std::move(options);
   state_->slot.claim(state_.get(), state_->options.all_threads());
-  state_->slot.install(at::RecordFunctionCallback(emulator_start, emulator_end)
-                           .needsInputs(true)
-                           .needsOutputs(true)
-                           .scopes({at::RecordScope::FUNCTION}));
+  state_->slot.install(emulator_start, emulator_end, /*autograd_nodes=*/false);
 }
 
 precision_emulator::~precision_emulator() = default;
@@ -636,10 +649,11 @@ const std::vector<std::string>& precision_emulator::producers() const { return s
 const finding& precision_emulator::first() const { return state_->first; }
 
 void round_to_precision_(at::Tensor& t, at::ScalarType dtype) {
-  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16,
-              "nanguard::round_to_precision_: dtype must be Half or BFloat16, got ", c10::toString(dtype));
-  TORCH_CHECK(t.defined() && t.is_floating_point(),
-              "nanguard::round_to_precision_: needs a defined floating-point tensor");
+  TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16,
+                   "nanguard::round_to_precision_: dtype must be Half or BFloat16, got ", c10::toString(dtype));
+  TORCH_CHECK(t.defined(), "nanguard::round_to_precision_: the tensor is undefined; pass one that holds data");
+  TORCH_CHECK_TYPE(t.is_floating_point(), "nanguard::round_to_precision_: needs a floating-point tensor, got ",
+                   t.scalar_type());
   callback_scope no_recursion;
   at::Tensor values = t.detach();  // shares storage: rounds t itself, outside autograd
   values.copy_(values.to(dtype));
@@ -651,8 +665,9 @@ autocast::autocast(at::DeviceType device, at::ScalarType dtype)
     : device_(device),
       was_enabled_(at::autocast::is_autocast_enabled(device)),
       previous_dtype_(at::autocast::get_autocast_dtype(device)) {
-  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kHalf, "nanguard::autocast: autocast runs in BFloat16 or "
-              "Half, got ", c10::toString(dtype), "; pass at::kBFloat16 or at::kHalf");
+  TORCH_CHECK_TYPE(dtype == at::kBFloat16 || dtype == at::kHalf,
+                   "nanguard::autocast: autocast runs in BFloat16 or Half, got ", c10::toString(dtype),
+                   "; pass at::kBFloat16 or at::kHalf");
   at::autocast::set_autocast_dtype(device, dtype);
   at::autocast::set_autocast_enabled(device, true);
 }

@@ -56,6 +56,10 @@ struct Module;
 
 namespace nanguard {
 
+namespace detail {
+struct observer_access;  // detail/observer_slot.h
+}  // namespace detail
+
 /// Largest finite float16 value.
 constexpr double fp16_max = 65504.0;
 /// Smallest normal float16 value (2^-14); below it values are subnormal or zero.
@@ -179,7 +183,7 @@ class precision_advisor {
 
  private:
   struct state;
-  friend struct advisor_callbacks;  // precision.cpp's RecordFunction callbacks share the state
+  friend struct detail::observer_access;  // its RecordFunction callbacks share the state
   std::unique_ptr<state> state_;
 };
 
@@ -226,7 +230,7 @@ class precision_emulator {
 
  private:
   struct state;
-  friend struct emulator_callbacks;  // precision.cpp's RecordFunction callbacks share the state
+  friend struct detail::observer_access;  // its RecordFunction callbacks share the state
   std::unique_ptr<state> state_;
 };
 

@@ -43,6 +43,10 @@ class Module;
 
 namespace nanguard {
 
+namespace detail {
+struct observer_access;  // detail/observer_slot.h
+}  // namespace detail
+
 /// Non-finite values an op may produce on purpose (e.g. a -inf attention mask).
 struct allow_rule {
   /// Glob on the op name ("aten::masked_fill*"); empty matches every op.
@@ -164,7 +168,7 @@ class tracer {
 
  private:
   struct state;
-  friend struct tracer_callbacks;  // tracer.cpp's RecordFunction callbacks share the state
+  friend struct detail::observer_access;  // its RecordFunction callbacks share the state
   std::unique_ptr<state> state_;
 };
 

@@ -24,8 +24,8 @@ cu::element_type element_type_of(const at::Tensor& x) {
     case at::kHalf: return cu::element_type::f16;
     case at::kBFloat16: return cu::element_type::bf16;
     default:
-      TORCH_CHECK(false, "nanguard: the CUDA census reads float32, float64, float16 or bfloat16 but got ",
-                  x.scalar_type(), " with shape ", x.sizes(), "; convert with x.to(at::kFloat)");
+      TORCH_CHECK_TYPE(false, "nanguard: the CUDA census reads float32, float64, float16 or bfloat16 but got ",
+                       x.scalar_type(), " with shape ", x.sizes(), "; convert with x.to(at::kFloat)");
   }
 }
 

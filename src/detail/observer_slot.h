@@ -53,6 +53,14 @@ class callback_scope {
   bool was_;
 };
 
+/// How an observer's RecordFunction callbacks (free functions: ATen takes
+/// plain function pointers) reach its private state: the observer's class
+/// (tracer, precision_advisor, precision_emulator) befriends this.
+struct observer_access {
+  template <class Observer>
+  using state = typename Observer::state;
+};
+
 template <class State>
 class observer_slot {
  public:
@@ -82,10 +90,17 @@ class observer_slot {
     observer_ = observer;
   }
 
-  /// Registers `callback` with ATen; nothing when it already is.
-  void install(at::RecordFunctionCallback callback) {
+  /// Registers `start` and `end` with ATen for the ops (and, with
+  /// `autograd_nodes`, the backward nodes) run, handed their inputs and
+  /// outputs; nothing when they already are.
+  void install(at::RecordFunctionCallback::StartCallback start, at::RecordFunctionCallback::EndCallback end,
+               bool autograd_nodes) {
     if (handle_) return;
     check_on_own_thread("resume");
+    at::RecordFunctionCallback callback(start, end);
+    callback.needsInputs(true).needsOutputs(true);
+    if (autograd_nodes) callback.scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION});
+    else callback.scopes({at::RecordScope::FUNCTION});
     handle_ = all_threads_ ? at::addGlobalCallback(std::move(callback))
                            : at::addThreadLocalCallback(std::move(callback));
   }
@@ -99,7 +114,11 @@ class observer_slot {
   }
 
   bool installed() const { return handle_.has_value(); }
-  at::CallbackHandle handle() const { return handle_.value(); }  ///< while installed
+  /// Its callback's handle. REQUIRES: installed().
+  at::CallbackHandle handle() const {
+    TORCH_INTERNAL_ASSERT(handle_, name_, ": no callback installed");
+    return *handle_;
+  }
 
   /// The observer watching the calling thread: its own, else the
   /// all-threads one; on a thread with no slot (an autograd device thread),

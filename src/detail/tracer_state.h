@@ -1,0 +1,308 @@
+// tracer_state.h — the tracer's private state, and the records of the ops
+// it watches: shared by its RecordFunction callbacks (tracer.cpp), its
+// findings (tracer_findings.cpp) and its deferred path (tracer_deferred.cpp).
+#pragma once
+
+#include "nanguard/nonfinite_record.h"
+#include "nanguard/tracer.h"
+
+#include "observer_slot.h"
+#include "op_traits.h"
+#include "range_rules.h"
+
+#include <ATen/record_function.h>
+#include <c10/util/SmallVector.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace nanguard::detail {
+
+/// The tracer's state, as its callbacks (plain function pointers) reach it.
+using tracer_state = observer_access::state<tracer>;
+
+// The owner of a dotted name: "encoder.0.weight" -> "encoder.0".
+inline std::string_view parent_of(std::string_view name) {
+  const size_t dot = name.rfind('.');
+  return dot == std::string_view::npos ? std::string_view() : name.substr(0, dot);
+}
+
+// Where an op ran, kept per op without building strings; resolved to a
+// dotted module path only when a finding needs it (see module_of).
+struct module_ref {
+  std::string scripted;                      // TorchScript's hierarchy, inside scripted code
+  const std::string* parameter = nullptr;    // a parameter it reads, owned by the open scope
+  std::shared_ptr<const std::string> scope;  // the open scope
+
+  std::string path() const {
+    if (!scripted.empty()) return scripted;
+    if (parameter) return std::string(parent_of(*parameter));
+    return scope ? *scope : "";
+  }
+};
+
+// A forward op as the findings of its backward nodes name it.
+struct forward_record {
+  std::string op;  // owned: a Python autograd.Function's name dies with its call
+  module_ref module;
+  int nonfinite_record = -1;  // the finding record of its non-finite output, if any
+};
+
+// An autograd node being run on this thread.
+struct node_frame {
+  std::string name;
+  int64_t sequence_nr;
+};
+
+// An autograd node's start callback pushed a node_frame.
+struct node_context : at::ObserverContext {};
+
+// An op as a finding names it: what it was handed and where it ran.
+struct op_frame {
+  const char* op = "";
+  const op_traits* traits = nullptr;
+  c10::SmallVector<at::Tensor, 4> inputs;
+  c10::SmallVector<int, 4> argument_of;  // inputs[k] came from the op's argument argument_of[k]
+  // With keep_inputs: copies of the inputs the op writes, taken before it runs.
+  c10::SmallVector<at::Tensor, 1> values_before;
+  module_ref module;
+};
+
+// What a start callback hands its end callback.
+struct op_context : at::ObserverContext, op_frame {
+  // Inputs the op writes (in-place self, or the same tensor as an out=
+  // buffer): whether each held a NaN or Inf before the op; -1 for the rest.
+  c10::SmallVector<int8_t, 4> nonfinite_before;
+  // Deferred: where the record's read of those old values will be written
+  // (null for the rest); nonfinite_before is read from it on the way out.
+  c10::SmallVector<std::shared_ptr<int8_t>, 1> before_cells;
+  c10::SmallVector<maybe_range, 1> output_ranges;  // by output index, from the op's range rule
+  uint64_t memo_writes = 0;  // this thread's range_memo::writes() as the op started (writes_unreturned)
+  at::CallbackHandle sealed = 0;         // the tracer's callback, disabled while this op runs
+  bool deferred = false;                 // checked on the deferred path (see deferred_check)
+};
+
+// Where an op ran, as its end callback sees it: what a finding names. On
+// the eager path read from the RecordFunction and this thread's stacks; on
+// the deferred path from a deferred_op, kept until the record is read.
+struct op_site {
+  const char* name = "";
+  int64_t seq_nr = -1;
+  bool function_scope = false;           // a FUNCTION-scope record (an op, not a node)
+  uint64_t thread = 0;
+  c10::ArrayRef<c10::IValue> outputs;
+  const node_frame* node = nullptr;      // the autograd node being run; nullptr forward
+  c10::ArrayRef<const op_frame*> stack;  // the ops running around it, outermost first
+};
+
+// A node that ran in the current backward pass (see check_node_inputs).
+struct ran_node {
+  std::weak_ptr<torch::autograd::Node> node;
+  std::string name;
+  int64_t sequence_nr;
+};
+
+// An op whose checks are deferred: its context and site, copied out of
+// the callbacks (whose stacks and RecordFunction are gone by the time the
+// record is read) and kept, with its tensors, until then.
+struct deferred_op {
+  op_context ctx;
+  std::string name;  // owned: ctx.op and site().name point here
+  int64_t seq_nr = -1;
+  bool function_scope = false;
+  uint64_t thread = 0;
+  std::vector<c10::IValue> outputs;
+  std::optional<node_frame> node;
+  std::vector<op_frame> enclosing;  // copies of the ops around it (reserved: addresses stay)
+  std::vector<std::string> enclosing_names;
+  std::vector<const op_frame*> stack;
+  std::optional<ran_node> sender;  // a node input's sender (see on_nonfinite_node_input)
+
+  op_site site() const {
+    return {name.c_str(), seq_nr, function_scope, thread, outputs, node ? &*node : nullptr, stack};
+  }
+};
+
+// Names of tensors by their TensorImpl. The weak reference keeps the impl's
+// memory from being reused while named (so a new tensor at the same address
+// cannot inherit the name) and tells whether the tensor is still alive.
+class tensor_names {
+  using weak_impl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
+ public:
+  void set(const at::Tensor& t, std::string name) {
+    names_.insert_or_assign(t.unsafeGetTensorImpl(), entry{weak_impl(t.getIntrusivePtr()), std::move(name)});
+  }
+  /// The name of the live tensor `impl`, or nullptr.
+  const std::string* find(const c10::TensorImpl* impl) const {
+    const auto it = names_.find(impl);
+    return it == names_.end() || it->second.tensor.expired() ? nullptr : &it->second.name;
+  }
+
+ private:
+  struct entry {
+    weak_impl tensor;
+    std::string name;
+  };
+  std::unordered_map<const c10::TensorImpl*, entry> names_;
+};
+
+// What the tracer knows of a non-finite tensor it saw made: the record of
+// the chain its values belong to, and whether it holds NaN.
+struct taint {
+  int record = 0;
+  bool nan = false;
+};
+
+// Tensors marked by their data (an output already in a finding, one whose
+// non-finite values are allowed), for as long as that data lives: a freed
+// buffer's address comes back for new tensors, which must not inherit the
+// mark. The weak reference keeps the storage's own address from going to a
+// new storage and tells whether the marked one is still alive.
+class marked_data {
+  using weak_storage = c10::weak_intrusive_ptr<c10::StorageImpl>;
+  struct mark {
+    weak_storage storage;
+    taint what;
+  };
+
+ public:
+  void insert(const at::TensorBase& t, taint what = {}) {
+    if (t.has_storage())
+      marks_.insert_or_assign(t.data_ptr(), mark{weak_storage::reclaim_copy(t.storage().unsafeGetStorageImpl()), what});
+  }
+  /// What `t` was marked with, or nullptr.
+  const taint* find(const at::TensorBase& t) const {
+    if (!t.has_storage()) return nullptr;
+    const auto it = marks_.find(t.data_ptr());
+    const bool live = it != marks_.end() && !it->second.storage.expired() &&
+                      it->second.storage._unsafe_get_target() == t.storage().unsafeGetStorageImpl();
+    return live ? &it->second.what : nullptr;
+  }
+  bool contains(const at::TensorBase& t) const { return find(t) != nullptr; }
+  void clear() { marks_.clear(); }
+
+ private:
+  std::unordered_map<const void*, mark> marks_;
+};
+
+// A finding as recorded, before the step shows whether its values mattered.
+struct finding_record {
+  nanguard::finding finding;
+  int origin;                     // the record of the producer or input its values descend from (itself for those)
+  bool judged = false;            // (origins) a leaf received a gradient since it was recorded
+  bool reached = false;           // (origins) its non-finite values reached the loss or a leaf's gradient
+};
+
+// What the deferred path enqueued on its record (a tensor's check), or an
+// event of the backward pass that judges findings, in the order the eager
+// path would have run them; replayed so once the record is read.
+struct deferred_check {
+  enum class kind {
+    output,      // an op's output (or an input it wrote without returning it)
+    old_values,  // what an op is about to overwrite
+    node_input,  // a gradient handed to an autograd node
+    loss,        // a backward pass starts at `sequence_nr` (see reach_from_loss)
+    leaf,        // a leaf received its gradient: every record is judged
+  };
+  explicit deferred_check(kind what, std::shared_ptr<deferred_op> op = nullptr, at::Tensor tensor = {})
+      : what(what), op(std::move(op)), tensor(std::move(tensor)) {}
+
+  kind what;
+  std::shared_ptr<deferred_op> op;  // output, node_input
+  at::Tensor tensor;                // output, old_values, node_input
+  int64_t ordinal = -1;             // the tensor's position in the record (set: an earlier check's)
+  int index = 0;                    // output: its index (kWrittenArgument); node_input: its input
+  bool into_leaf = false;           // node_input: of an AccumulateGrad
+  int64_t sequence_nr = -1;         // loss
+  std::shared_ptr<int8_t> before;   // old_values: where to write whether they were non-finite
+};
+
+// The autograd nodes being run on this thread, innermost last.
+inline std::vector<node_frame>& node_stack() {
+  thread_local std::vector<node_frame> stack;
+  return stack;
+}
+
+// The ops running on this thread, outermost first: a composite op (aten::mean)
+// runs others inside it, not all of them recorded.
+inline std::vector<const op_frame*>& op_stack() {
+  thread_local std::vector<const op_frame*> stack;
+  return stack;
+}
+
+inline constexpr char kEngineFrame[] = "autograd::engine::evaluate_function: ";
+
+// True for the engine's frame; the first two characters turn away every
+// aten:: op before the whole prefix is compared.
+inline bool is_engine_frame(const char* name) {
+  return name[0] == 'a' && name[1] == 'u' && std::strncmp(name, kEngineFrame, sizeof(kEngineFrame) - 1) == 0;
+}
+
+// Whether an op's output can hold values that no check has seen. Outputs
+// the schema calls new can still alias an input (aten::_unsafe_view).
+inline bool holds_new_values(output_kind kind, const at::Tensor& out, const op_context& ctx) {
+  if (kind == output_kind::view) return false;
+  if (kind == output_kind::written || ctx.traits->inplace) return true;
+  for (const auto& in : ctx.inputs)
+    if (out.is_alias_of(in)) return false;
+  return true;
+}
+
+// on_nonfinite_output's output index for a tensor the op wrote without
+// returning it: the finding lists it after the outputs.
+inline constexpr int kWrittenArgument = -1;
+
+// What a scan reads for an op.
+enum class scanned { output, old_values, parameter, node_input };
+
+// Counts a read of `t` for `op` in the tracer's cost, when measured.
+void count_scan(tracer_state& st, const at::Tensor& t, const char* op, scanned what);
+
+}  // namespace nanguard::detail
+
+namespace nanguard {
+
+// What a tracer holds: its options and findings, what it knows of the
+// step's ops and tensors, its cost, and its deferred checks.
+struct tracer::state {
+  tracer_options options;
+  std::mutex mutex;  // the fields below; taken per op, uncontended unless all_threads
+  int64_t step = 0;
+  // Every finding recorded, in order; `findings` is what the step showed
+  // mattered (see publish()), what findings() returns.
+  std::vector<detail::finding_record> records;
+  std::vector<finding> findings;
+  // What the callbacks cost (options.measure_cost only).
+  std::atomic<int64_t> ops{0}, scans{0}, scanned_bytes{0}, nanoseconds{0}, scan_nanoseconds{0};
+  std::unordered_map<std::string, tracer_op_scans> scans_by_op;  // under mutex
+  detail::tensor_names parameters;
+  detail::tensor_names named;
+  std::unordered_map<int64_t, detail::forward_record> forward_ops;  // by sequence number (remember_forward_op)
+  std::vector<int64_t> forward_order;                       // their sequence numbers, oldest first from forward_next
+  size_t forward_next = 0;
+  detail::marked_data allowed;   // outputs holding intentional non-finite values
+  detail::marked_data reported;  // non-finite outputs seen, marked with the record of their origin
+  // The deferred path (see settle): its record, what it holds until read,
+  // and the bytes of the tensors checked; under deferred_mutex, taken
+  // before `mutex` when both are.
+  std::mutex deferred_mutex;
+  nonfinite_record pending_record{record_options().stats(true)};
+  std::vector<detail::deferred_check> pending;
+  int64_t pending_bytes = 0;
+  // The outputs checked since the last read (held by `pending`, so their
+  // addresses are theirs), by TensorImpl: their version then, and position.
+  std::unordered_map<const c10::TensorImpl*, std::pair<int64_t, int64_t>> checked_outputs;
+  detail::observer_slot<state> slot{"nanguard::tracer"};  // last: uninstalled before the rest goes
+};
+
+}  // namespace nanguard
