@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <type_traits>
 
 namespace nanguard {
 namespace {
@@ -18,49 +19,22 @@ json number(double v) { return detail::json_number(v); }
 using detail::json_field;
 const std::string kWhere = "nanguard::finding_from_json";
 
+// A field of tensor_stats in JSON: a count as it is, a value as json_number.
+json field_json(int64_t count) { return count; }
+json field_json(double value) { return number(value); }
+
 json stats_json(const tensor_stats& s) {
-  return {{"numel", s.numel},
-          {"nan", s.nan},
-          {"pos_inf", s.pos_inf},
-          {"neg_inf", s.neg_inf},
-          {"finite", s.finite},
-          {"zeros", s.zeros},
-          {"subnormal", s.subnormal},
-          {"min", number(s.min)},
-          {"max", number(s.max)},
-          {"mean", number(s.mean)},
-          {"std", number(s.std)},
-          {"l2_norm", number(s.l2_norm)},
-          {"absmax", number(s.absmax)},
-          {"fp16_overflow", s.fp16_overflow},
-          {"fp16_underflow", s.fp16_underflow},
-          {"bf16_overflow", s.bf16_overflow},
-          {"first_nonfinite_index", s.first_nonfinite_index},
-          {"first_nonfinite_value", number(s.first_nonfinite_value)}};
+  json j = json::object();
+  for_each_stats_field([&](const char* name, auto field) { j[name] = field_json(s.*field); });
+  return j;
 }
 
 tensor_stats stats_from(const json& j) {
-  const auto count = [&](const char* key) { return json_field<int64_t>(j, key, kWhere); };
-  const auto value = [&](const char* key) { return json_field<double>(j, key, kWhere); };
   tensor_stats s;
-  s.numel = count("numel");
-  s.nan = count("nan");
-  s.pos_inf = count("pos_inf");
-  s.neg_inf = count("neg_inf");
-  s.finite = count("finite");
-  s.zeros = count("zeros");
-  s.subnormal = count("subnormal");
-  s.min = value("min");
-  s.max = value("max");
-  s.mean = value("mean");
-  s.std = value("std");
-  s.l2_norm = value("l2_norm");
-  s.absmax = value("absmax");
-  s.fp16_overflow = count("fp16_overflow");
-  s.fp16_underflow = count("fp16_underflow");
-  s.bf16_overflow = count("bf16_overflow");
-  s.first_nonfinite_index = count("first_nonfinite_index");
-  s.first_nonfinite_value = value("first_nonfinite_value");
+  for_each_stats_field([&](const char* name, auto field) {
+    using value_type = std::remove_reference_t<decltype(s.*field)>;
+    s.*field = json_field<value_type>(j, name, kWhere);
+  });
   return s;
 }
 

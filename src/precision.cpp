@@ -67,17 +67,6 @@ bool under_any(const std::string& module, const std::vector<std::string>& paths)
   return false;
 }
 
-void add(value_range& r, const tensor_stats& s) {
-  r.tensors += 1;
-  r.values += s.numel;
-  r.nonfinite += s.nonfinite();
-  r.zeros += s.zeros;
-  r.fp16_overflow += s.fp16_overflow;
-  r.fp16_underflow += s.fp16_underflow;
-  r.bf16_overflow += s.bf16_overflow;
-  r.absmax = std::max(r.absmax, s.absmax);
-}
-
 void add(value_range& r, const value_range& o) {
   r.tensors += o.tensors;
   r.values += o.values;
@@ -87,6 +76,11 @@ void add(value_range& r, const value_range& o) {
   r.fp16_underflow += o.fp16_underflow;
   r.bf16_overflow += o.bf16_overflow;
   r.absmax = std::max(r.absmax, o.absmax);
+}
+
+// What the advisor keeps of one tensor's census.
+value_range range_of(const tensor_stats& s) {
+  return {1, s.numel, s.nonfinite(), s.zeros, s.fp16_overflow, s.fp16_underflow, s.bf16_overflow, s.absmax};
 }
 
 // What a start callback hands its end callback (both observers).
@@ -248,7 +242,7 @@ void advisor_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
       if (is_alias(*ctx, out, inplace)) continue;
       const tensor_stats s = census(out);
       std::lock_guard<std::mutex> lock(st->mutex);
-      add(st->ops[{ctx->module, dir, fn.name()}], s);
+      add(st->ops[{ctx->module, dir, fn.name()}], range_of(s));
       if (dir == 1) add_histogram(st->backward_histograms[ctx->module], out);
       if (!s.all_finite() && st->first_nonfinite.empty())
         st->first_nonfinite = fmt::format("{} ({}) in {}", fn.name(), dir ? "backward" : "forward",
@@ -262,7 +256,7 @@ void add_gradient(advisor_state& st, const std::string& name, const at::Tensor& 
   const tensor_stats s = census(grad);
   gradient_precision& g = st.gradients[name];
   g.parameter = name;
-  add(g.values, s);
+  add(g.values, range_of(s));
   const double mn = add_histogram(st.gradient_histogram, grad);
   if (mn > 0) g.min_nonzero_abs = g.min_nonzero_abs == 0 ? mn : std::min(g.min_nonzero_abs, mn);
 }

@@ -56,6 +56,35 @@ struct tensor_stats {
   bool all_finite() const { return nonfinite() == 0; }
 };
 
+/// Calls `visit(name, field)` for each field of tensor_stats, in order;
+/// `field` is a pointer to an int64_t or a double member. The one list of
+/// the fields by name, for whatever writes or reads them all (a finding's
+/// JSON, the Python module's TensorStats), so that a new field reaches each.
+///
+///   const nanguard::tensor_stats s = nanguard::census(x);
+///   nanguard::for_each_stats_field([&](const char* name, auto field) { std::cout << name << '=' << s.*field; });
+template <typename Visit>
+void for_each_stats_field(Visit&& visit) {
+  visit("numel", &tensor_stats::numel);
+  visit("nan", &tensor_stats::nan);
+  visit("pos_inf", &tensor_stats::pos_inf);
+  visit("neg_inf", &tensor_stats::neg_inf);
+  visit("finite", &tensor_stats::finite);
+  visit("zeros", &tensor_stats::zeros);
+  visit("subnormal", &tensor_stats::subnormal);
+  visit("min", &tensor_stats::min);
+  visit("max", &tensor_stats::max);
+  visit("mean", &tensor_stats::mean);
+  visit("std", &tensor_stats::std);
+  visit("l2_norm", &tensor_stats::l2_norm);
+  visit("absmax", &tensor_stats::absmax);
+  visit("fp16_overflow", &tensor_stats::fp16_overflow);
+  visit("fp16_underflow", &tensor_stats::fp16_underflow);
+  visit("bf16_overflow", &tensor_stats::bf16_overflow);
+  visit("first_nonfinite_index", &tensor_stats::first_nonfinite_index);
+  visit("first_nonfinite_value", &tensor_stats::first_nonfinite_value);
+}
+
 /// Gathers `tensor_stats` of `x` in one vectorised, parallel pass.
 ///
 /// REQUIRES: `x` is float32, float64, float16 or bfloat16; it may be any
