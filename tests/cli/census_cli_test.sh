@@ -18,6 +18,8 @@ torch.save(torch.tensor([1 + 1j, complex(0.0, float("nan"))]), "complex_nan.pt")
 torch.save(torch.tensor([1 + 1j, 2 - 1j]), "complex.pt")
 torch.save(torch.arange(4), "int.pt")
 torch.save(torch.tensor([True, False]), "bool.pt")
+torch.save(torch.eye(3).to_sparse(), "sparse.pt")
+torch.save(torch.tensor([1.0, 2.0]).to(torch.float8_e4m3fn), "float8.pt")
 PY
 
 # Finite float and complex data; integer and bool data are always finite.
@@ -41,6 +43,14 @@ case_nan_and_inf() {
   expect 'nan=1 +inf=1'
 }
 
-run_cases finite_and_always_finite_types complex_nan nan_and_inf
+# Tensors LibTorch cannot load: what they are and what to save instead (#41).
+case_tensors_libtorch_cannot_load() {
+  run 2 "$NANGUARD" census sparse.pt
+  expect "'sparse.pt' holds a sparse tensor (or another non-strided layout), which LibTorch cannot load; save t.to_dense()"
+  run 2 "$NANGUARD" census float8.pt
+  expect "'float8.pt' holds a tensor of a dtype LibTorch cannot load (float8, uint16, ...); save t.float()"
+}
+
+run_cases finite_and_always_finite_types complex_nan nan_and_inf tensors_libtorch_cannot_load
 
 exit $(( failures > 0 ))

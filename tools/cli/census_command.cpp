@@ -20,7 +20,15 @@ at::Tensor load_tensor(const std::string& path) {
   c10::IValue value;
   try {
     value = torch::jit::pickle_load(bytes);
-  } catch (const c10::Error&) {
+  } catch (const c10::Error& e) {
+    // What torch.save writes for tensors that LibTorch's unpickler cannot rebuild.
+    const std::string why = e.what_without_backtrace();
+    if (why.find("_get_layout") != std::string::npos)
+      throw usage_error(fmt::format("'{}' holds a sparse tensor (or another non-strided layout), which LibTorch "
+                                    "cannot load; save t.to_dense()", path));
+    if (why.find("_rebuild_tensor_v3") != std::string::npos)
+      throw usage_error(fmt::format("'{}' holds a tensor of a dtype LibTorch cannot load (float8, uint16, ...); "
+                                    "save t.float()", path));
     throw usage_error(fmt::format(
         "'{}' is not a tensor saved with torch.save(tensor, path) (or torch::pickle_save)", path));
   }
