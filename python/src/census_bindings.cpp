@@ -6,54 +6,23 @@
 #include <nanguard/observer_pause.h>
 #include <nanguard/tracer.h>
 
+#include <type_traits>
+
 namespace {
 
 /// The tensor_stats a stats_dict() holds (the fields a shard's census sends to the others).
 nanguard::tensor_stats stats_from_dict(const py::dict& d) {
   nanguard::tensor_stats s;
-  const auto count = [&](const char* k) { return static_cast<int64_t>(d[k].cast<double>()); };
-  const auto value = [&](const char* k) { return d[k].cast<double>(); };
-  s.numel = count("numel");
-  s.nan = count("nan");
-  s.pos_inf = count("pos_inf");
-  s.neg_inf = count("neg_inf");
-  s.finite = count("finite");
-  s.zeros = count("zeros");
-  s.subnormal = count("subnormal");
-  s.min = value("min");
-  s.max = value("max");
-  s.mean = value("mean");
-  s.std = value("std");
-  s.l2_norm = value("l2_norm");
-  s.absmax = value("absmax");
-  s.fp16_overflow = count("fp16_overflow");
-  s.fp16_underflow = count("fp16_underflow");
-  s.bf16_overflow = count("bf16_overflow");
-  s.first_nonfinite_index = count("first_nonfinite_index");
-  s.first_nonfinite_value = value("first_nonfinite_value");
+  nanguard::for_each_stats_field([&](const char* name, auto field) {
+    using value_type = std::remove_reference_t<decltype(s.*field)>;
+    s.*field = static_cast<value_type>(d[name].cast<double>());  // counts may come as floats
+  });
   return s;
 }
 
 py::dict stats_dict(const nanguard::tensor_stats& s) {
   py::dict d;
-  d["numel"] = s.numel;
-  d["nan"] = s.nan;
-  d["pos_inf"] = s.pos_inf;
-  d["neg_inf"] = s.neg_inf;
-  d["finite"] = s.finite;
-  d["zeros"] = s.zeros;
-  d["subnormal"] = s.subnormal;
-  d["min"] = s.min;
-  d["max"] = s.max;
-  d["mean"] = s.mean;
-  d["std"] = s.std;
-  d["l2_norm"] = s.l2_norm;
-  d["absmax"] = s.absmax;
-  d["fp16_overflow"] = s.fp16_overflow;
-  d["fp16_underflow"] = s.fp16_underflow;
-  d["bf16_overflow"] = s.bf16_overflow;
-  d["first_nonfinite_index"] = s.first_nonfinite_index;
-  d["first_nonfinite_value"] = s.first_nonfinite_value;
+  nanguard::for_each_stats_field([&](const char* name, auto field) { d[name] = s.*field; });
   return d;
 }
 
@@ -63,26 +32,9 @@ namespace nanguard::python {
 
 /// census, has_nonfinite, census_many, check_many, mark_written and their results.
 void bind_census(py::module_& m) {
-  py::class_<nanguard::tensor_stats>(m, "TensorStats", "One-pass statistics of a tensor (census).")
-      .def_readonly("numel", &nanguard::tensor_stats::numel)
-      .def_readonly("nan", &nanguard::tensor_stats::nan)
-      .def_readonly("pos_inf", &nanguard::tensor_stats::pos_inf)
-      .def_readonly("neg_inf", &nanguard::tensor_stats::neg_inf)
-      .def_readonly("finite", &nanguard::tensor_stats::finite)
-      .def_readonly("zeros", &nanguard::tensor_stats::zeros)
-      .def_readonly("subnormal", &nanguard::tensor_stats::subnormal)
-      .def_readonly("min", &nanguard::tensor_stats::min)
-      .def_readonly("max", &nanguard::tensor_stats::max)
-      .def_readonly("mean", &nanguard::tensor_stats::mean)
-      .def_readonly("std", &nanguard::tensor_stats::std)
-      .def_readonly("l2_norm", &nanguard::tensor_stats::l2_norm)
-      .def_readonly("absmax", &nanguard::tensor_stats::absmax)
-      .def_readonly("fp16_overflow", &nanguard::tensor_stats::fp16_overflow)
-      .def_readonly("fp16_underflow", &nanguard::tensor_stats::fp16_underflow)
-      .def_readonly("bf16_overflow", &nanguard::tensor_stats::bf16_overflow)
-      .def_readonly("first_nonfinite_index", &nanguard::tensor_stats::first_nonfinite_index)
-      .def_readonly("first_nonfinite_value", &nanguard::tensor_stats::first_nonfinite_value)
-      .def_property_readonly("nonfinite", &nanguard::tensor_stats::nonfinite, "NaN and Inf elements.")
+  py::class_<nanguard::tensor_stats> stats(m, "TensorStats", "One-pass statistics of a tensor (census).");
+  nanguard::for_each_stats_field([&](const char* name, auto field) { stats.def_readonly(name, field); });
+  stats.def_property_readonly("nonfinite", &nanguard::tensor_stats::nonfinite, "NaN and Inf elements.")
       .def("all_finite", &nanguard::tensor_stats::all_finite, "True when every element is finite.")
       .def("to_dict", &stats_dict, "Every field as a dict.")
       .def_static("from_dict", &stats_from_dict, py::arg("fields"),
