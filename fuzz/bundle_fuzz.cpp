@@ -21,7 +21,7 @@ std::filesystem::path write_valid_bundle() {
   b.step = 7;
   b.lr = 1e-3;
   b.loss = std::nan("");
-  b.policy = "abort";
+  b.policy = nanguard::policy::abort;
   b.batch = {at::arange(6, at::kFloat).reshape({2, 3}), at::tensor({1, 0}, at::kLong)};
   b.rng_state = at::zeros({16}, at::kByte);
   b.culprit_inputs = {at::zeros({3})};
