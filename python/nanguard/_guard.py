@@ -7,6 +7,7 @@ so that a Python run behaves, logs and bundles as a C++ one, and
 ``nanguard report``, ``inspect`` and ``replay`` read it.
 """
 import atexit
+import inspect
 import json
 import weakref
 from dataclasses import dataclass, field
@@ -246,6 +247,11 @@ class Guard:
             raise ValueError("nanguard.Guard: the optimizer holds none of the model's trainable parameters, so "
                              "no step would change the model; build it from this model's parameters, e.g. "
                              "torch.optim.AdamW(model.parameters())")
+        if any(p.is_meta for p in model.parameters()):
+            raise ValueError("nanguard.Guard: the model's parameters are on the meta device and hold no values; "
+                             "materialize them first, e.g. model.to_empty(device='cpu') then initialize them")
+        closure = inspect.signature(optimizer.step).parameters.get("closure")
+        self._needs_closure = closure is not None and closure.default is inspect.Parameter.empty
         if event_log:
             open(event_log, "w", encoding="utf-8").close()  # unwritable: the OSError Python raises
         if isinstance(schedule, dict):
@@ -300,6 +306,10 @@ class Guard:
             guard.step_accumulated(lambda x, y: F.cross_entropy(model(x), y),
                                    [(x[i:i + 8], y[i:i + 8]) for i in range(0, 32, 8)])
         """
+        if self._needs_closure:  # LBFGS: a framework that steps it itself can still check() its steps
+            raise TypeError(f"nanguard.Guard.step: {type(self.optimizer).__name__}.step needs a closure (it "
+                            "evaluates the loss several times per step), and the guard steps once on the gradients "
+                            "it checked: use a first-order optimizer such as torch.optim.SGD or AdamW")
         calls = [_call_of(mb) for mb in micro_batches]
         if not calls:
             raise ValueError("nanguard.Guard.step_accumulated: micro_batches is empty; pass at least one "

@@ -101,3 +101,17 @@ def test_wrong_guard_options_name_the_option(options, error, message):
 def test_trace_of_something_not_a_module_is_a_type_error():
     with pytest.raises(TypeError, match="nanguard.trace: model must be an nn.Module .* got str"):
         nanguard.trace("model")
+
+
+def test_a_model_on_the_meta_device_is_a_value_error():
+    model = nn.Linear(4, 1, device="meta")
+    with pytest.raises(ValueError, match="on the meta device and hold no values; materialize them first"):
+        nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_an_optimizer_that_needs_a_closure_is_a_type_error():
+    model = nn.Linear(4, 1)
+    guard = nanguard.Guard(model, torch.optim.LBFGS(model.parameters()))
+    x, y = batch()
+    with pytest.raises(TypeError, match=r"Guard.step: LBFGS.step needs a closure .* use a first-order optimizer"):
+        guard.step(lambda: F.mse_loss(model(x), y))
