@@ -129,6 +129,21 @@ def test_a_log_of_zero_in_the_model_is_skipped_and_named(tmp_path):
     assert events(tmp_path / "events.jsonl")[3]["findings"][0]["op"] == "aten::log"
 
 
+def test_a_compiled_model_is_guarded_and_named_without_orig_mod(tmp_path):
+    """torch_compile=True: the Trainer runs the compiled model; the bad batch's
+    replay runs it eagerly and names the op and module as on the eager model."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    model = tiny_bert()
+    cb = NanGuardCallback(policy="skip", event_log=tmp_path / "events.jsonl")
+    train(tmp_path, model, [cb], data=Embedded(nan_at=13), torch_compile=True)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # it did run compiled
+    assert len(cb.bad_steps) == 1 and cb.bad_steps[0].verdict == "reproduced", cb.bad_steps
+    f = cb.bad_steps[0].finding
+    assert f is not None and f.module.startswith("bert.embeddings") and f.cause == "bad_data", f
+    assert finite_params(model) and math.isfinite(final_loss(model))
+
+
 def test_without_the_callback_the_planted_bug_poisons_the_model(tmp_path):
     """The control of the tests above: the same run without nanguard ends non-finite."""
     model = tiny_bert()
