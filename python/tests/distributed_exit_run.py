@@ -47,4 +47,9 @@ def main(rank, store, dead_rank):
 
 
 if __name__ == "__main__":
-    mp.spawn(main, args=(sys.argv[1], "--dead-rank" in sys.argv), nprocs=2)
+    # Every rank is joined: spawn's own join ends rank 0 with SIGTERM as soon
+    # as rank 1 dies, before rank 0 can report the error its step raised.
+    ranks = mp.spawn(main, args=(sys.argv[1], "--dead-rank" in sys.argv), nprocs=2, join=False)
+    for p in ranks.processes:
+        p.join()
+    sys.exit(next((p.exitcode for p in ranks.processes if p.exitcode), 0))
