@@ -332,7 +332,7 @@ struct guard::impl {
     } catch (const interrupted&) {
       throw;
     } catch (const std::exception& ex) {
-      add_note(e.note, std::string("bisecting the compiled model failed: ") + ex.what());
+      add_note(e.note, "bisecting the compiled model failed: " + message_of(ex));
     }
   }
 
@@ -461,10 +461,8 @@ struct guard::impl {
   // but whose reduced ones are not: says where the NaN/Inf came from.
   void note_received(const grad_report& report, step_event& e) const {
     if (report.finite() || e.nonfinite_ranks.empty()) return;
-    std::string ranks;
-    for (int64_t r : e.nonfinite_ranks) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
     add_note(e.note, fmt::format("this rank's own gradients were finite: the NaN/Inf was received from rank {} via "
-                                 "{}", ranks, to_string(collective())));
+                                 "{}", rank_list(e.nonfinite_ranks), to_string(collective())));
   }
 
   // Distributed: the gradient-consistency check when due. Returns whether
