@@ -6,11 +6,18 @@ model and optimizer through a training host (``nanguard::training_host``),
 so that a Python run behaves, logs and bundles as a C++ one, and
 ``nanguard report``, ``inspect`` and ``replay`` read it.
 """
+from __future__ import annotations
+
 import atexit
+import difflib
+import functools
 import inspect
 import json
+import os
 import weakref
 from dataclasses import dataclass, field
+from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple,
+                    TypedDict, TypeVar, Union, cast)
 
 import torch
 
@@ -18,8 +25,22 @@ from . import _compile, _nanguard
 from ._hosts import host_for
 from ._trace import Finding, NonFiniteError
 
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+    from torch.utils.tensorboard import SummaryWriter
+
+    from .tensorboard import StepLogger
+
 #: The guard's policies, from the C++ ``nanguard::policy``.
 POLICIES = _nanguard.POLICIES
+#: A policy's name (``POLICIES``, checked against it by the tests).
+Policy = Literal["skip", "backoff", "rollback", "abort"]
+#: A step's action: "step" (healthy) or the policy that acted ("data": the firewall dropped the batch).
+Action = Literal["step", "skip", "backoff", "rollback", "abort", "data"]
+#: A replay's verdict ("": no replay).
+Verdict = Literal["", "reproduced", "not reproduced", "replay failed", "compiled only"]
+#: A file path as the guard's options take it.
+PathLike = Union[str, "os.PathLike[str]"]
 
 
 @dataclass
@@ -48,28 +69,28 @@ class StepResult:
     step: int
     loss: float
     grad_norm: float
-    action: str
+    action: Action
     skipped: bool
     scale: float
     lr: float
     reason: str = ""
     first_nonfinite_param: str = ""
-    finding: object = None
-    verdict: str = ""
-    spikes: list = field(default_factory=list)
-    nonfinite_params: list = field(default_factory=list)
-    top_norms: list = field(default_factory=list)
+    finding: Optional[Finding] = None
+    verdict: Verdict = ""
+    spikes: List[Tuple[str, float, float]] = field(default_factory=list)
+    nonfinite_params: List[Tuple[str, int]] = field(default_factory=list)
+    top_norms: List[Tuple[str, float]] = field(default_factory=list)
     clip_coef: float = 1.0
     bundle: str = ""
     rollback_to: int = -1
     remedy: str = ""
     note: str = ""
     rank: int = -1
-    nonfinite_ranks: list = field(default_factory=list)
-    _event: dict = field(default_factory=dict, repr=False, compare=False)
+    nonfinite_ranks: List[int] = field(default_factory=list)
+    _event: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def from_event(cls, event_json):
+    def from_event(cls, event_json: str) -> "StepResult":
         """The result of the C++ step event ``event_json``."""
         e = json.loads(event_json)
         bad = [(p["name"], int(p["nonfinite"])) for p in e.get("nonfinite_params", [])]
@@ -78,7 +99,7 @@ class StepResult:
         return cls(step=int(e["step"]), loss=float(e["loss"]), grad_norm=float(e["grad_norm"]), action=e["action"],
                    skipped=bool(e["skipped"]), scale=float(e["scale"]), lr=float(e["lr"]), reason=e.get("reason", ""),
                    first_nonfinite_param=bad[0][0] if bad else "",
-                   finding=Finding(json.dumps(findings[0])) if findings else None,
+                   finding=Finding.from_json(json.dumps(findings[0])) if findings else None,
                    verdict=e.get("verdict", ""),
                    spikes=[(s["series"], float(s["value"]), float(s["z"])) for s in e.get("spikes", [])],
                    nonfinite_params=bad,
@@ -88,28 +109,89 @@ class StepResult:
                    rank=int(e.get("rank", -1)), nonfinite_ranks=[int(r) for r in e.get("nonfinite_ranks", [])],
                    _event=e)
 
-    def to_dict(self):
+    def to_dict(self) -> Dict[str, Any]:
         """The event as the event log holds it (``nanguard::step_event``; NaN
         and Inf as "nan", "inf", "-inf")."""
         return dict(self._event)
 
 
+class LossScaleOptions(TypedDict, total=False):
+    """``Guard(loss_scale={...})``: the arguments of ``LossScaler``."""
+
+    enabled: bool
+    init_scale: float
+    growth_factor: float
+    backoff_factor: float
+    growth_interval: int
+    hysteresis: int
+    min_scale: float
+    max_scale: float
+
+
+class ScheduleOptions(TypedDict, total=False):
+    """``Guard(schedule={...})``: the arguments of ``WarmupCosine`` (base_lr is required)."""
+
+    base_lr: float
+    warmup_steps: int
+    total_steps: int
+    min_lr: float
+
+
 #: The arguments of LossScaler and WarmupCosine, which loss_scale={...} and schedule={...} hold.
-LOSS_SCALE_KEYS = ("enabled", "init_scale", "growth_factor", "backoff_factor", "growth_interval", "hysteresis",
-                   "min_scale", "max_scale")
-SCHEDULE_KEYS = ("base_lr", "warmup_steps", "total_steps", "min_lr")
+LOSS_SCALE_KEYS = tuple(LossScaleOptions.__annotations__)
+SCHEDULE_KEYS = tuple(ScheduleOptions.__annotations__)
 
 
-def _known_keys(option, given, keys):
+def unknown_option_error(where: str, name: str, known: Sequence[str]) -> TypeError:
+    """The TypeError for an option ``name`` that is none of ``known``: it
+    names it, the closest known name and all of them."""
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return TypeError(f"{where}: unknown option {name!r}{hint} (the options are {', '.join(known)})")
+
+
+def _known_keys(option: str, given: Mapping[str, Any], keys: Sequence[str]) -> Dict[str, Any]:
     """``given`` (a dict) when each of its keys is one of ``keys``; else a
     TypeError naming the first unknown key."""
-    unknown = [k for k in dict(given) if k not in keys]
-    if unknown:
-        raise TypeError(f"nanguard.Guard: {option} has no option {unknown[0]!r}; its options are {', '.join(keys)}")
+    for k in dict(given):
+        if k not in keys:
+            raise unknown_option_error(f"nanguard.Guard: {option}", k, keys)
     return dict(given)
 
 
-def _trainable_loss(loss):
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def keyword_options(where: str) -> Callable[[_F], _F]:
+    """Decorates a constructor whose options are keyword-only: a misspelled
+    option is a TypeError that names it and the closest option (Python's
+    own names only the word), and options passed by position a TypeError
+    that says to name them."""
+
+    def decorate(init: _F) -> _F:
+        params = inspect.signature(init).parameters
+        options = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        positional = [n for n, p in params.items() if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+        @functools.wraps(init)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            if len(args) > len(positional):
+                raise TypeError(f"{where}: the options are keyword-only: name them, e.g. {where}(..., "
+                                f"policy='rollback', max_norm=1.0) (got {len(args) - len(positional)} more "
+                                "positional argument(s))")
+            if not takes_any:
+                for name in kwargs:
+                    if name not in params:
+                        raise unknown_option_error(where, name, options)
+            return init(*args, **kwargs)
+
+        return cast(_F, checked)
+
+    return decorate
+
+
+def _trainable_loss(loss: object) -> torch.Tensor:
     """``loss`` when the guard can run backward on it; else a TypeError (not a
     tensor) or a ValueError (a tensor that no gradient flows from)."""
     if not isinstance(loss, torch.Tensor):
@@ -123,7 +205,7 @@ def _trainable_loss(loss):
     return loss
 
 
-def _call_of(micro_batch):
+def _call_of(micro_batch: Any) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
     """``(args, kwargs)`` of one micro-batch: a pair as given, a tuple or list
     of arguments, or a single argument."""
     if isinstance(micro_batch, tuple) and len(micro_batch) == 2 and isinstance(micro_batch[1], dict):
@@ -133,13 +215,13 @@ def _call_of(micro_batch):
     return (micro_batch,), {}
 
 
-def batch_tensors(values):
+def batch_tensors(values: Any) -> List[torch.Tensor]:
     """The tensors in ``values`` (tensors, tuples, lists, dicts, nested), in
     order: the batch the guard names in findings and an abort's bundle
     keeps."""
-    out = []
+    out: List[torch.Tensor] = []
 
-    def walk(v):
+    def walk(v: Any) -> None:
         if isinstance(v, torch.Tensor):
             out.append(v)
         elif isinstance(v, dict):
@@ -232,16 +314,22 @@ class Guard:
     RNG, so that a replay repeats it. Replays restore the CPU RNG.
     """
 
-    def __init__(self, model, optimizer, policy="skip", max_norm=0.0, clip_value=0.0,
-                 loss_scale=False, replay=True, trace_every_step=False, event_log=None, snapshot_every=100,
-                 snapshot_keep=2, rollback_lr_factor=0.5, max_bad_steps=0, bundle_dir=None,
-                 spike_window=50, spike_threshold=8.0, bundle_tags=None, log_top_norms=5, schedule=None,
-                 tensorboard=None, distributed=None):
+    @keyword_options("nanguard.Guard")
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, policy: Policy = "skip",
+                 max_norm: float = 0.0, clip_value: float = 0.0,
+                 loss_scale: Union[bool, LossScaleOptions] = False, replay: bool = True,
+                 trace_every_step: bool = False, event_log: Optional[PathLike] = None, snapshot_every: int = 100,
+                 snapshot_keep: int = 2, rollback_lr_factor: float = 0.5, max_bad_steps: int = 0,
+                 bundle_dir: Optional[PathLike] = None, spike_window: int = 50, spike_threshold: float = 8.0,
+                 bundle_tags: Optional[Mapping[str, object]] = None, log_top_norms: int = 5,
+                 schedule: Union[_nanguard.WarmupCosine, ScheduleOptions, None] = None,
+                 tensorboard: Union[PathLike, SummaryWriter, StepLogger, None] = None,
+                 distributed: Union[bool, ProcessGroup, _nanguard.Distributed, None] = None) -> None:
         # The options are checked by the C++ guard (ValueError); the policy first.
-        policy = _nanguard.policy_from_string(policy)
+        policy = cast(Policy, _nanguard.policy_from_string(policy))
         self.model = model
         self.optimizer = optimizer
-        self.policy = policy
+        self.policy: Policy = policy
         stepped = {id(p) for g in optimizer.param_groups for p in g["params"]}
         if not any(id(p) in stepped for p in model.parameters() if p.requires_grad):
             raise ValueError("nanguard.Guard: the optimizer holds none of the model's trainable parameters, so "
@@ -254,28 +342,30 @@ class Guard:
         self._needs_closure = closure is not None and closure.default is inspect.Parameter.empty
         if event_log:
             open(event_log, "w", encoding="utf-8").close()  # unwritable: the OSError Python raises
-        if isinstance(schedule, dict):
-            schedule = _nanguard.WarmupCosine(**_known_keys("schedule", schedule, SCHEDULE_KEYS))
-        scaler = None
-        if loss_scale:
-            scaler = _nanguard.LossScaler(**({} if loss_scale is True else _known_keys("loss_scale", loss_scale,
-                                                                                      LOSS_SCALE_KEYS)))
-        if bundle_tags is not None and not isinstance(bundle_tags, dict):
+        if bundle_tags is not None and not isinstance(bundle_tags, Mapping):
             raise TypeError("nanguard.Guard: bundle_tags must be a dict of name -> value, e.g. "
                             f"{{'task': 'classify'}}, got {type(bundle_tags).__name__}")
-        options = dict(policy=policy, max_norm=float(max_norm), clip_value=float(clip_value), replay=bool(replay),
-                       trace_every_step=bool(trace_every_step),
-                       log_top_norms=int(log_top_norms), event_log=str(event_log or ""),
-                       bundle_dir=str(bundle_dir or ""),
-                       bundle_tags=[("front_end", "python")] + [(str(k), str(v)) for k, v in (bundle_tags or {}).items()],
-                       snapshot_every=int(snapshot_every), snapshot_keep=int(snapshot_keep),
-                       rollback_lr_factor=float(rollback_lr_factor), max_bad_steps=int(max_bad_steps),
-                       spike_window=int(spike_window), spike_threshold=float(spike_threshold), scaler=scaler,
-                       schedule=schedule)
-        for name in ("log_top_norms", "snapshot_every", "snapshot_keep", "max_bad_steps", "spike_window"):
-            if not -2 ** 63 <= options[name] < 2 ** 63:
-                raise ValueError(f"nanguard.Guard: {name} must fit in 64 bits, got {options[name]}")
-        self._tensorboard = self._own_tensorboard = None
+        options = _nanguard.GuardOptions()
+        options.policy = policy
+        options.max_norm = float(max_norm)
+        options.clip_value = float(clip_value)
+        options.replay = bool(replay)
+        options.trace_every_step = bool(trace_every_step)
+        options.log_top_norms = _int64("log_top_norms", log_top_norms)
+        options.event_log = str(event_log or "")
+        options.bundle_dir = str(bundle_dir or "")
+        options.bundle_tags = [("front_end", "python")] + [(str(k), str(v)) for k, v in (bundle_tags or {}).items()]
+        options.snapshot_every = _int64("snapshot_every", snapshot_every)
+        options.snapshot_keep = _int64("snapshot_keep", snapshot_keep)
+        options.rollback_lr_factor = float(rollback_lr_factor)
+        options.max_bad_steps = _int64("max_bad_steps", max_bad_steps)
+        options.spike_window = _int64("spike_window", spike_window)
+        options.spike_threshold = float(spike_threshold)
+        options.scaler = _loss_scaler(loss_scale)
+        options.schedule = (_nanguard.WarmupCosine(**_known_keys("schedule", schedule, SCHEDULE_KEYS))
+                            if isinstance(schedule, Mapping) else schedule)
+        self._tensorboard: Optional[StepLogger] = None
+        self._own_tensorboard: Optional[StepLogger] = None
         if tensorboard is not None:
             from .tensorboard import StepLogger
             if isinstance(tensorboard, StepLogger):
@@ -283,19 +373,19 @@ class Guard:
             else:
                 self._tensorboard = self._own_tensorboard = StepLogger(tensorboard)
         _compile.watch_compilation()
-        self._host, options["distributed"] = host_for(model, optimizer, distributed)
-        self._core = _nanguard.GuardCore(self._host, options)
+        self._host, options.distributed = host_for(model, optimizer, distributed)
+        self._core: Optional[_nanguard.GuardCore] = _nanguard.GuardCore(self._host, options)
         self._unhook = weakref.finalize(self, self._host.close)  # on close(), or when collected
         _open_guards.add(self)
 
     # -- the step -------------------------------------------------------------
-    def step(self, closure, *args, **kwargs):
+    def step(self, closure: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> StepResult:
         """Runs one guarded step: ``loss = closure(*args, **kwargs)`` then the
         checks, backward, clipping and ``optimizer.step()`` or the policy.
         Returns a :class:`StepResult`."""
         return self.step_accumulated(closure, [(args, kwargs)])
 
-    def step_accumulated(self, closure, micro_batches):
+    def step_accumulated(self, closure: Callable[..., torch.Tensor], micro_batches: Sequence[Any]) -> StepResult:
         """One guarded optimizer step over several micro-batches (gradient
         accumulation): ``closure(*args, **kwargs)`` for each ``(args,
         kwargs)`` pair of ``micro_batches`` (or each tuple of arguments), its
@@ -315,21 +405,22 @@ class Guard:
             raise ValueError("nanguard.Guard.step_accumulated: micro_batches is empty; pass at least one "
                              "(args, kwargs) pair or tuple of arguments")
 
-        def forward(index):
+        def forward(index: int) -> torch.Tensor:
             args, kwargs = calls[index]
             return _trainable_loss(closure(*args, **kwargs))
 
         batches = [batch_tensors(call) for call in calls]
         return self._run(lambda core: core.step_accumulated(batches, forward))
 
-    def begin_step(self):
+    def begin_step(self) -> None:
         """Starts one optimizer step when a framework runs forward, backward
         and ``optimizer.step()`` itself (the integrations do): counts it,
         applies the schedule and keeps the RNG state a replay starts from.
         Call it before the first forward of the step, then :meth:`check`."""
         self._active().begin_step()
 
-    def check(self, loss, replay=None, batch=()):
+    def check(self, loss: Union[torch.Tensor, float], replay: Optional[Callable[[], torch.Tensor]] = None,
+              batch: Sequence[torch.Tensor] = ()) -> StepResult:
         """Checks a step a framework ran: after backward (of every
         micro-batch) and before its ``optimizer.step()``, with the unscaled
         gradients in ``p.grad``. One sentinel pass over them and the loss
@@ -346,54 +437,54 @@ class Guard:
         forward = None if replay is None else (lambda _batch: _trainable_loss(replay()))
         return self._run(lambda core: core.check(loss, forward, list(batch)))
 
-    def _run(self, call):
+    def _run(self, call: Callable[[_nanguard.GuardCore], str]) -> StepResult:
         """A StepResult of ``call(core)``; the guard's abort as NonFiniteError."""
         try:
             result = StepResult.from_event(call(self._active()))
         except _nanguard.GuardAbort as abort:
             event = StepResult.from_event(self._active().last_event())
-            raise NonFiniteError(Finding(abort.args[0]), result=event) from None
+            raise NonFiniteError(Finding.from_json(abort.args[0]), result=event) from None
         if self._tensorboard is not None:
             self._tensorboard.log(result)
         return result
 
-    def _active(self):
+    def _active(self) -> _nanguard.GuardCore:
         if self._core is None:
             raise RuntimeError("nanguard.Guard: the guard is closed")
         return self._core
 
     # -- state ------------------------------------------------------------------
     @property
-    def steps(self):
+    def steps(self) -> int:
         """Steps run so far."""
         return self._active().steps
 
     @property
-    def skipped(self):
+    def skipped(self) -> int:
         """Steps the optimizer did not take."""
         return self._active().skipped
 
     @property
-    def rollbacks(self):
+    def rollbacks(self) -> int:
         """Rollbacks so far."""
         return self._active().rollbacks
 
     @property
-    def lr_factor(self):
+    def lr_factor(self) -> float:
         """The product of the rollback LR factors so far."""
         return self._active().lr_factor
 
     @property
-    def scaler(self):
+    def scaler(self) -> _nanguard.LossScaler:
         """The loss scaler (``get_scale()``, ``enabled``, ...)."""
         return self._active().scaler
 
     @property
-    def sentinel(self):
+    def sentinel(self) -> _nanguard.Sentinel:
         """The sentinel (its spike windows, parameter names)."""
         return self._active().sentinel
 
-    def close(self):
+    def close(self) -> None:
         """Closes the event log (and the TensorBoard logger it made), removes
         the guard's hooks from the model and lets go of the process group
         (distributed); the guard steps no more. Garbage collection and the
@@ -404,22 +495,43 @@ class Guard:
             self._own_tensorboard.close()
             self._own_tensorboard = None
 
-    def __enter__(self):
+    def __enter__(self) -> "Guard":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         self.close()
         return False
 
+
+def _int64(name: str, value: int) -> int:
+    """``value`` as an int when it fits the C++ option's 64 bits; else a ValueError naming ``name``."""
+    v = int(value)
+    if not -2 ** 63 <= v < 2 ** 63:
+        raise ValueError(f"nanguard.Guard: {name} must fit in 64 bits, got {v}")
+    return v
+
+
+def _loss_scaler(loss_scale: Union[bool, LossScaleOptions]) -> Optional[_nanguard.LossScaler]:
+    """The LossScaler of ``Guard(loss_scale=...)``: None (False), GradScaler's defaults (True) or a dict's options."""
+    if not loss_scale:
+        return None
+    if loss_scale is True:
+        return _nanguard.LossScaler()
+    return _nanguard.LossScaler(**_known_keys("loss_scale", cast(LossScaleOptions, loss_scale), LOSS_SCALE_KEYS))
+
+
+#: The names of Guard's options (its keyword-only arguments), which the framework callbacks pass through.
+GUARD_OPTIONS = tuple(n for n, p in inspect.signature(Guard.__init__).parameters.items()
+                      if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
 #: The guards not closed yet: closed at exit, before the interpreter tears
 #: down torch.distributed (a process group a guard kept alive past
 #: destroy_process_group, destroyed during the interpreter's teardown,
 #: aborted the process: "terminate called without an active exception").
-_open_guards = weakref.WeakSet()
+_open_guards: "weakref.WeakSet[Guard]" = weakref.WeakSet()
 
 
 @atexit.register
-def _close_open_guards():
+def _close_open_guards() -> None:
     for guard in list(_open_guards):
         guard.close()

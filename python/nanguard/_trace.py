@@ -1,11 +1,18 @@
 """``nanguard.trace``: the C++ tracer as a context manager, with modules
 named from the Python side."""
+from __future__ import annotations
+
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal, Optional, Tuple, Type
 
 import torch
 
 from . import _compile, _nanguard
+
+if TYPE_CHECKING:
+    from ._guard import StepResult
 
 
 @dataclass(frozen=True)
@@ -30,7 +37,7 @@ DEFAULT_ALLOW = (AllowRule(op="aten::masked_fill*"),)
 _FLOAT_KEYS = {"value", "min", "max", "mean", "std", "first_nonfinite_value", "l2_norm", "absmax"}
 
 
-def _floats(d):
+def _floats(d: Any) -> Any:
     """JSON spells NaN/Inf as strings: turn them back into floats."""
     if isinstance(d, list):
         return [_floats(x) for x in d]
@@ -40,69 +47,101 @@ def _floats(d):
     return d
 
 
+@dataclass(frozen=True, eq=False)
 class Finding:
     """One op that output a NaN or Inf: op, direction, node, module, role,
-    the census of its inputs and outputs, and the first bad element.
+    the census of its inputs and outputs, and the first bad element (the
+    C++ ``nanguard::finding``, read from its JSON).
 
     ``str(f)`` is one line, ``f.to_text()`` several, ``f.to_dict()`` every
-    field (the C++ ``to_json``). Fields are also attributes: ``f.op``,
-    ``f.direction``, ``f.node``, ``f.forward_op``, ``f.role``, ``f.module``,
-    ``f.culprit``, ``f.step``, ``f.index``, ``f.value``, ``f.inputs``,
-    ``f.outputs``.
+    field (the C++ ``to_json``).
 
     Its diagnosis (``nanguard::diagnose``): ``f.cause`` (e.g.
     "log_of_nonpositive", "unclassified"), ``f.evidence`` (one sentence with
     the numbers), ``f.remedy`` (what to change) and ``f.confidence``
     ("low", "medium", "high").
+
+    Attributes:
+        op: the ATen op, e.g. "aten::div".
+        direction: "forward" or "backward".
+        role: "producer" (the op made the NaN/Inf from finite inputs),
+            "propagator" (a non-finite input flowed through it) or "input"
+            (one entered from data or a parameter: ``culprit`` names it).
+        module: the dotted module path ("" if unknown).
+        node: backward: the autograd node, e.g. "SqrtBackward0".
+        forward_op: backward: the forward op that made the node.
+        culprit: role "input": the non-finite tensor (a parameter's name or "input k").
+        caller: the outermost op it ran inside ("aten::to"), if any.
+        step: the training step (-1 if unknown).
+        output: which output holds the bad value.
+        index: the flat index of its first non-finite element.
+        value: that element: NaN, +Inf or -Inf.
+        inputs: the op's floating-point inputs: dicts of name, dtype, shape, stats (a census).
+        outputs: its floating-point outputs, the same way.
+        rank: distributed: the rank that saw it (-1: one process).
+        cause: the likely cause, a class of docs/diagnosis.md ("unclassified" when none fits).
+        evidence: the evidence for the cause, with its numbers.
+        remedy: what to change, with C++ and Python one-liners.
+        confidence: how far the evidence goes: "low", "medium" or "high".
     """
 
-    def __init__(self, json_text):
-        self._json = json_text
-        self._dict = _floats(json.loads(json_text))
+    op: str
+    direction: Literal["forward", "backward"]
+    role: Literal["producer", "propagator", "input"]
+    module: str = ""
+    node: str = ""
+    forward_op: str = ""
+    culprit: str = ""
+    caller: str = ""
+    step: int = -1
+    output: int = 0
+    index: int = -1
+    value: float = 0.0
+    inputs: List[Dict[str, Any]] = field(default_factory=list)
+    outputs: List[Dict[str, Any]] = field(default_factory=list)
+    rank: int = -1
+    cause: str = "unclassified"
+    evidence: str = ""
+    remedy: str = ""
+    confidence: str = "low"
+    _json: str = field(default="{}", repr=False, compare=False)
 
-    def to_dict(self):
+    @classmethod
+    def from_json(cls, json_text: str) -> "Finding":
+        """The finding of the C++ ``to_json``'s text."""
+        d = _floats(json.loads(json_text))
+        diagnosis = d.get("diagnosis", {})
+        known = {f.name for f in fields(cls)} - {"_json", "cause", "evidence", "remedy", "confidence"}
+        return cls(**{k: v for k, v in d.items() if k in known}, cause=diagnosis.get("cause", "unclassified"),
+                   evidence=diagnosis.get("evidence", ""), remedy=diagnosis.get("remedy", ""),
+                   confidence=diagnosis.get("confidence", "low"), _json=json_text)
+
+    def to_dict(self) -> Dict[str, Any]:
         """Every field as a dict (inputs and outputs with their census);
         NaN and Inf values are Python floats."""
-        return _floats(json.loads(self._json))
+        out: Dict[str, Any] = _floats(json.loads(self._json))
+        return out
 
-    def to_json(self):
+    def to_json(self) -> str:
         """The finding as JSON text (``nanguard::to_json``)."""
         return self._json
 
-    def to_text(self):
+    def to_text(self) -> str:
         """Several lines, with the census of every input and output."""
-        return _nanguard.finding_to_text(self._json)
+        return str(_nanguard.finding_to_text(self._json))
 
-    def __str__(self):
-        return _nanguard.finding_to_string(self._json)
+    def __str__(self) -> str:
+        return str(_nanguard.finding_to_string(self._json))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<nanguard.Finding {self}>"
 
-    @property
-    def cause(self):
-        """The likely cause, a class of docs/diagnosis.md ("unclassified" when none fits)."""
-        return self._dict["diagnosis"]["cause"]
-
-    @property
-    def evidence(self):
-        """The evidence for the cause, with its numbers."""
-        return self._dict["diagnosis"]["evidence"]
-
-    @property
-    def remedy(self):
-        """What to change, with C++ and Python one-liners."""
-        return self._dict["diagnosis"]["remedy"]
-
-    @property
-    def confidence(self):
-        """How far the evidence goes: "low", "medium" or "high"."""
-        return self._dict["diagnosis"]["confidence"]
-
-    def __getattr__(self, name):
-        d = self.__dict__.get("_dict")
-        if d is not None and name in d:
-            return d[name]
+    def __getattr__(self, name: str) -> Any:
+        # The JSON's other fields (thread, sequence_nr, backtrace, ...) as attributes too.
+        if not name.startswith("__"):
+            d = json.loads(self.__dict__.get("_json", "{}"))
+            if name in d:
+                return _floats(d[name])
         raise AttributeError(f"nanguard.Finding has no field '{name}'")
 
 
@@ -111,23 +150,23 @@ class NonFiniteError(RuntimeError):
     born. From a Guard's abort, ``.result`` is the step's StepResult (its
     ``bundle``); None otherwise."""
 
-    def __init__(self, finding, result=None):
+    def __init__(self, finding: Finding, result: Optional["StepResult"] = None) -> None:
         super().__init__("non-finite value: " + str(finding))
         self.finding = finding
         self.result = result
 
 
-def open_module_scopes(model, prefix=""):
+def open_module_scopes(model: torch.nn.Module, prefix: str = "") -> Callable[[], None]:
     """Opens a nanguard scope (scope.h) around the forward of every submodule
     of ``model``, so that findings name modules; returns the function that
     removes the hooks again (and closes the scopes a forward that raised
     left open)."""
     depth = _nanguard.scope_depth()
-    stack = []  # qualified names of the modules running now
-    hooks = []
+    stack: List[str] = []  # qualified names of the modules running now
+    hooks: List[Any] = []
 
-    def make(name):
-        def pre(module, args):
+    def make(name: str) -> Tuple[Callable[..., None], Callable[..., None]]:
+        def pre(module: torch.nn.Module, args: Any) -> None:
             top = stack[-1] if stack else prefix
             if not top:
                 rel = name
@@ -138,7 +177,7 @@ def open_module_scopes(model, prefix=""):
             _nanguard.scope_push(rel)
             stack.append(name)
 
-        def post(module, args, output):
+        def post(module: torch.nn.Module, args: Any, output: Any) -> None:
             if stack and stack[-1] == name:
                 stack.pop()
                 _nanguard.scope_pop()
@@ -152,7 +191,7 @@ def open_module_scopes(model, prefix=""):
         hooks.append(module.register_forward_pre_hook(pre))
         hooks.append(module.register_forward_hook(post))
 
-    def close():
+    def close() -> None:
         for h in hooks:
             h.remove()
         while _nanguard.scope_depth() > depth:  # a forward that raised
@@ -173,8 +212,9 @@ class Trace:
     the ``with`` block.
     """
 
-    def __init__(self, model=None, max_findings=1, raise_on_finding=False, allow=DEFAULT_ALLOW,
-                 step=0, capture_backtrace=False, prefix="", measure_cost=False, inside_kernels=False):
+    def __init__(self, model: Optional[torch.nn.Module] = None, max_findings: int = 1, raise_on_finding: bool = False,
+                 allow: Iterable[AllowRule] = DEFAULT_ALLOW, step: int = 0, capture_backtrace: bool = False,
+                 prefix: str = "", measure_cost: bool = False, inside_kernels: bool = False) -> None:
         if max_findings < 1:
             raise ValueError(f"nanguard.trace: max_findings must be >= 1, got {max_findings}")
         if model is not None and not isinstance(model, torch.nn.Module):
@@ -192,14 +232,14 @@ class Trace:
         self.prefix = prefix
         self.measure_cost = bool(measure_cost)
         self.inside_kernels = bool(inside_kernels)
-        self._cost = None
-        self._tracer = None
-        self._close_scopes = None
-        self._end_eager_run = None
-        self._findings = None
+        self._cost: Optional[Dict[str, Any]] = None
+        self._tracer: Optional[_nanguard.Tracer] = None
+        self._close_scopes: Optional[Callable[[], None]] = None
+        self._end_eager_run: Optional[Callable[[], None]] = None
+        self._findings: Optional[List[Finding]] = None
 
     # -- the context manager ------------------------------------------------
-    def __enter__(self):
+    def __enter__(self) -> "Trace":
         if self._tracer is not None:
             raise RuntimeError("nanguard.trace: this trace is already active")
         rules = [(r.op, r.module, r.nan, r.pos_inf, r.neg_inf) for r in self.allow]
@@ -218,13 +258,14 @@ class Trace:
             raise
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> Literal[False]:
         self._close()
         if exc_type is None:
             self.check()
         return False
 
-    def _close(self):
+    def _close(self) -> None:
         if self._close_scopes is not None:
             self._close_scopes()
             self._close_scopes = None
@@ -234,37 +275,37 @@ class Trace:
         if self._tracer is not None:
             tracer, self._tracer = self._tracer, None
             try:
-                self._findings = [Finding(j) for j in tracer.findings_json()]
+                self._findings = [Finding.from_json(j) for j in tracer.findings_json()]
                 self._cost = tracer.cost()
             finally:  # whatever reading them raised, this thread is free again
                 tracer.close()
 
     # -- the API --------------------------------------------------------------
-    def name_parameters(self, model, prefix=""):
+    def name_parameters(self, model: torch.nn.Module, prefix: str = "") -> None:
         """Names the parameters of ``model`` (and through them, modules)."""
         named = [((f"{prefix}.{n}" if prefix else n), p)
                  for n, p in _compile.original_module(model).named_parameters()]
         self._active().name_parameters(named)
 
-    def name_tensor(self, tensor, name):
+    def name_tensor(self, tensor: torch.Tensor, name: str) -> None:
         """Names one tensor, e.g. the input batch ("batch"); a finding with role
         input then names it as the culprit."""
         self._active().name_tensor(tensor, name)
 
-    def set_step(self, step):
+    def set_step(self, step: int) -> None:
         """The step findings are tagged with."""
         self.step = step
         self._active().set_step(int(step))
 
     @property
-    def findings(self):
+    def findings(self) -> List[Finding]:
         """The findings so far (or of the finished ``with`` block), first first."""
         if self._tracer is not None:
-            return [Finding(j) for j in self._tracer.findings_json()]
+            return [Finding.from_json(j) for j in self._tracer.findings_json()]
         return list(self._findings or [])
 
     @property
-    def cost(self):
+    def cost(self) -> Dict[str, Any]:
         """What the tracer cost, with ``measure_cost=True`` (else zeros): a dict
         of ``ops``, ``scans``, ``scanned_bytes``, ``seconds`` inside its
         callbacks (``scan_seconds`` of them reading tensors), and
@@ -274,31 +315,32 @@ class Trace:
         return dict(self._cost or {})
 
     @property
-    def found(self):
+    def found(self) -> bool:
         """True when there is at least one finding."""
         return bool(self.findings)
 
-    def clear(self):
+    def clear(self) -> None:
         """Forgets the findings and checks again."""
         if self._tracer is not None:
             self._tracer.clear()
         self._findings = []
 
-    def check(self):
+    def check(self) -> None:
         """Raises NonFiniteError with the first finding, if raise_on_finding is set."""
         if self.raise_on_finding:
             f = self.findings
             if f:
                 raise NonFiniteError(f[0])
 
-    def _active(self):
+    def _active(self) -> _nanguard.Tracer:
         if self._tracer is None:
             raise RuntimeError("nanguard.trace: not active (use it in a 'with' block)")
         return self._tracer
 
 
-def trace(model=None, max_findings=1, raise_on_finding=False, allow=DEFAULT_ALLOW, step=0,
-          capture_backtrace=False, measure_cost=False, inside_kernels=False):
+def trace(model: Optional[torch.nn.Module] = None, max_findings: int = 1, raise_on_finding: bool = False,
+          allow: Iterable[AllowRule] = DEFAULT_ALLOW, step: int = 0, capture_backtrace: bool = False,
+          measure_cost: bool = False, inside_kernels: bool = False) -> Trace:
     """A context manager that checks every forward and backward op's output.
 
     With ``model`` (an ``nn.Module``) findings name its modules (by forward

@@ -90,37 +90,73 @@ py::tuple names_of(const E (&values)[N]) {
   return names;
 }
 
-/// The options of a guard as the Python Guard passes them (python/nanguard/_guard.py).
-nanguard::guard_options guard_options_of(const py::dict& o) {
-  const auto get = [&](const char* key) { return o[key]; };
-  nanguard::guard_options g;
-  g.policy(nanguard::policy_from_string(get("policy").cast<std::string>()))
-      .max_norm(get("max_norm").cast<double>())
-      .clip_value(get("clip_value").cast<double>())
-      .replay(get("replay").cast<bool>())
-      .log_top_norms(get("log_top_norms").cast<int64_t>())
-      .event_log(get("event_log").cast<std::string>())
-      .bundle_dir(get("bundle_dir").cast<std::string>())
-      .bundle_tags(get("bundle_tags").cast<nanguard::bundle_tag_list>())
-      .snapshot_every(get("snapshot_every").cast<int64_t>())
-      .snapshot_keep(get("snapshot_keep").cast<int64_t>())
-      .rollback_lr_factor(get("rollback_lr_factor").cast<double>())
-      .max_bad_steps(get("max_bad_steps").cast<int64_t>())
-      .spikes(nanguard::spike_options()
-                  .window(get("spike_window").cast<int64_t>())
-                  .threshold(get("spike_threshold").cast<double>())
-                  .min_samples(std::min<int64_t>(10, get("spike_window").cast<int64_t>())));
-  // A tracer on every step costs what nanguard.trace does: not inside kernels.
-  if (get("trace_every_step").cast<bool>()) g.trace_every_step(true).tracer(nanguard::tracer_options());
-  if (!get("scaler").is_none()) g.scaler(get("scaler").cast<nanguard::loss_scaler>().options());
-  if (!get("schedule").is_none()) g.schedule(get("schedule").cast<nanguard::warmup_cosine>().options());
-  if (!get("distributed").is_none()) g.distributed(get("distributed").cast<std::shared_ptr<nanguard::distributed>>());
-  return g;
-}
-
 }  // namespace
 
 namespace nanguard::python {
+
+/// A read-write property `name` of a guard_options field (a TORCH_ARG).
+#define NANGUARD_GUARD_OPTION(cls, name)                                                                    \
+  cls.def_property(                                                                                        \
+      #name, [](const nanguard::guard_options& o) { return o.name(); },                                    \
+      [](nanguard::guard_options& o, std::decay_t<decltype(std::declval<const nanguard::guard_options&>().name())> v) { \
+        o.name(std::move(v));                                                                              \
+      })
+
+/// GuardOptions: nanguard::guard_options, one typed property per option
+/// (python/nanguard/_guard.py fills it from Guard's keyword arguments; a
+/// misspelled property is an AttributeError, a wrong type a TypeError).
+void bind_guard_options(py::module_& m) {
+  py::class_<nanguard::guard_options> o(m, "GuardOptions", "nanguard::guard_options (see nanguard.Guard).");
+  o.def(py::init<>());
+  o.def_property(
+      "policy", [](const nanguard::guard_options& g) { return std::string(nanguard::to_string(g.policy())); },
+      [](nanguard::guard_options& g, const std::string& name) { g.policy(nanguard::policy_from_string(name)); });
+  NANGUARD_GUARD_OPTION(o, max_norm);
+  NANGUARD_GUARD_OPTION(o, clip_value);
+  NANGUARD_GUARD_OPTION(o, replay);
+  NANGUARD_GUARD_OPTION(o, log_top_norms);
+  NANGUARD_GUARD_OPTION(o, event_log);
+  NANGUARD_GUARD_OPTION(o, bundle_dir);
+  NANGUARD_GUARD_OPTION(o, bundle_tags);
+  NANGUARD_GUARD_OPTION(o, snapshot_every);
+  NANGUARD_GUARD_OPTION(o, snapshot_keep);
+  NANGUARD_GUARD_OPTION(o, rollback_lr_factor);
+  NANGUARD_GUARD_OPTION(o, max_bad_steps);
+  NANGUARD_GUARD_OPTION(o, distributed);
+  // A tracer on every step costs what nanguard.trace does: not inside kernels.
+  o.def_property(
+      "trace_every_step", [](const nanguard::guard_options& g) { return g.trace_every_step(); },
+      [](nanguard::guard_options& g, bool on) {
+        g.trace_every_step(on).tracer(nanguard::tracer_options().inside_kernels(!on));
+      });
+  // The spike window also bounds the samples a spike needs (10 at most).
+  o.def_property(
+      "spike_window", [](const nanguard::guard_options& g) { return g.spikes().window(); },
+      [](nanguard::guard_options& g, int64_t window) {
+        g.spikes().window(window).min_samples(std::min<int64_t>(10, window));
+      });
+  o.def_property(
+      "spike_threshold", [](const nanguard::guard_options& g) { return g.spikes().threshold(); },
+      [](nanguard::guard_options& g, double threshold) { g.spikes().threshold(threshold); });
+  // The scaler and the schedule as the LossScaler and WarmupCosine that hold their options (None: off).
+  o.def_property(
+      "scaler",
+      [](const nanguard::guard_options& g) {
+        return g.scaler().enabled() ? std::optional(nanguard::loss_scaler(g.scaler())) : std::nullopt;
+      },
+      [](nanguard::guard_options& g, const std::optional<nanguard::loss_scaler>& s) {
+        g.scaler(s ? s->options() : nanguard::loss_scaler_options().enabled(false));
+      });
+  o.def_property(
+      "schedule",
+      [](const nanguard::guard_options& g) {
+        return g.schedule() ? std::optional(nanguard::warmup_cosine(*g.schedule())) : std::nullopt;
+      },
+      [](nanguard::guard_options& g, const std::optional<nanguard::warmup_cosine>& s) {
+        g.schedule(s ? std::optional(s->options()) : std::nullopt);
+      });
+}
+#undef NANGUARD_GUARD_OPTION
 
 /// The guard: its enums' names, TrainingHost (subclassed in Python) and GuardCore.
 void bind_guard(py::module_& m) {
@@ -129,6 +165,7 @@ void bind_guard(py::module_& m) {
   m.attr("POLICIES") = names_of(nanguard::all_policies);
   m.attr("ACTIONS") = names_of(nanguard::all_actions);
   m.attr("VERDICTS") = names_of(nanguard::all_verdicts);
+  bind_guard_options(m);
   m.def("policy_from_string", [](const std::string& name) { return nanguard::to_string(nanguard::policy_from_string(name)); },
         py::arg("name"), "`name` when it names a policy; else a ValueError listing the policies.");
   // nanguard.Guard drives the C++ guard's step through a training_host that
@@ -137,8 +174,8 @@ void bind_guard(py::module_& m) {
       m, "TrainingHost", "nanguard::training_host: subclass it to drive the guard from Python.")
       .def(py::init<>());
   py::class_<nanguard::guard>(m, "GuardCore", "nanguard::guard over a Python training host.")
-      .def(py::init([](std::shared_ptr<nanguard::training_host> host, const py::dict& options) {
-             return std::make_unique<nanguard::guard>(std::move(host), guard_options_of(options));
+      .def(py::init([](std::shared_ptr<nanguard::training_host> host, const nanguard::guard_options& options) {
+             return std::make_unique<nanguard::guard>(std::move(host), options);
            }),
            py::arg("host"), py::arg("options"), py::keep_alive<1, 2>())
       .def("step_accumulated",

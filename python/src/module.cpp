@@ -63,6 +63,6 @@ PYBIND11_MODULE(_nanguard, m) {
   bind_events(m);
   bind_isolation_forest(m);
   bind_firewall(m);
+  bind_distributed(m);  // before the guard, whose GuardOptions.distributed names its type
   bind_guard(m);
-  bind_distributed(m);
 }

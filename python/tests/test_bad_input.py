@@ -1,9 +1,11 @@
 """Bad input to the Python module: each gets a Python exception of the right
 type (TypeError, ValueError, OSError) with one clear message, never a C++
 backtrace or pybind11's "incompatible function arguments"."""
+import inspect
 import json
 import subprocess
 import sys
+import typing
 import textwrap
 
 import pytest
@@ -87,15 +89,59 @@ def test_a_full_disk_ends_the_event_log_on_a_whole_line(tmp_path):
 
 
 @pytest.mark.parametrize("options, error, message", [
-    ({"loss_scale": {"init_scael": 2.0}}, TypeError, "loss_scale has no option 'init_scael'; its options are enabled"),
-    ({"schedule": {"base_lr": 0.1, "warmup": 5}}, TypeError, "schedule has no option 'warmup'; its options are base_lr"),
+    ({"loss_scale": {"init_scael": 2.0}}, TypeError,
+     r"loss_scale: unknown option 'init_scael'; did you mean 'init_scale'\? \(the options are enabled"),
+    ({"schedule": {"base_lr": 0.1, "warmup": 5}}, TypeError,
+     r"schedule: unknown option 'warmup'; did you mean 'warmup_steps'\? \(the options are base_lr"),
     ({"bundle_tags": ["task", "classify"]}, TypeError, "bundle_tags must be a dict of name -> value.*got list"),
     ({"max_bad_steps": 10 ** 30}, ValueError, "max_bad_steps must fit in 64 bits, got 10{30}"),
-], ids=["loss_scale_key", "schedule_key", "bundle_tags_list", "max_bad_steps_huge"])
+    ({"max_nrom": 1.0}, TypeError, r"nanguard.Guard: unknown option 'max_nrom'; did you mean 'max_norm'\? "
+                                   r"\(the options are policy, max_norm, "),
+    ({"sceduler": {}}, TypeError, r"unknown option 'sceduler'; did you mean 'schedule'\?"),
+    ({"max_norm": "big"}, ValueError, "could not convert string to float: 'big'"),
+], ids=["loss_scale_key", "schedule_key", "bundle_tags_list", "max_bad_steps_huge", "option_typo", "option_typo2",
+        "option_type"])
 def test_wrong_guard_options_name_the_option(options, error, message):
     with pytest.raises(error, match=message) as e:
         model_and_guard(**options)
     assert "incompatible" not in str(e.value) and "Unable to cast" not in str(e.value)
+
+
+def test_guard_options_are_keyword_only():
+    """As torch.optim's: Guard(model, optimizer, *, policy=...). Options
+    passed by position are a TypeError that says to name them."""
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(TypeError, match=r"nanguard.Guard: the options are keyword-only: name them, e.g. "
+                                        r"nanguard.Guard\(\.\.\., policy='rollback'"):
+        nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), "rollback")
+    g = nanguard.Guard(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), policy="rollback")
+    assert g.policy == "rollback"
+    params = inspect.signature(nanguard.Guard).parameters
+    assert [p.name for p in params.values() if p.kind is not inspect.Parameter.KEYWORD_ONLY] == ["model", "optimizer"]
+
+
+def test_the_policy_and_action_types_are_the_cpp_names():
+    """Policy and Action (typing.Literal, what an IDE and mypy check) list
+    the C++ enums' names."""
+    from nanguard._guard import Action, Policy
+    assert typing.get_args(Policy) == nanguard.POLICIES
+    assert typing.get_args(Action) == nanguard._nanguard.ACTIONS
+
+
+def test_the_options_reach_cpp_typed():
+    """GuardOptions, the one path from Guard's arguments to the C++
+    guard_options: a misspelled field is an AttributeError, a wrong type a
+    TypeError, and each field reads back what was set."""
+    o = nanguard._nanguard.GuardOptions()
+    with pytest.raises(AttributeError):
+        o.max_nrom = 1.0
+    with pytest.raises(TypeError):
+        o.max_norm = "1.0"
+    o.spike_window, o.policy, o.scaler = 7, "backoff", nanguard._nanguard.LossScaler(init_scale=8.0)
+    o.bundle_tags = [("task", "classify")]
+    assert (o.spike_window, o.policy, o.scaler.get_scale(), o.bundle_tags) == (7, "backoff", 8.0,
+                                                                              [("task", "classify")])
+    assert o.schedule is None and o.distributed is None
 
 
 def test_trace_of_something_not_a_module_is_a_type_error():

@@ -183,6 +183,8 @@ def test_the_callback_refuses_what_it_cannot_guard():
         NanGuard(loss_scale=True)
     with pytest.raises(ValueError, match="policy must be one of"):
         NanGuard(policy="retry")
+    with pytest.raises(TypeError, match=r"NanGuard: unknown option 'snapshot_evry'; did you mean 'snapshot_every'\?"):
+        NanGuard(snapshot_evry=10)
 
     class Manual(Classifier):
         def __init__(self):

@@ -200,6 +200,8 @@ def test_the_callback_refuses_what_it_cannot_guard():
         NanGuardCallback(loss_scale=True)
     with pytest.raises(ValueError, match="policy must be one of"):
         NanGuardCallback(policy="retry")
+    with pytest.raises(TypeError, match=r"NanGuardCallback: unknown option 'snapshot_evry'; did you mean 'snapshot_every'\?"):
+        NanGuardCallback(snapshot_evry=10)
 
 
 def test_a_loss_computed_outside_the_model_leaves_the_gradients_to_decide(tmp_path):

@@ -238,7 +238,7 @@ def test_a_trace_whose_findings_cannot_be_read_still_frees_its_thread(monkeypatc
     def unreadable(_):
         raise ValueError("cannot read this finding")
 
-    monkeypatch.setattr(nanguard._trace, "Finding", unreadable)
+    monkeypatch.setattr(nanguard._trace.Finding, "from_json", staticmethod(unreadable))
     first = nanguard.trace()  # kept: its tracer is not freed with it
     with pytest.raises(ValueError):
         with first:

@@ -9,6 +9,7 @@ import torch
 
 import nanguard
 from nanguard import _nanguard
+from nanguard._guard import GUARD_OPTIONS, unknown_option_error
 
 
 def require(package, extra_hint=""):
@@ -73,6 +74,9 @@ class CallbackGuard:
     the loss scale, so ``loss_scale=`` is refused."""
 
     def __init__(self, name, scaler_owner, policy, event_log, bundle_dir, max_norm, guard_options):
+        for option in guard_options:
+            if option not in GUARD_OPTIONS:
+                raise unknown_option_error(name, option, GUARD_OPTIONS)
         if "loss_scale" in guard_options:
             raise ValueError(f"{name}: loss_scale is {scaler_owner} to manage (it uses a GradScaler, which the "
                              "callback reads); drop loss_scale=")

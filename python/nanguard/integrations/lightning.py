@@ -48,10 +48,11 @@ optimization and more than one optimizer are not supported (a clear
 ValueError at ``fit``).
 """
 import contextlib
+from typing import Any, Optional
 
 import torch
 
-from .._guard import batch_tensors
+from .._guard import PathLike, Policy, batch_tensors
 from ._common import CallbackGuard, mean_loss as _mean, require
 
 _pl = require("lightning", " (the `lightning` package: `import lightning.pytorch`)").pytorch
@@ -78,14 +79,15 @@ class NanGuard(_pl.Callback, CallbackGuard):
     GradScaler skipped on its own.
     """
 
-    def __init__(self, policy="skip", event_log=None, bundle_dir=None, max_norm=0.0, **guard_options):
+    def __init__(self, *, policy: Policy = "skip", event_log: Optional[PathLike] = None,
+                 bundle_dir: Optional[PathLike] = None, max_norm: float = 0.0, **guard_options: Any) -> None:
         CallbackGuard.__init__(self, "NanGuard", "Lightning's (Trainer(precision='16-mixed'))", policy, event_log,
                                bundle_dir, max_norm, guard_options)
         self._window = None  # [(batch, batch_idx)] of the current optimizer step
         self._loss = None
 
     # -- set up ----------------------------------------------------------------
-    def on_fit_start(self, trainer, pl_module):
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         """Builds the guard over the module and Lightning's optimizer."""
         if not pl_module.automatic_optimization:
             raise ValueError("NanGuard: manual optimization (automatic_optimization = False) is not supported: "
@@ -99,14 +101,14 @@ class NanGuard(_pl.Callback, CallbackGuard):
         self.build(pl_module, trainer.optimizers[0], "lightning", trainer.global_rank, trainer.world_size, ddp_group)
 
     # -- every step ------------------------------------------------------------
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: Any) -> None:
         """Begins an optimizer step at the first micro-batch of its window."""
         if self._window is None:
             self.guard.begin_step()
             self._window, self._loss = [], None
         self._window.append((batch, batch_idx))
 
-    def on_before_backward(self, trainer, pl_module, loss):
+    def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         """Adds the micro-batch's loss (unscaled) to the step's."""
         loss = loss.detach()
         scaler = _scaler(trainer)
@@ -114,7 +116,7 @@ class NanGuard(_pl.Callback, CallbackGuard):
             loss = loss.float() / scaler.get_scale()
         self._loss = loss if self._loss is None else self._loss + loss
 
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         """Checks the step; on a bad one, replays it, acts and clears the gradients."""
         if self._window is None:
             return  # no batch began this step (nothing to check against)
@@ -145,12 +147,12 @@ class NanGuard(_pl.Callback, CallbackGuard):
                     losses.append(out)
         return _mean(losses)
 
-    def on_fit_end(self, trainer, pl_module):
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         """Closes the event log."""
         if self.guard is not None:
             self.guard.close()
 
-    def on_exception(self, trainer, pl_module, exception):
+    def on_exception(self, trainer: Any, pl_module: Any, exception: Any) -> None:
         """Closes the event log when training stops on an error (an abort)."""
         self.on_fit_end(trainer, pl_module)
 

@@ -54,9 +54,11 @@ output (the logits): the ops of the forward are checked both ways, those of
 the loss function are not.
 """
 
+from typing import Any, Optional
+
 import torch
 
-from .._guard import batch_tensors
+from .._guard import PathLike, Policy, batch_tensors
 from ._common import CallbackGuard, mean_loss as _mean, require
 
 _hf = require("transformers", " (and `accelerate`, which its Trainer needs)")
@@ -84,7 +86,8 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
     Trainer's GradScaler skipped on its own.
     """
 
-    def __init__(self, policy="skip", event_log=None, bundle_dir=None, max_norm=0.0, **guard_options):
+    def __init__(self, *, policy: Policy = "skip", event_log: Optional[PathLike] = None,
+                 bundle_dir: Optional[PathLike] = None, max_norm: float = 0.0, **guard_options: Any) -> None:
         CallbackGuard.__init__(self, "NanGuardCallback", "the Trainer's (TrainingArguments(fp16=True))", policy,
                                event_log, bundle_dir, max_norm, guard_options)
         self._model = None
@@ -94,7 +97,8 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
         self._replaying = False
 
     # -- set up ----------------------------------------------------------------
-    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
+                       **kwargs: Any) -> None:
         """Builds the guard over the model and the Trainer's optimizer, and
         hooks the model's forward."""
         if model is None or optimizer is None:
@@ -116,12 +120,13 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
             self._losses.append(loss.detach())
 
     # -- every step ------------------------------------------------------------
-    def on_step_begin(self, args, state, control, **kwargs):
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Begins an optimizer step (the first micro-batch of its window)."""
         self.guard.begin_step()
         self._window, self._losses = [], []
 
-    def on_pre_optimizer_step(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None,
+                              lr_scheduler: Any = None, **kwargs: Any) -> None:
         """Checks the step; on a bad one, replays it, acts and clears the gradients."""
         if self._window is None:
             return
@@ -152,7 +157,7 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
             self._replaying = False
         return _mean(losses)
 
-    def on_train_end(self, args, state, control, **kwargs):
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Removes the forward hook and closes the event log."""
         if self._hook is not None:
             self._hook.remove()
