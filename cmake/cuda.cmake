@@ -4,15 +4,33 @@
 # Include before find_package(Torch); call nanguard_enable_cuda() once the
 # nanguard target exists. It sets NANGUARD_WITH_CUDA.
 #
-# One architecture by default: each one is a full device compile, and CI
-# builds on 2 cores. Torch's config turns TORCH_CUDA_ARCH_LIST into -gencode
-# flags in CMAKE_CUDA_FLAGS (with no GPU to detect, a list starting at sm_50,
-# which nvcc 13 rejects), and sets CMAKE_CUDA_ARCHITECTURES to OFF. The
-# kernels' list is NANGUARD_CUDA_ARCHITECTURES instead, "90": real sm_90
-# code (H100/H200) plus compute_90 PTX, which newer GPUs compile at load.
-set(NANGUARD_CUDA AUTO CACHE STRING "Build the CUDA kernels: AUTO (when torch is a CUDA build and nvcc is found), ON or OFF")
-set_property(CACHE NANGUARD_CUDA PROPERTY STRINGS AUTO ON OFF)
-set(NANGUARD_CUDA_ARCHITECTURES 90 CACHE STRING "CUDA architectures of nanguard's kernels (CUDA_ARCHITECTURES syntax)")
+# The kernels' architectures are NANGUARD_CUDA_ARCHITECTURES (CMake's
+# CUDA_ARCHITECTURES syntax). By default those torch's own CUDA 13 wheel
+# carries (torch._C._cuda_getArchFlags(): 75 80 86 90 100 120) and 89 (L4,
+# RTX 40xx), as real code, plus compute_120 PTX that a newer GPU compiles at
+# load: census_cuda.cu is one small file, so seven device compiles take
+# seconds. Override it with -DNANGUARD_CUDA_ARCHITECTURES=..., or the
+# environment variable NANGUARD_CUDA_ARCHITECTURES (what `pip install .`
+# passes on), or CMake's own CUDAARCHS, when the cache is made. (Torch's
+# config turns TORCH_CUDA_ARCH_LIST into -gencode flags in CMAKE_CUDA_FLAGS,
+# which nanguard_enable_cuda removes, and sets CMAKE_CUDA_ARCHITECTURES OFF.)
+set(NANGUARD_DEFAULT_CUDA_ARCHITECTURES "75-real;80-real;86-real;89-real;90-real;100-real;120")
+# (Not CMAKE_CUDA_ARCHITECTURES: enable_language(CUDA) caches nvcc's own
+# default there, 75, which a later configure could not tell from a choice.)
+if(DEFINED ENV{NANGUARD_CUDA_ARCHITECTURES})
+  set(_nanguard_archs "$ENV{NANGUARD_CUDA_ARCHITECTURES}")
+elseif(DEFINED ENV{CUDAARCHS})
+  set(_nanguard_archs "$ENV{CUDAARCHS}")
+else()
+  set(_nanguard_archs "${NANGUARD_DEFAULT_CUDA_ARCHITECTURES}")
+endif()
+# A cache made before the list grew holds the old default, "90": let it go.
+get_property(_nanguard_archs_help CACHE NANGUARD_CUDA_ARCHITECTURES PROPERTY HELPSTRING)
+if(_nanguard_archs_help STREQUAL "CUDA architectures of nanguard's kernels (CUDA_ARCHITECTURES syntax)")
+  unset(NANGUARD_CUDA_ARCHITECTURES CACHE)
+endif()
+set(NANGUARD_CUDA_ARCHITECTURES "${_nanguard_archs}" CACHE STRING
+  "CUDA architectures of nanguard's kernels (CUDA_ARCHITECTURES syntax; default: torch's wheel's, see cmake/cuda.cmake)")
 # Spares torch's config its GPU probe (it compiles and runs a program).
 if(NOT DEFINED TORCH_CUDA_ARCH_LIST AND NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
   set(TORCH_CUDA_ARCH_LIST 9.0)
