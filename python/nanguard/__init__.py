@@ -13,11 +13,14 @@ same LibTorch as ``torch``); tensors cross without copies.
 >>> print(t.findings[0])                        # doctest: +SKIP
 step 0 forward aten::div in norm: producer, output 0 [0] = nan
 """
+from typing import List, Sequence
+
 import torch  # noqa: F401  (loads LibTorch before the extension)
 
 from . import _dtensor, _nanguard
 from ._trace import AllowRule, Finding, NonFiniteError, Trace, trace
 from ._guard import POLICIES, Guard, StepResult
+from ._cli import inspect, report
 from . import data, tensorboard  # noqa: E402  (nanguard.data, nanguard.tensorboard)
 
 #: nanguard's version (the C++ core's: one number for the library, the CLI and the module).
@@ -26,7 +29,7 @@ __version__ = _nanguard.__version__
 __all__ = [
     "census", "has_nonfinite", "census_many", "check_many", "RecordVerdict", "mark_written", "TensorStats", "trace", "Trace", "Finding",
     "NonFiniteError", "AllowRule", "Guard", "StepResult", "POLICIES", "IsolationForest",
-    "Firewall", "FirewallReport", "WarmupCosine", "Distributed",
+    "Firewall", "FirewallReport", "WarmupCosine", "Distributed", "report", "inspect",
 ]
 
 #: ``nanguard::distributed`` over a torch.distributed process group, for
@@ -66,21 +69,30 @@ Firewall = _nanguard.Firewall
 FirewallReport = _nanguard.FirewallReport
 
 
-def census(tensor, local=False):
-    """Statistics of ``tensor`` in one vectorised pass, as a ``TensorStats``.
-
-    Fields: numel, nan, pos_inf, neg_inf, finite, zeros, subnormal, min, max,
-    mean, std, l2_norm, absmax, fp16_overflow, fp16_underflow, bf16_overflow,
-    first_nonfinite_index, first_nonfinite_value; ``.to_dict()`` gives them
-    all. Raises ``ValueError`` for integer, bool or complex tensors (for
-    complex ones, take the census of ``torch.view_as_real(t)``), and for
-    sparse or meta tensors, which hold no values to read.
+def census(tensor: torch.Tensor, local: bool = False) -> TensorStats:
+    """Statistics of ``tensor`` in one vectorised pass.
 
     A DTensor (``torch.distributed.tensor``, e.g. an FSDP2 parameter or
     gradient) answers for the global tensor: each rank's census of its shard,
     gathered over the mesh (counts summed, min/max over the ranks, the first
     non-finite element by its global index). It is a collective: every rank
-    of the mesh calls it. ``local=True`` reads this rank's shard only.
+    of the mesh calls it.
+
+    Args:
+        tensor: a floating-point tensor, on any device.
+        local: a DTensor's census of this rank's shard only.
+
+    Returns:
+        A ``TensorStats``: numel, nan, pos_inf, neg_inf, finite, zeros,
+        subnormal, min, max, mean, std, l2_norm, absmax, fp16_overflow,
+        fp16_underflow, bf16_overflow, first_nonfinite_index,
+        first_nonfinite_value; ``.to_dict()`` gives them all.
+
+    Raises:
+        TypeError: ``tensor`` is not a tensor.
+        ValueError: an integer, bool or complex tensor (for a complex one,
+            take the census of ``torch.view_as_real(t)``), or a sparse or
+            meta tensor, which holds no values to read.
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"nanguard.census: expected a torch.Tensor, got {type(tensor).__name__}")
@@ -89,7 +101,7 @@ def census(tensor, local=False):
     return _nanguard.census(tensor.detach())
 
 
-def has_nonfinite(tensor, local=False):
+def has_nonfinite(tensor: torch.Tensor, local: bool = False) -> bool:
     """True when ``tensor`` holds a NaN or an Inf (stops at the first one).
 
     Integer and bool tensors are always finite; complex tensors are checked
@@ -105,7 +117,7 @@ def has_nonfinite(tensor, local=False):
     return _nanguard.has_nonfinite(tensor.detach())
 
 
-def census_many(tensors, local=False):
+def census_many(tensors: Sequence[torch.Tensor], local: bool = False) -> List[TensorStats]:
     """The census of every tensor of the list, as a list of ``TensorStats``.
 
     On CUDA the tensors are read many per kernel launch, in one pass each,
@@ -126,20 +138,20 @@ def census_many(tensors, local=False):
     return [next(whole) if _dtensor.is_dtensor(t) else next(plain) for t in tensors]
 
 
-def check_many(tensors):
+def check_many(tensors: Sequence[torch.Tensor]) -> RecordVerdict:
     """Whether any tensor of the list holds a NaN or an Inf, as a ``RecordVerdict``
     naming the first such tensor (by position), element and value; one host
     sync for the whole list on CUDA."""
     return _nanguard.check_many([_as_tensor(t, "check_many").detach() for t in tensors])
 
 
-def _as_tensor(t, fn):
+def _as_tensor(t: object, fn: str) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"nanguard.{fn}: expected a list of torch.Tensor, got a {type(t).__name__} in it")
     return t
 
 
-def mark_written(tensor):
+def mark_written(tensor: torch.Tensor) -> None:
     """Tells a live ``trace`` that ``tensor`` changed outside a recorded op.
 
     Call it after writing a tensor behind PyTorch's back within a traced

@@ -251,55 +251,7 @@ class Guard:
     ``optimizer.step()``. When the loss or a gradient is not finite the
     optimizer does not step: the guard replays the step (same parameters,
     same RNG state) under :func:`nanguard.trace` to name the op that made
-    the NaN/Inf, then applies ``policy``:
-
-    - ``"skip"``: drop the step (an enabled loss scaler still backs off);
-    - ``"backoff"``: drop the step and back off the loss scale;
-    - ``"rollback"``: restore the last snapshot of model and optimizer
-      (taken every ``snapshot_every`` steps, before the optimizer steps on
-      parameters whose loss and gradients were just checked finite) and
-      multiply the LR by
-      ``rollback_lr_factor``;
-    - ``"abort"``: write a repro bundle to ``bundle_dir`` (if set) and raise
-      :class:`NonFiniteError`. The bundle is the C++ guard's directory
-      (``nanguard inspect`` reads it); it holds the tensors passed to
-      ``step`` as arguments as its batch, so ``guard.step(loss_fn, x, y)``
-      with ``bundle_tags={"task": "classify"}`` lets ``nanguard replay
-      BUNDLE --model scripted.pt`` run it again on a TorchScript copy of the
-      model.
-
-    ``trace_every_step``: trace every step's forward and backward (the
-    cost of :func:`nanguard.trace` on every step) instead of replaying a bad
-    one: its findings come from the step itself.
-    After an abort, the :class:`NonFiniteError`'s ``result`` is the step's
-    :class:`StepResult` (its ``bundle``).
-
-    ``loss_scale``: False (off, default), True (GradScaler defaults) or a
-    dict of ``LossScaler`` options (init_scale, growth_factor, ...).
-    ``max_bad_steps`` > 0 aborts after that many bad steps in a row.
-    ``schedule``: a :class:`WarmupCosine` (or a dict of its arguments) the
-    guard applies to every param group at the start of each step, times the
-    product of the rollback factors, as the C++ guard does.
-    ``distributed``: True (torch.distributed's default process group), a
-    ``ProcessGroup`` or a :class:`nanguard.Distributed`: data parallel as in
-    C++ on an unwrapped model: after backward the guard averages the
-    gradients over the ranks, and one small all-reduce a step makes every
-    rank take the same decision; a bad step is skipped (or rolled back) on
-    every rank, and every rank's result names the ranks that saw the NaN/Inf
-    (``nonfinite_ranks``) and their findings. A ``DistributedDataParallel``
-    model or an FSDP2 (``fully_shard``) one is distributed on its own
-    process group without asking (``distributed`` None, True or that
-    group): the model reduces the gradients, the guard names the rank whose
-    own loss or gradients were not finite before that (hooks on the
-    parameters), and a replay runs on every rank. Building the guard is then
-    a collective (it checks that every rank guards as many parameters).
-    ``tensorboard``: a log directory, a ``SummaryWriter`` or a
-    :class:`nanguard.tensorboard.StepLogger`: every step's loss, grad norm,
-    per-layer norms, loss scale, LR, skips and findings go to TensorBoard
-    too (docs/tensorboard.md; an abort's step is in the event log).
-    ``event_log``: a JSONL file, one C++ step event per step (``nanguard
-    report`` turns it into HTML); ``log_top_norms`` per-parameter gradient
-    norms go into each event.
+    the NaN/Inf, then applies ``policy``.
 
     ``model`` may be compiled (``torch.compile(model)`` or
     ``model.compile()``): healthy steps run the compiled code as it is; a
@@ -309,6 +261,72 @@ class Guard:
     the step under each stage of the compiler (aot_eager, then the compiled
     code with Inductor's kernels checked): ``verdict`` "compiled only", and
     ``note`` names the stage and the fused kernel (docs/compile.md).
+
+    A ``DistributedDataParallel`` model or an FSDP2 (``fully_shard``) one is
+    distributed on its own process group without asking (``distributed``
+    None, True or that group): the model reduces the gradients, the guard
+    names the rank whose own loss or gradients were not finite before that
+    (hooks on the parameters), and a replay runs on every rank. Building
+    the guard is then a collective (it checks that every rank guards as
+    many parameters).
+
+    Args:
+        model: the module whose parameters the optimizer steps.
+        optimizer: a first-order ``torch.optim`` optimizer over (some of)
+            ``model``'s parameters.
+        policy: what a bad step gets: ``"skip"`` (drop it; an enabled loss
+            scaler still backs off), ``"backoff"`` (drop it and back off the
+            loss scale), ``"rollback"`` (restore the last snapshot of model
+            and optimizer and multiply the LR by ``rollback_lr_factor``) or
+            ``"abort"`` (write a repro bundle to ``bundle_dir``, if set, and
+            raise :class:`NonFiniteError`, whose ``result`` is the step's
+            :class:`StepResult`).
+        max_norm: clip the global gradient norm to this (0: no clipping).
+        clip_value: clamp gradient elements to ±clip_value after (0: off).
+        loss_scale: False (off), True (GradScaler's defaults) or a dict of
+            ``LossScaler`` options (``init_scale``, ``growth_factor``, ...).
+        replay: replay a bad step under the tracer to name the op.
+        trace_every_step: trace every step's forward and backward instead
+            (the cost of :func:`nanguard.trace` on every step): a bad step's
+            findings come from the step itself.
+        event_log: a JSONL file, one C++ step event per step (``nanguard
+            report`` and :func:`nanguard.report` turn it into HTML).
+        snapshot_every: rollback: snapshot every this many steps, before the
+            optimizer steps on parameters just checked finite.
+        snapshot_keep: rollback: the snapshots kept.
+        rollback_lr_factor: rollback: the LR is multiplied by this each time.
+        max_bad_steps: > 0 aborts after that many bad steps in a row.
+        bundle_dir: where an abort writes its bundle (``nanguard inspect``
+            and :func:`nanguard.inspect` read it); its batch is the tensors
+            passed to :meth:`step` as arguments.
+        spike_window: steps of loss and grad-norm history a spike is judged against.
+        spike_threshold: a z-score above this is a spike.
+        bundle_tags: name -> value tags a bundle carries, e.g.
+            ``{"task": "classify"}`` for ``nanguard replay BUNDLE --model
+            scripted.pt``.
+        log_top_norms: each event lists this many of the largest
+            per-parameter gradient norms.
+        schedule: a :class:`WarmupCosine` (or a dict of its arguments) the
+            guard applies to every param group at the start of each step,
+            times the product of the rollback factors.
+        tensorboard: a log directory, a ``SummaryWriter`` or a
+            :class:`nanguard.tensorboard.StepLogger`: every step's loss, grad
+            norm, per-layer norms, loss scale, LR, skips and findings go to
+            TensorBoard too.
+        distributed: True (torch.distributed's default process group), a
+            ``ProcessGroup`` or a :class:`nanguard.Distributed`: data
+            parallel on an unwrapped model: the guard averages the gradients
+            over the ranks, one small all-reduce a step makes every rank
+            take the same decision, and every rank's result names the ranks
+            that saw the NaN/Inf (``nonfinite_ranks``).
+
+    Raises:
+        TypeError: an unknown option (named, with the closest one), an
+            option passed by position, or a value of the wrong type.
+        ValueError: a value the C++ guard refuses (named), an optimizer that
+            holds none of the model's trainable parameters, or a model on
+            the meta device.
+        OSError: ``event_log`` cannot be written.
 
     NOTE: the closure must depend only on the batch, the parameters and the
     RNG, so that a replay repeats it. Replays restore the CPU RNG.
@@ -382,7 +400,23 @@ class Guard:
     def step(self, closure: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> StepResult:
         """Runs one guarded step: ``loss = closure(*args, **kwargs)`` then the
         checks, backward, clipping and ``optimizer.step()`` or the policy.
-        Returns a :class:`StepResult`."""
+
+        Args:
+            closure: the forward pass: returns the scalar loss tensor (the
+                guard runs backward; the closure must not).
+            *args: the closure's arguments (the tensors among them are the
+                batch a bundle keeps and a finding names).
+            **kwargs: its keyword arguments.
+
+        Returns:
+            The step's :class:`StepResult` (also the event log's line).
+
+        Raises:
+            NonFiniteError: policy "abort" (or ``max_bad_steps``) on a bad step.
+            TypeError: the closure returned no tensor, or the optimizer needs
+                a closure of its own (LBFGS).
+            ValueError: the loss depends on no trainable parameter.
+        """
         return self.step_accumulated(closure, [(args, kwargs)])
 
     def step_accumulated(self, closure: Callable[..., torch.Tensor], micro_batches: Sequence[Any]) -> StepResult:

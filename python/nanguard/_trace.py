@@ -358,12 +358,28 @@ def trace(model: Optional[torch.nn.Module] = None, max_findings: int = 1, raise_
     after the block, without recompiling. A compiled ``model``'s modules are
     named as in the model (``fc1``, not ``_orig_mod.fc1``).
 
-    ``allow`` lists :class:`AllowRule` for intentional infinities (default:
-    the -inf of masked_fill). ``max_findings`` stops checking after that many.
-    ``measure_cost`` times the tracer's callbacks and counts what it reads
-    (``Trace.cost``). ``inside_kernels`` also checks the ops a kernel runs
-    inside itself, naming the inner op (``aten::sum`` inside ``aten::mean``)
-    for half as much again per op; off, the kernel is named.
+    Args:
+        model: names the findings' modules and parameters (None: unnamed).
+        max_findings: stop checking after that many findings.
+        raise_on_finding: raise :class:`NonFiniteError` at the block's exit
+            (or at ``check()``) when something was found.
+        allow: :class:`AllowRule` for intentional infinities (default: the
+            -inf of masked_fill).
+        step: the step the findings are tagged with.
+        capture_backtrace: keep each finding's C++ call site.
+        measure_cost: time the tracer's callbacks and count what it reads
+            (``Trace.cost``).
+        inside_kernels: also check the ops a kernel runs inside itself,
+            naming the inner op (``aten::sum`` inside ``aten::mean``), for
+            half as much again per op; off, the kernel is named.
+
+    Returns:
+        The :class:`Trace`, to use in a ``with`` block: ``t.findings``.
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Module``, or ``allow`` holds
+            something else than AllowRule.
+        ValueError: ``max_findings`` < 1.
     """
     return Trace(model, max_findings=max_findings, raise_on_finding=raise_on_finding, allow=allow,
                  step=step, capture_backtrace=capture_backtrace, measure_cost=measure_cost,

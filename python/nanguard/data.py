@@ -40,15 +40,24 @@ be started by ``fork`` (Linux's default up to Python 3.13; from 3.14 pass
 ``multiprocessing_context="fork"``), not ``spawn`` or ``forkserver``, which
 are refused with a TypeError that says so.
 """
+from __future__ import annotations
+
 import json
 import multiprocessing
 import os
+from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Union
 
 import torch
 from torch.utils.data import Dataset, IterableDataset
 from torch.utils.data.dataloader import default_collate
 
 from . import _nanguard
+
+#: Where the features are in a sample: None (the sample itself, or element
+#: 0 of a tuple or list), an index, or a dict's key.
+Field = Union[int, str, None]
+#: A file path.
+PathLike = Union[str, "os.PathLike[str]"]
 
 __all__ = ["FirewallDataset", "FirewallIterableDataset", "firewall_collate", "FirewallCollate", "DROPPED", "FIELDS"]
 
@@ -176,11 +185,11 @@ class _Checked:
                         "DataLoader workers cannot be started by 'spawn' or 'forkserver'; use "
                         "multiprocessing_context='fork' (Linux's default) or num_workers=0")
 
-    def counts(self):
+    def counts(self) -> Dict[str, int]:
         """Every count as a dict (all processes together)."""
         return self._counts.as_dict()
 
-    def reset_counts(self):
+    def reset_counts(self) -> None:
         """Sets every count to 0 (e.g. at the start of an epoch)."""
         self._counts.reset()
 
@@ -254,12 +263,13 @@ class FirewallCollate(_Checked):
     :func:`firewall_collate`. Counts as attributes (``checked``, ``dropped``,
     ...; see the module's doc)."""
 
-    def __init__(self, firewall, collate_fn=default_collate, field=None, event_log=None):
+    def __init__(self, firewall: _nanguard.Firewall, collate_fn: Callable[[List[Any]], Any] = default_collate,
+                 field: Field = None, event_log: Optional[PathLike] = None) -> None:
         self._setup(firewall, event_log, "firewall_collate")
         self.collate_fn = collate_fn
         self.field = field
 
-    def __call__(self, samples):
+    def __call__(self, samples: List[Any]) -> Any:
         samples = [s for s in samples if s is not DROPPED]
         if not samples:
             return None  # every sample of the batch was dropped by a FirewallDataset
@@ -279,7 +289,8 @@ class FirewallCollate(_Checked):
         return _put(batch, self.field, clean)
 
 
-def firewall_collate(firewall, collate_fn=default_collate, field=None, event_log=None):
+def firewall_collate(firewall: _nanguard.Firewall, collate_fn: Callable[[List[Any]], Any] = default_collate,
+                     field: Field = None, event_log: Optional[PathLike] = None) -> FirewallCollate:
     """A DataLoader ``collate_fn`` that collates with ``collate_fn`` then applies
     the fitted ``firewall`` to the batch's features: ``batch`` itself when it
     is a tensor, else ``batch[field]`` (field 0 for a tuple or list, e.g.
@@ -317,7 +328,8 @@ class FirewallDataset(_Checked, Dataset):
 
     POLICIES = ("skip", "resample")
 
-    def __init__(self, dataset, firewall, policy=None, field=None, event_log=None):
+    def __init__(self, dataset: Any, firewall: _nanguard.Firewall, policy: Optional[Literal["skip", "resample"]] = None,
+                 field: Field = None, event_log: Optional[PathLike] = None) -> None:
         policy = "skip" if policy is None else policy
         if policy not in self.POLICIES:
             raise ValueError(f"nanguard.data.FirewallDataset: policy must be one of {self.POLICIES} (what a "
@@ -328,10 +340,10 @@ class FirewallDataset(_Checked, Dataset):
         self.policy = policy
         self.field = field
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int) -> Any:
         sample = self._checked(index)
         if sample is not DROPPED or self.policy == "skip":
             return sample
@@ -383,12 +395,13 @@ class FirewallIterableDataset(_Checked, IterableDataset):
     ``torch.utils.data.get_worker_info()``, as for any IterableDataset).
     """
 
-    def __init__(self, dataset, firewall, field=None, event_log=None):
+    def __init__(self, dataset: Any, firewall: _nanguard.Firewall, field: Field = None,
+                 event_log: Optional[PathLike] = None) -> None:
         self._setup(firewall, event_log, "FirewallIterableDataset")
         self.dataset = dataset
         self.field = field
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         for index, sample in enumerate(self.dataset):
             sample = _check_sample(self, sample, index)
             if sample is not DROPPED:

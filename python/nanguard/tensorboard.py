@@ -29,11 +29,22 @@ one list in the C++ core:
                             neg_inf, outliers, raised
 ==========================  ==================================================
 """
+from __future__ import annotations
+
 import json
 import math
 import os
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from . import _nanguard
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
+
+    from ._guard import StepResult
+
+#: What StepLogger.log takes: a StepResult, its to_dict() or a line of the event log.
+StepEvent = Union["StepResult", Dict[str, Any], str]
 
 __all__ = ["StepLogger", "TEXT_TAG", "step_scalars", "step_text"]
 
@@ -66,12 +77,12 @@ def _as_logged(value):
     return value
 
 
-def step_scalars(result):
+def step_scalars(result: StepEvent) -> List[Tuple[str, float]]:
     """[(tag, value)] of one step under nanguard's tags (the C++ list)."""
     return _nanguard.tensorboard_scalars(_event_json(result))
 
 
-def step_text(result):
+def step_text(result: StepEvent) -> str:
     """The Markdown of a step's findings, verdict, remedy and note ("" when none)."""
     return _nanguard.tensorboard_text(_event_json(result))
 
@@ -86,7 +97,7 @@ class StepLogger:
     Usable as a context manager.
     """
 
-    def __init__(self, writer, flush_every_step=True):
+    def __init__(self, writer: Union[str, "os.PathLike[str]", "SummaryWriter"], flush_every_step: bool = True) -> None:
         if isinstance(writer, (str, os.PathLike)):
             self.writer = _summary_writer(os.fspath(writer))
             self._owned = True
@@ -99,7 +110,7 @@ class StepLogger:
         self.flush_every_step = bool(flush_every_step)
         self.steps = 0
 
-    def log(self, result, walltime=None):
+    def log(self, result: StepEvent, walltime: Optional[float] = None) -> None:
         """Writes one step: a :class:`~nanguard.StepResult`, its ``to_dict()``
         or a line of the event log (its ``step`` is TensorBoard's step)."""
         event = _event_json(result)
@@ -114,7 +125,7 @@ class StepLogger:
         if self.flush_every_step:
             self.writer.flush()
 
-    def _add_text(self, text, step, walltime):
+    def _add_text(self, text: str, step: int, walltime: Optional[float]) -> None:
         # SummaryWriter.add_text would name the tag "<tag>/text_summary"; the
         # C++ writer's tag is TEXT_TAG itself.
         from torch.utils.tensorboard.summary import text as text_summary
@@ -123,11 +134,11 @@ class StepLogger:
         self.writer._get_file_writer().add_summary(summary, step, walltime)
 
     @property
-    def log_dir(self):
+    def log_dir(self) -> str:
         """The directory the event files go to."""
         return self.writer.get_logdir()
 
-    def close(self):
+    def close(self) -> None:
         """Flushes; closes the SummaryWriter when this logger made it."""
         if self._owned:
             self.writer.close()

@@ -70,6 +70,9 @@ def test_nanguard_report_shows_a_python_runs_findings(tmp_path):
     assert r.returncode == 0, r.stderr
     html = (tmp_path / "report.html").read_text()
     assert "aten::sqrt" in html
+    # nanguard.report: the same page from Python (the command the package carries)
+    assert nanguard.report(log, tmp_path / "api.html", title="a python run") == str(tmp_path / "api.html")
+    assert "aten::sqrt" in (tmp_path / "api.html").read_text() and "a python run" in (tmp_path / "api.html").read_text()
 
 
 @needs_cli
@@ -92,8 +95,26 @@ def test_nanguard_inspect_and_replay_read_a_python_bundle(tmp_path):
     r = cli("inspect", bundle)
     assert r.returncode == 0, r.stderr
     assert "aten::addmm" in r.stdout and "batch[0]" in r.stdout
+    assert nanguard.inspect(bundle) == r.stdout
 
     r = cli("replay", bundle, "--model", scripted)
     assert r.returncode == 3, r.stdout + r.stderr  # reproduced: exit 3, as for any non-finite result
     assert "reproduced" in r.stdout and "aten::addmm" in r.stdout
     assert "matches the bundle's finding" in r.stdout
+
+
+@needs_cli
+def test_report_and_inspect_from_python_refuse_what_they_cannot_read(tmp_path):
+    """nanguard.report and nanguard.inspect: a missing file is a
+    FileNotFoundError, a malformed one a ValueError with the command's
+    message (file and line), not a CalledProcessError."""
+    with pytest.raises(FileNotFoundError, match="nanguard.report: no event log at .*missing.jsonl"):
+        nanguard.report(tmp_path / "missing.jsonl", tmp_path / "r.html")
+    (tmp_path / "bad.jsonl").write_text('{"step": 1}\nnot json\n')
+    with pytest.raises(ValueError, match=r"^nanguard.report: /.*bad.jsonl:1: not a step event"):
+        nanguard.report([tmp_path / "bad.jsonl"], tmp_path / "r.html")
+    with pytest.raises(FileNotFoundError, match="nanguard.inspect: no bundle at"):
+        nanguard.inspect(tmp_path / "no-bundle")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="nanguard.inspect: "):
+        nanguard.inspect(tmp_path / "empty")
