@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -184,8 +185,19 @@ finding finding_from_json(const std::string& text) {
   return f;
 }
 
+namespace {
+
+// What a nonfinite_error says: where the value was born, its likely cause and the remedy.
+std::string error_message(const finding& f) {
+  std::string m = "nanguard: non-finite value: " + to_string(f) + "; cause: " + to_string(f.diagnosis.cause);
+  if (!f.diagnosis.remedy.empty()) m += "; remedy: " + f.diagnosis.remedy;
+  std::replace(m.begin(), m.end(), '\n', ' ');
+  return m;
+}
+
+}  // namespace
+
 nonfinite_error::nonfinite_error(nanguard::finding f)
-    : c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, "nanguard: non-finite value: " + to_string(f)),
-      finding_(std::move(f)) {}
+    : c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, error_message(f)), finding_(std::move(f)) {}
 
 }  // namespace nanguard

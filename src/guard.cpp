@@ -55,6 +55,24 @@ std::string applied_remedy(const step_event& e, double lr_after, double scale_af
   return r;
 }
 
+// "moved most since the snapshot: fc.weight (x3.2) fc.bias (by 0.031 from 0)": the
+// first 3 changes, each relative to the parameter's norm then, or absolute
+// where that norm is ~0 (a zero-initialised bias: any move is a ratio of 1e10),
+// listed after the others.
+std::string moved_most(std::vector<param_change> changes) {
+  std::stable_partition(changes.begin(), changes.end(),
+                        [](const param_change& c) { return !c.finite || c.norm_then > 1e-6; });
+  std::string moved = "moved most since the snapshot:";
+  for (size_t i = 0; i < changes.size() && i < 3; ++i) {
+    const param_change& c = changes[i];
+    moved += " " + c.name;
+    if (!c.finite) moved += " (now non-finite)";
+    else if (c.norm_then > 1e-6) moved += fmt::format(" (x{:.3g})", c.relative);
+    else moved += fmt::format(" (by {:.3g} from {:.3g})", c.absolute, c.norm_then);
+  }
+  return moved;
+}
+
 // "1, 3".
 std::string rank_list(const std::vector<int64_t>& ranks) {
   return fmt::format("{}", fmt::join(ranks, ", "));
@@ -181,6 +199,7 @@ struct guard::impl {
   std::optional<traced_run> live_run;
   bundle_tag_list bundle_tags = options.bundle_tags();
   std::optional<step_event> last;  // the last step's event
+  run_narrator narrator;            // tells the user (options.verbose)
   bool running = false;             // a step (or check) is under way
 
   // The collective the model's own backward runs (DDP, FSDP2), or none.
@@ -222,12 +241,18 @@ struct guard::impl {
     return c;
   }
 
-  // Stamps the guard's own time so far on `e` and logs it.
+  // Stamps the guard's own time so far on `e` and logs it; a bad step is a
+  // warning on stderr too (verbose; distributed: rank 0's).
   void write(step_event& e) {
     e.guard_ms = (seconds_since(step_started) - user_s) * 1e3;
     last = e;
     if (log) log->write(e);
+    const std::string& warning = narrator.observe(e);
+    if (!warning.empty() && speaks(e)) fmt::print(stderr, "{}\n", warning);
   }
+
+  // Whether this guard prints to the user what happened at step `e`.
+  bool speaks(const step_event& e) const { return options.verbose() && e.rank <= 0; }
 
   // trace_every_step: starts the tracer of this step's forward and backward,
   // naming what a replay's tracer names (`batches`: none when a framework
@@ -708,12 +733,7 @@ struct guard::impl {
 
   // Restores the last good snapshot and lowers the LR.
   void roll_back(step_event& e) {
-    // Which layers moved most since the snapshot: the diverged ones.
-    const auto changes = ring.diff();
-    std::string moved = "moved most since the snapshot:";
-    for (size_t i = 0; i < changes.size() && i < 3; ++i)
-      moved += " " + changes[i].name + " (x" + c10::str(changes[i].relative) + ")";
-    add_note(e.note, moved);
+    add_note(e.note, moved_most(ring.diff()));  // the diverged layers
     // Diverging again from the snapshot just restored (no newer one since):
     // it was taken on the way up; go one further back when there is one.
     if (ring.newest_step() == restored_step && ring.size() > 1) ring.drop_newest();
@@ -812,7 +832,11 @@ guard::guard(std::shared_ptr<training_host> host, guard_options options) {
   }
 }
 
-guard::~guard() = default;
+guard::~guard() {
+  const impl& s = *impl_;
+  if (s.last && s.narrator.summary().not_taken > 0 && s.speaks(*s.last))
+    fmt::print(stderr, "{}\n", s.narrator.summary_line());
+}
 
 namespace {
 
@@ -913,5 +937,6 @@ loss_scaler& guard::scaler() { return impl_->scaler; }
 nanguard::sentinel& guard::sentinel() { return impl_->sentinel; }
 snapshot_ring& guard::snapshots() { return impl_->ring; }
 const guard_options& guard::options() const { return impl_->options; }
+const run_narrator& guard::narrator() const { return impl_->narrator; }
 
 }  // namespace nanguard

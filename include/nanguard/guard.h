@@ -19,6 +19,7 @@
 //     });
 //     if (e.skipped) std::cerr << "step " << e.step << ": " << nanguard::to_string(e.action) << "\n";
 //   }
+//   // verbose (the default) says it on stderr too: a line per bad step, a summary at the end.
 //
 // Distributed (data parallel): give it a `distributed` (distributed.h) and
 // every rank averages its gradients, agrees on one decision per step, and
@@ -32,6 +33,7 @@
 #include <nanguard/events.h>
 #include <nanguard/loss_scaler.h>
 #include <nanguard/policy.h>
+#include <nanguard/run_summary.h>
 #include <nanguard/schedule.h>
 #include <nanguard/sentinel.h>
 #include <nanguard/snapshot.h>
@@ -115,6 +117,12 @@ struct guard_options {
   TORCH_ARG(int64_t, max_bad_steps) = 0;
   /// An LR schedule the guard applies every step (times the rollback factor).
   TORCH_ARG(std::optional<schedule_options>, schedule) = std::nullopt;
+  /// Tell the user what the guard does: one line on stderr for each bad
+  /// step (its op, cause, what the guard did and the remedy; a repeat of the
+  /// same failure in a few words) and, when the guard is destroyed after a
+  /// bad step, the run's summary (run_summary.h). Distributed: rank 0 only.
+  /// false: silent (the event log and narrator() still have it all).
+  TORCH_ARG(bool, verbose) = true;
   /// Distributed: this rank's process group (distributed.h). After backward
   /// the gradients are averaged over the ranks and one consensus all-reduce
   /// per step makes every rank take the same decision (nullptr: one process).
@@ -217,6 +225,9 @@ class guard {
   snapshot_ring& snapshots();
   /// The options it was made with.
   const guard_options& options() const;
+  /// What the run did so far: the last step's warning line and the summary
+  /// (what verbose prints).
+  const run_narrator& narrator() const;
 
  private:
   struct impl;

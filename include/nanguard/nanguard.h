@@ -29,6 +29,7 @@
 #include <nanguard/fpe.h>
 // Keeping training finite
 #include <nanguard/guard.h>
+#include <nanguard/run_summary.h>
 #include <nanguard/policy.h>
 #include <nanguard/sentinel.h>
 #include <nanguard/loss_scaler.h>

@@ -19,7 +19,7 @@ import torch  # noqa: F401  (loads LibTorch before the extension)
 
 from . import _dtensor, _nanguard
 from ._trace import AllowRule, Finding, NonFiniteError, Trace, trace
-from ._guard import POLICIES, Guard, StepResult
+from ._guard import POLICIES, Guard, NanGuardWarning, StepResult
 from ._cli import inspect, report
 from . import data, tensorboard  # noqa: E402  (nanguard.data, nanguard.tensorboard)
 
@@ -28,7 +28,7 @@ __version__ = _nanguard.__version__
 
 __all__ = [
     "census", "has_nonfinite", "census_many", "check_many", "RecordVerdict", "mark_written", "TensorStats", "trace", "Trace", "Finding",
-    "NonFiniteError", "AllowRule", "Guard", "StepResult", "POLICIES", "IsolationForest",
+    "NonFiniteError", "AllowRule", "Guard", "NanGuardWarning", "StepResult", "POLICIES", "IsolationForest",
     "Firewall", "FirewallReport", "WarmupCosine", "Distributed", "report", "inspect",
 ]
 

@@ -14,6 +14,8 @@ import functools
 import inspect
 import json
 import os
+import sys
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple,
@@ -41,6 +43,37 @@ Action = Literal["step", "skip", "backoff", "rollback", "abort", "data"]
 Verdict = Literal["", "reproduced", "not reproduced", "replay failed", "compiled only"]
 #: A file path as the guard's options take it.
 PathLike = Union[str, "os.PathLike[str]"]
+
+
+class NanGuardWarning(UserWarning):
+    """What a :class:`Guard` tells its user: one for each step the optimizer
+    did not take (the op, the cause, what the guard did and the remedy; the
+    same failure again in a few words, "again (3rd time)"), and the summary
+    of a run that had one when the guard closes. Silence it with
+    ``Guard(verbose=False)`` (or the callbacks' ``verbose=False``), or
+    ``warnings.filterwarnings("ignore", category=nanguard.NanGuardWarning)``."""
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _warn_user(message: str) -> None:
+    """Warns ``message`` as a NanGuardWarning attributed to the first frame
+    outside nanguard: the user's ``guard.step``, ``close`` or framework call."""
+    frame, level = sys._getframe(1), 2  # stacklevel 2: the caller
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, NanGuardWarning, stacklevel=level)
+
+
+def _end_run(host: Any, core: Any, verbose: bool) -> Dict[str, Any]:
+    """Closes a guard's host (its hooks, its process group) and, when the
+    run had a bad step, warns its summary; returns the summary."""
+    host.close()
+    summary = core.summary()
+    if verbose and summary["not_taken"] > 0:
+        _warn_user(summary["text"])
+    return summary
 
 
 @dataclass
@@ -253,6 +286,13 @@ class Guard:
     same RNG state) under :func:`nanguard.trace` to name the op that made
     the NaN/Inf, then applies ``policy``.
 
+    ``verbose`` (default True): every step the optimizer does not take is a
+    :class:`NanGuardWarning` naming the op, its cause, what the guard did and
+    the remedy (the same failure again: a short "again (3rd time)" line), and
+    :meth:`close` warns the run's summary (:meth:`summary`) when there was
+    one; distributed, rank 0 warns. False: silent (the results, the event
+    log and :meth:`summary` still have it all).
+
     ``model`` may be compiled (``torch.compile(model)`` or
     ``model.compile()``): healthy steps run the compiled code as it is; a
     replay (and ``trace_every_step``) runs it eagerly, so the finding names
@@ -342,7 +382,8 @@ class Guard:
                  bundle_tags: Optional[Mapping[str, object]] = None, log_top_norms: int = 5,
                  schedule: Union[_nanguard.WarmupCosine, ScheduleOptions, None] = None,
                  tensorboard: Union[PathLike, SummaryWriter, StepLogger, None] = None,
-                 distributed: Union[bool, ProcessGroup, _nanguard.Distributed, None] = None) -> None:
+                 distributed: Union[bool, ProcessGroup, _nanguard.Distributed, None] = None,
+                 verbose: bool = True) -> None:
         # The options are checked by the C++ guard (ValueError); the policy first.
         policy = cast(Policy, _nanguard.policy_from_string(policy))
         self.model = model
@@ -380,6 +421,7 @@ class Guard:
         options.spike_window = _int64("spike_window", spike_window)
         options.spike_threshold = float(spike_threshold)
         options.scaler = _loss_scaler(loss_scale)
+        options.verbose = False  # Python warns (NanGuardWarning), not C++ on stderr
         options.schedule = (_nanguard.WarmupCosine(**_known_keys("schedule", schedule, SCHEDULE_KEYS))
                             if isinstance(schedule, Mapping) else schedule)
         self._tensorboard: Optional[StepLogger] = None
@@ -393,7 +435,10 @@ class Guard:
         _compile.watch_compilation()
         self._host, options.distributed = host_for(model, optimizer, distributed)
         self._core: Optional[_nanguard.GuardCore] = _nanguard.GuardCore(self._host, options)
-        self._unhook = weakref.finalize(self, self._host.close)  # on close(), or when collected
+        self._verbose = bool(verbose) and getattr(options.distributed, "rank", 0) == 0
+        # On close(), or when collected.
+        self._end = weakref.finalize(self, _end_run, self._host, self._core, self._verbose)
+        self._summary: Optional[Dict[str, Any]] = None  # after close(): the run's
         _open_guards.add(self)
 
     # -- the step -------------------------------------------------------------
@@ -477,10 +522,18 @@ class Guard:
             result = StepResult.from_event(call(self._active()))
         except _nanguard.GuardAbort as abort:
             event = StepResult.from_event(self._active().last_event())
+            self._warn()
             raise NonFiniteError(Finding.from_json(abort.args[0]), result=event) from None
+        if result.skipped:
+            self._warn()
         if self._tensorboard is not None:
             self._tensorboard.log(result)
         return result
+
+    def _warn(self) -> None:
+        """The last step's warning, as a NanGuardWarning (verbose)."""
+        if self._verbose:
+            _warn_user(self._active().last_warning)
 
     def _active(self) -> _nanguard.GuardCore:
         if self._core is None:
@@ -518,12 +571,27 @@ class Guard:
         """The sentinel (its spike windows, parameter names)."""
         return self._active().sentinel
 
+    def summary(self) -> Dict[str, Any]:
+        """What the run did so far (after :meth:`close`: the whole run), a dict:
+        ``steps``, ``not_taken`` (bad steps: skipped, rolled back or stopped),
+        ``rolled_back``, ``last_bad_step``, ``last_cause`` (the finding's cause
+        or the step's reason), ``last_rollback_to`` and ``ended_on_snapshot``
+        (0: the initial weights; -1: none), ``aborted``, ``first_step`` /
+        ``first_loss`` and ``final_step`` / ``final_loss`` (the first and last
+        steps the optimizer took), ``loss_scale``, ``lr``, and ``text``, the
+        line a verbose guard warns when it closes after a bad step."""
+        if self._core is None:
+            return cast(Dict[str, Any], self._summary)
+        return self._core.summary()
+
     def close(self) -> None:
         """Closes the event log (and the TensorBoard logger it made), removes
         the guard's hooks from the model and lets go of the process group
-        (distributed); the guard steps no more. Garbage collection and the
+        (distributed); the guard steps no more. When a step was not taken it
+        warns the run's summary (verbose). Garbage collection and the
         interpreter's exit close a guard too."""
-        self._unhook()
+        if self._core is not None:
+            self._summary = self._end()
         self._core = None
         if self._own_tensorboard is not None:
             self._own_tensorboard.close()

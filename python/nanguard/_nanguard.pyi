@@ -357,6 +357,7 @@ class GuardOptions:
     scaler: LossScaler | None
     schedule: WarmupCosine | None
     trace_every_step: bool
+    verbose: bool
     def __init__(self) -> None:
         ...
     @property
@@ -441,9 +442,18 @@ class GuardCore:
         """
         The last step's event JSON (after an abort: its bundle).
         """
+    def summary(self) -> dict[str, typing.Any]:
+        """
+        What the run did so far (nanguard::run_summary), its line as "text".
+        """
     def step_accumulated(self, micro_batches: collections.abc.Sequence[collections.abc.Sequence[torch.Tensor]], forward: collections.abc.Callable[[typing.SupportsInt], torch.Tensor]) -> str:
         """
         One guarded step over the micro-batches (their tensors); forward(i) is the loss of the i-th. Returns the step event's JSON.
+        """
+    @property
+    def last_warning(self) -> str:
+        """
+        The last step's warning line ("" when the optimizer took it).
         """
     @property
     def lr_factor(self) -> float:
@@ -525,6 +535,10 @@ def observers_paused() -> bool:
 def pause_observers() -> None:
     """
     Pauses every nanguard observer on this thread until resume_observers() (torch.compile's compile).
+    """
+def cause_code(name: str) -> int:
+    """
+    1 + the position of cause `name` in nanguard::cause (unclassified: 1): the number the framework callbacks log as nanguard/last_cause. A ValueError for another name.
     """
 def policy_from_string(name: str) -> str:
     """

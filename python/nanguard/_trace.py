@@ -147,11 +147,15 @@ class Finding:
 
 class NonFiniteError(RuntimeError):
     """A NaN or Inf that must stop the caller; ``.finding`` says where it was
-    born. From a Guard's abort, ``.result`` is the step's StepResult (its
-    ``bundle``); None otherwise."""
+    born, and the message its likely cause and the remedy. From a Guard's
+    abort, ``.result`` is the step's StepResult (its ``bundle``); None
+    otherwise."""
 
     def __init__(self, finding: Finding, result: Optional["StepResult"] = None) -> None:
-        super().__init__("non-finite value: " + str(finding))
+        message = f"non-finite value: {finding}; cause: {finding.cause}"
+        if finding.remedy:
+            message += f"; remedy: {finding.remedy}"
+        super().__init__(message.replace("\n", " "))
         self.finding = finding
         self.result = result
 

@@ -5,6 +5,7 @@
 #include <nanguard/events.h>
 #include <nanguard/guard.h>
 #include <nanguard/policy.h>
+#include <nanguard/run_summary.h>
 #include <nanguard/training_host.h>
 
 #include <algorithm>
@@ -90,6 +91,27 @@ py::tuple names_of(const E (&values)[N]) {
   return names;
 }
 
+/// A run_summary as a dict (nanguard.Guard.summary()), its line as "text".
+py::dict summary_dict(const nanguard::run_summary& s) {
+  py::dict d;
+  d["steps"] = s.steps;
+  d["not_taken"] = s.not_taken;
+  d["rolled_back"] = s.rolled_back;
+  d["last_bad_step"] = s.last_bad_step;
+  d["last_cause"] = s.last_cause;
+  d["last_rollback_to"] = s.last_rollback_to;
+  d["ended_on_snapshot"] = s.ended_on_snapshot;
+  d["aborted"] = s.aborted;
+  d["first_step"] = s.first_step;
+  d["first_loss"] = s.first_loss;
+  d["final_step"] = s.final_step;
+  d["final_loss"] = s.final_loss;
+  d["loss_scale"] = s.loss_scale;
+  d["lr"] = s.lr;
+  d["text"] = nanguard::to_string(s);
+  return d;
+}
+
 }  // namespace
 
 namespace nanguard::python {
@@ -122,6 +144,7 @@ void bind_guard_options(py::module_& m) {
   NANGUARD_GUARD_OPTION(o, snapshot_keep);
   NANGUARD_GUARD_OPTION(o, rollback_lr_factor);
   NANGUARD_GUARD_OPTION(o, max_bad_steps);
+  NANGUARD_GUARD_OPTION(o, verbose);
   NANGUARD_GUARD_OPTION(o, distributed);
   // A tracer on every step costs what nanguard.trace does: not inside kernels.
   o.def_property(
@@ -166,6 +189,10 @@ void bind_guard(py::module_& m) {
   m.attr("ACTIONS") = names_of(nanguard::all_actions);
   m.attr("VERDICTS") = names_of(nanguard::all_verdicts);
   bind_guard_options(m);
+  m.def("cause_code", [](const std::string& name) { return static_cast<int>(nanguard::cause_from_string(name)) + 1; },
+        py::arg("name"),
+        "1 + the position of cause `name` in nanguard::cause (unclassified: 1): the number the framework "
+        "callbacks log as nanguard/last_cause. A ValueError for another name.");
   m.def("policy_from_string", [](const std::string& name) { return nanguard::to_string(nanguard::policy_from_string(name)); },
         py::arg("name"), "`name` when it names a policy; else a ValueError listing the policies.");
   // nanguard.Guard drives the C++ guard's step through a training_host that
@@ -207,6 +234,10 @@ void bind_guard(py::module_& m) {
            "Checks a step a framework ran; returns the step event's JSON.")
       .def("last_event", [](const nanguard::guard& g) { return nanguard::to_json(g.last_event()); },
            "The last step's event JSON (after an abort: its bundle).")
+      .def_property_readonly("last_warning", [](const nanguard::guard& g) { return g.narrator().last_warning(); },
+                             "The last step's warning line (\"\" when the optimizer took it).")
+      .def("summary", [](const nanguard::guard& g) { return summary_dict(g.narrator().summary()); },
+           "What the run did so far (nanguard::run_summary), its line as \"text\".")
       .def_property_readonly("steps", &nanguard::guard::steps)
       .def_property_readonly("skipped", &nanguard::guard::skipped)
       .def_property_readonly("rollbacks", &nanguard::guard::rollbacks)

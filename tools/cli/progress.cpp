@@ -73,6 +73,15 @@ void progress::update(const step_event& e) {
   }
 }
 
+void progress::note(const std::string& line) {
+  if (!stream_ || line.empty()) return;
+  // On a terminal: over the progress line (padded), which the next update draws again below.
+  const size_t pad = tty_ && drawn_width_ > line.size() ? drawn_width_ - line.size() : 0;
+  std::fprintf(stream_, "%s%s%*s\n", tty_ ? "\r" : "", line.c_str(), int(pad), "");
+  std::fflush(stream_);
+  drawn_width_ = 0;
+}
+
 void progress::finish() {
   if (finished_) return;
   finished_ = true;

@@ -32,6 +32,9 @@ class progress {
 
   /// Records one finished step (its number, loss, grad norm, scale, skipped).
   void update(const step_event& e);
+  /// Prints `line` (a warning) on a line of its own, above the progress on
+  /// a terminal; "" prints nothing.
+  void note(const std::string& line);
   /// Prints the last state and ends the line; later calls do nothing.
   void finish();
   /// True when the stream is a terminal (the line is rewritten in place).

@@ -66,6 +66,7 @@ struct train_args {
   uint64_t seed = 0;
   std::string out = "nanguard-train";
   std::string device = "cpu";
+  bool quiet = false;
 };
 
 // The CSV file in memory, each row with the file line it came from.
@@ -320,7 +321,8 @@ guard_options make_guard_options(const train_args& a, const run_outputs& out) {
       .replay(a.trace == "on-failure")
       .snapshot_every(std::clamp<int64_t>(a.steps / 10, 1, 100))
       .event_log(out.events)
-      .bundle_dir(out.bundles);
+      .bundle_dir(out.bundles)
+      .verbose(false);  // train() prints the guard's warnings between its progress lines
   if (a.trace == "always") options.trace_every_step(true).tracer(tracer_options());
   if (a.warmup > 0)
     options.schedule(schedule_options(a.lr).warmup_steps(a.warmup).total_steps(a.steps).min_lr(a.lr));
@@ -455,12 +457,13 @@ train_outcome train(const train_args& a, torch::jit::Module& model, guard& g, ba
     return task_loss(forward_tensor(model, bt[0]), bt[1], a.task);
   };
   train_outcome o;
-  progress bar(a.steps, "train");
+  progress bar(a.steps, "train", 0, a.quiet ? nullptr : stderr);
   for (int64_t step = 1; step <= a.steps && !o.aborted; ++step) {
     const batch bt = batches.next();
     g.set_bundle_tags(bundle_tags(a, bt));
     const auto [e, aborted] = guarded_step(g, {bt.x.to(device), bt.y.to(device)}, fn);
     o.record(step, e, bt);
+    bar.note(g.narrator().last_warning());
     if (aborted) {
       o.aborted = true;
       o.bundle_path = e.bundle;
@@ -624,6 +627,7 @@ command add_train_command(CLI::App& app) {
   sub->add_option("--device", a->device, "where the model trains: cpu, or cuda (the current GPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
+  sub->add_flag("--quiet", a->quiet, "no progress and no warning line per bad step on stderr (the summary stays)");
   sub->footer(exit_codes("the run finished finite or recovered",
                          "it stopped on a NaN/Inf (--policy abort) or ended non-finite (none of its last steps/10, "
                          "1 to 10, could be taken)") +

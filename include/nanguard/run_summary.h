@@ -1,0 +1,94 @@
+// run_summary.h — what a guarded run did, told to its user: one warning
+// line per bad step (a repeat of the same failure says so in a few words,
+// without the remedy again) and a summary of the run at its end.
+//
+// The guard feeds every step event to its narrator (guard::narrator()) and,
+// with guard_options::verbose (the default), prints each warning on stderr
+// and the summary when it is destroyed after a bad step. Python's Guard
+// raises the same lines as nanguard.NanGuardWarning.
+//
+//   nanguard::run_narrator n;
+//   for (const auto& e : nanguard::read_events("train.jsonl")) {
+//     const std::string& w = n.observe(e);
+//     if (!w.empty()) std::cerr << w << "\n";
+//   }
+//   std::cerr << n.summary_line() << "\n";
+//   // nanguard: step 12: nan from aten::log in head (forward) [log_of_nonpositive]: skipped the step; remedy: ...
+//   // nanguard: step 13: nan from aten::log in head (forward) [log_of_nonpositive] again (2nd time): skipped the step
+//   // nanguard: 48 steps, 2 not taken (2 skipped); last bad step 13 [log_of_nonpositive]; loss 2.31 (step 1) -> 0.42 (step 48)
+#pragma once
+
+#include <nanguard/events.h>
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <string>
+
+namespace nanguard {
+
+/// What a guarded run did so far, from its step events.
+struct run_summary {
+  int64_t steps = 0;        ///< training steps (data events not counted)
+  int64_t not_taken = 0;    ///< bad steps: the optimizer did not step (every policy)
+  int64_t rolled_back = 0;  ///< of those, rolled back
+  int64_t last_bad_step = -1;  ///< the last bad step (-1: none)
+  /// Why the last bad step was bad: its finding's cause ("log_of_nonpositive")
+  /// or, without a classified finding, its reason ("non-finite gradient").
+  std::string last_cause;
+  /// The step a rollback restored last (-1: none); 0 is the initial weights.
+  int64_t last_rollback_to = -1;
+  /// When the last step was a rollback: the step whose weights the model
+  /// holds now (-1: the last step's own, or those of final_step).
+  int64_t ended_on_snapshot = -1;
+  bool aborted = false;     ///< the run stopped on policy abort (or max_bad_steps)
+  int64_t first_step = -1;  ///< the first step the optimizer took (-1: none)
+  double first_loss = std::numeric_limits<double>::quiet_NaN();  ///< its loss
+  int64_t final_step = -1;  ///< the last step the optimizer took (-1: none)
+  double final_loss = std::numeric_limits<double>::quiet_NaN();  ///< its loss
+  int64_t last_step = -1;  ///< the last step seen, taken or not (-1: none)
+  double loss_scale = 1;    ///< the loss scale of the last step
+  double lr = 0;            ///< the LR of the last step
+};
+
+/// One line: `nanguard: 48 steps, 2 not taken (2 skipped); last bad step 13
+/// [log_of_nonpositive]; loss 2.31 (step 1) -> 0.42 (step 48)`, with the loss
+/// scale when it is not 1, and what the user must know: the loss did not
+/// fall, the model ended on a snapshot's weights (its initial ones), the
+/// last rollback restored the initial weights, the run stopped.
+std::string to_string(const run_summary& s);
+
+/// How a run ended, from its summary (what `nanguard report` shows): "empty"
+/// (no step); "finite" (no bad step); "recovered" (bad steps, and it ended
+/// taking steps, its last steps/10 (1 to 10) not all bad, at a finite loss
+/// below its first, not on its initial weights (a rollback to step 0 after
+/// its last step taken)); "unrecovered" (bad steps, and it ended taking
+/// finite steps but not below its first loss, or on its initial weights);
+/// "nonfinite" (it stopped on abort, took no step, ended in bad steps, or
+/// its last loss was not finite).
+const char* run_status(const run_summary& s);
+
+/// Turns step events into warning lines and a run_summary.
+class run_narrator {
+ public:
+  /// Counts `e` and returns its warning line ("" for a step the optimizer
+  /// took and for a data event); also last_warning() until the next call.
+  const std::string& observe(const step_event& e);
+  /// The line the last observe() returned.
+  const std::string& last_warning() const { return last_warning_; }
+  /// The run so far.
+  const run_summary& summary() const { return summary_; }
+  /// to_string(summary()).
+  std::string summary_line() const { return to_string(summary_); }
+
+ private:
+  run_summary summary_;
+  std::string last_warning_;
+  std::map<std::string, int64_t> seen_;  // failure (what + cause) -> how many times
+};
+
+/// The warning line of bad step `e` seen `times` times (1: the first; a
+/// repeat is shorter: "again (3rd time)", no remedy). "" for a step taken.
+std::string warning_line(const step_event& e, int64_t times = 1);
+
+}  // namespace nanguard

@@ -1,0 +1,148 @@
+#include "nanguard/run_summary.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace nanguard {
+namespace {
+
+// "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st".
+std::string ordinal(int64_t n) {
+  const int64_t tens = n % 100, ones = n % 10;
+  const char* suffix = (tens >= 11 && tens <= 13) ? "th" : ones == 1 ? "st" : ones == 2 ? "nd" : ones == 3 ? "rd" : "th";
+  return fmt::format("{}{}", n, suffix);
+}
+
+// "nan", "inf", "-inf" (fmt writes a NaN with its sign bit as "-nan").
+std::string value_text(double v) { return std::isnan(v) ? "nan" : fmt::format("{}", v); }
+
+// " in head (forward)", " (backward)".
+std::string where(const finding& f) {
+  return fmt::format("{}{} ({})", f.module.empty() ? "" : " in ", f.module, to_string(f.direction));
+}
+
+// What went wrong in a bad step, without its step number: the first
+// finding's op and module, or the reason and the first bad parameter.
+std::string failure(const step_event& e) {
+  if (!e.findings.empty()) {
+    const finding& f = e.findings.front();
+    const std::string rank = f.rank >= 0 ? fmt::format(" on rank {}", f.rank) : "";
+    switch (f.role) {
+      case role::producer: return fmt::format("{} from {}{}{}", value_text(f.value), f.op, where(f), rank);
+      case role::input:
+        return fmt::format("{} in {} entering {}{}{}", value_text(f.value), f.culprit, f.op, where(f), rank);
+      case role::propagator: return fmt::format("{} through {}{}{}", value_text(f.value), f.op, where(f), rank);
+    }
+  }
+  std::string what = e.reason.empty() ? "non-finite step" : e.reason;
+  if (!e.nonfinite_params.empty()) {
+    what += " in " + e.nonfinite_params.front().name;
+    if (e.nonfinite_params.size() > 1) what += fmt::format(" and {} more parameters", e.nonfinite_params.size() - 1);
+  }
+  switch (e.verdict) {
+    case verdict::not_reproduced: return what + " (not reproduced by the replay)";
+    case verdict::replay_failed: return what + " (the replay failed)";
+    case verdict::compiled_only: return what + " (only in the compiled code)";
+    case verdict::none:
+    case verdict::reproduced: return what;
+  }
+  return what;
+}
+
+// The classified cause of a bad step ("" when none).
+std::string cause_of(const step_event& e) {
+  if (e.findings.empty() || e.findings.front().diagnosis.cause == cause::unclassified) return "";
+  return to_string(e.findings.front().diagnosis.cause);
+}
+
+// The diagnosis's remedy on one line ("" when there is none).
+std::string remedy_of(const step_event& e) {
+  if (e.findings.empty()) return "";
+  std::string r = e.findings.front().diagnosis.remedy;
+  std::replace(r.begin(), r.end(), '\n', ' ');
+  return r;
+}
+
+bool bad(const step_event& e) { return e.action != action::step && e.action != action::data; }
+
+}  // namespace
+
+std::string warning_line(const step_event& e, int64_t times) {
+  if (!bad(e)) return "";
+  const std::string cause = cause_of(e);
+  std::string line = fmt::format("nanguard: step {}: {}{}", e.step, failure(e), cause.empty() ? "" : " [" + cause + "]");
+  if (times > 1) line += fmt::format(" again ({} time)", ordinal(times));
+  line += ": " + (e.remedy.empty() ? std::string(to_string(e.action)) : e.remedy);
+  const std::string fix = remedy_of(e);
+  if (times == 1 && !fix.empty()) line += "; remedy: " + fix;
+  return line;
+}
+
+const std::string& run_narrator::observe(const step_event& e) {
+  last_warning_.clear();
+  if (e.action == action::data) return last_warning_;
+  run_summary& s = summary_;
+  ++s.steps;
+  s.last_step = e.step;
+  s.loss_scale = e.scale;
+  s.lr = e.lr;
+  if (!bad(e)) {
+    if (s.first_step < 0) {
+      s.first_step = e.step;
+      s.first_loss = e.loss;
+    }
+    s.final_step = e.step;
+    s.final_loss = e.loss;
+    s.ended_on_snapshot = -1;
+    return last_warning_;
+  }
+  ++s.not_taken;
+  s.last_bad_step = e.step;
+  const std::string cause = cause_of(e);
+  s.last_cause = !cause.empty() ? cause : !e.reason.empty() ? e.reason : "non-finite step";
+  if (e.action == action::rollback) {
+    ++s.rolled_back;
+    s.last_rollback_to = s.ended_on_snapshot = e.rollback_to;
+  }
+  s.aborted = s.aborted || e.action == action::abort;
+  last_warning_ = warning_line(e, ++seen_[failure(e) + "|" + cause]);
+  return last_warning_;
+}
+
+const char* run_status(const run_summary& s) {
+  if (s.steps == 0) return "empty";
+  if (s.not_taken == 0) return std::isfinite(s.final_loss) ? "finite" : "nonfinite";
+  const int64_t window = std::clamp<int64_t>(s.steps / 10, 1, 10);
+  if (s.aborted || s.first_step < 0 || s.last_step - s.final_step >= window || !std::isfinite(s.final_loss))
+    return "nonfinite";
+  if (s.ended_on_snapshot == 0 || !(s.final_loss < s.first_loss)) return "unrecovered";
+  return "recovered";
+}
+
+std::string to_string(const run_summary& s) {
+  std::string line = fmt::format("nanguard: {} step{}", s.steps, s.steps == 1 ? "" : "s");
+  if (s.not_taken == 0) {
+    line += ", all taken";
+  } else {
+    line += fmt::format(", {} not taken ({} skipped{})", s.not_taken, s.not_taken - s.rolled_back,
+                        s.rolled_back ? fmt::format(", {} rolled back", s.rolled_back) : "");
+    line += fmt::format("; last bad step {} [{}]", s.last_bad_step, s.last_cause);
+  }
+  if (s.first_step < 0) {
+    line += "; no step was taken: the model is as it started";
+  } else {
+    line += fmt::format("; loss {:.4g} (step {})", s.first_loss, s.first_step);
+    if (s.final_step > s.first_step) line += fmt::format(" -> {:.4g} (step {})", s.final_loss, s.final_step);
+    if (s.final_step > s.first_step && !(s.final_loss < s.first_loss)) line += ", not below the first";
+  }
+  if (s.loss_scale != 1) line += fmt::format("; loss scale {:.6g}", s.loss_scale);
+  if (s.ended_on_snapshot == 0) line += "; ended on its initial weights (rolled back to step 0)";
+  else if (s.ended_on_snapshot > 0) line += fmt::format("; ended on the weights of step {} (rolled back)", s.ended_on_snapshot);
+  else if (s.last_rollback_to == 0) line += "; the last rollback restored the initial weights (step 0)";
+  if (s.aborted) line += fmt::format("; stopped at step {} (abort)", s.last_bad_step);
+  return line;
+}
+
+}  // namespace nanguard
