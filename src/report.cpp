@@ -1,4 +1,5 @@
 #include "nanguard/report.h"
+#include "nanguard/run_summary.h"
 #include "nanguard/version.h"
 
 #include "detail/json_number.h"
@@ -6,6 +7,7 @@
 #include "nanguard/detail/report_assets.h"  // generated: report_css, report_js
 
 #include <c10/util/Exception.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -262,6 +264,51 @@ json data_rows(const std::vector<step_event>& events) {
   return rows;
 }
 
+// How the run ended, from its events (run_summary.h): "status", "summary"
+// (the narrator's line), and the first and last steps the optimizer took
+// ("final_loss": the last taken step's, not a bad step's NaN).
+void add_status(const std::vector<step_event>& events, json& r) {
+  run_narrator narrator;
+  for (const auto& e : events) narrator.observe(e);
+  const run_summary& s = narrator.summary();
+  r["status"] = run_status(s);
+  const std::string line = to_string(s);
+  const std::string prefix = "nanguard: ";
+  r["summary"] = line.rfind(prefix, 0) == 0 ? line.substr(prefix.size()) : line;
+  r["first_loss"] = detail::json_number(s.first_loss);
+  r["final_loss"] = detail::json_number(s.final_loss);
+  r["final_step"] = s.final_step;
+}
+
+// The findings, one per failure: the same op, module, direction, role,
+// culprit, rank and cause at several steps is one entry with its "count"
+// and its first "steps" (kMaxSteps of them).
+void add_findings(const std::vector<step_event>& events, json& r) {
+  constexpr size_t kMaxSteps = 50;
+  json findings = json::array();
+  std::map<std::string, size_t> group_of;  // failure -> index in findings
+  size_t groups = 0;
+  for (const auto& e : events)
+    for (const auto& f : e.findings) {
+      const std::string key = fmt::format("{}|{}|{}|{}|{}|{}|{}", f.op, f.module, to_string(f.direction),
+                                          to_string(f.role), f.culprit, f.rank, to_string(f.diagnosis.cause));
+      const auto [it, fresh] = group_of.emplace(key, findings.size());
+      if (fresh && groups++ >= kMaxFindings) continue;
+      if (fresh) {
+        json j = json::parse(nanguard::to_json(f));
+        j["count"] = 0;
+        j["steps"] = json::array();
+        findings.push_back(std::move(j));
+      }
+      if (it->second >= findings.size()) continue;  // a group past kMaxFindings
+      json& g = findings[it->second];
+      g["count"] = g["count"].get<int64_t>() + 1;
+      if (g["steps"].size() < kMaxSteps) g["steps"].push_back(f.step);
+    }
+  r["findings"] = findings;
+  r["findings_omitted"] = groups - findings.size();
+}
+
 json run_json(const report_run& all) {
   // Data events are set apart: the plots and counts are of training steps.
   const bool has_data = std::any_of(all.events.begin(), all.events.end(), [](const step_event& e) { return e.data.has_value(); });
@@ -287,13 +334,13 @@ json run_json(const report_run& all) {
   r["rollbacks"] = rollbacks;
   r["aborted"] = aborted;
   r["first_problem"] = first_problem(ev);
+  add_status(ev, r);
   if (ev.empty()) return r;
   // The step axis: a log appended to by a restarted run may step back.
   const auto [lo, hi] = std::minmax_element(ev.begin(), ev.end(),
                                             [](const step_event& a, const step_event& b) { return a.step < b.step; });
   r["first_step"] = lo->step;
   r["last_step"] = hi->step;
-  r["final_loss"] = detail::json_number(ev.back().loss);
 
   std::vector<int64_t> x;
   std::vector<double> loss, norm, scale, lr;
@@ -322,17 +369,13 @@ json run_json(const report_run& all) {
   r["rollback_marks"] = rb;
   r["abort_marks"] = aborts;
 
-  json timeline = data_rows(all.events), findings = json::array();
-  size_t notable_rows = timeline.size(), finding_count = 0;
-  for (const auto& e : ev) {
+  json timeline = data_rows(all.events);
+  size_t notable_rows = timeline.size();
+  for (const auto& e : ev)
     if (notable(e) && notable_rows++ < kMaxTimelineRows) timeline.push_back(timeline_row(e));
-    for (const auto& f : e.findings)
-      if (finding_count++ < kMaxFindings) findings.push_back(json::parse(nanguard::to_json(f)));
-  }
   r["timeline"] = timeline;
   r["timeline_omitted"] = notable_rows - timeline.size();
-  r["findings"] = findings;
-  r["findings_omitted"] = finding_count - findings.size();
+  add_findings(ev, r);
   return r;
 }
 

@@ -204,9 +204,77 @@ TEST(report, summary_timeline_and_findings) {
   EXPECT_NE(bad_step.dump().find("(likely cause: division_by_zero)"), std::string::npos) << bad_step.dump();
   EXPECT_NE(bad_step.dump().find("[\"remedy\",\"skipped the step; loss scale 65536 -> 32768\"]"), std::string::npos)
       << bad_step.dump();
+  EXPECT_EQ(a.at("status"), "recovered");
+  EXPECT_EQ(a.at("final_step"), 40);
   const json& empty = data.at("runs").at(1);
   EXPECT_EQ(empty.at("events"), 0);
+  EXPECT_EQ(empty.at("status"), "empty");
   EXPECT_FALSE(empty.contains("series"));
+}
+
+// The status of a run whose events are `events`, and its summary line.
+std::pair<std::string, std::string> status_of(const std::vector<step_event>& events) {
+  const json run = payload(nanguard::render_html_report({{"run", events}})).at("runs").at(0);
+  return {run.at("status").get<std::string>(), run.at("summary").get<std::string>()};
+}
+
+void make_bad(step_event& e, nanguard::action a) {
+  e.loss = kNaN;
+  e.skipped = true;
+  e.action = a;
+  e.reason = "non-finite loss";
+}
+
+TEST(report, the_status_says_how_the_run_ended_not_only_whether_it_was_finite) {
+  std::vector<step_event> events = healthy_run(40);
+  EXPECT_EQ(status_of(events).first, "finite");
+  make_bad(events[5], nanguard::action::skip);
+  const auto [skipped_status, skipped_summary] = status_of(events);
+  EXPECT_EQ(skipped_status, "recovered");
+  EXPECT_EQ(skipped_summary, "40 steps, 1 not taken (1 skipped); last bad step 6 [non-finite loss]; "
+                             "loss 2.008 (step 1) -> 0.3237 (step 40); loss scale 65536");
+  // Finite, but it ended far above its start: not "recovered".
+  std::vector<step_event> diverged = events;
+  diverged.back().loss = 3e36;
+  const auto [status, summary] = status_of(diverged);
+  EXPECT_EQ(status, "unrecovered");
+  EXPECT_NE(summary.find("-> 3e+36 (step 40), not below the first"), std::string::npos) << summary;
+  // Its last steps (40 / 10 = 4 of them) all bad: it did not end finite.
+  std::vector<step_event> ended_bad = events;
+  for (size_t i = 36; i < 40; ++i) make_bad(ended_bad[i], nanguard::action::skip);
+  EXPECT_EQ(status_of(ended_bad).first, "nonfinite");
+  // Rolled back to the initial weights at the end: it says so.
+  std::vector<step_event> reset = events;
+  make_bad(reset.back(), nanguard::action::rollback);
+  reset.back().rollback_to = 0;
+  const auto [reset_status, reset_summary] = status_of(reset);
+  EXPECT_EQ(reset_status, "unrecovered");
+  EXPECT_NE(reset_summary.find("; ended on its initial weights (rolled back to step 0)"), std::string::npos)
+      << reset_summary;
+  std::vector<step_event> stopped = events;
+  make_bad(stopped.back(), nanguard::action::abort);
+  EXPECT_EQ(status_of(stopped).first, "nonfinite");
+}
+
+TEST(report, the_same_finding_at_many_steps_is_one_entry_with_its_count_and_steps) {
+  std::vector<step_event> events = healthy_run(40);
+  for (int64_t s = 10; s <= 30; ++s) {
+    step_event& e = events[size_t(s - 1)];
+    make_bad(e, nanguard::action::skip);
+    e.findings.push_back(sample_finding("encoder.norm"));
+    e.findings.back().step = s;
+  }
+  events[34].findings.push_back(sample_finding("decoder.norm"));
+  const json run = payload(nanguard::render_html_report({{"run", events}})).at("runs").at(0);
+  ASSERT_EQ(run.at("findings").size(), 2u);
+  const json& same = run.at("findings").at(0);
+  EXPECT_EQ(same.at("module"), "encoder.norm");
+  EXPECT_EQ(same.at("count"), 21);
+  EXPECT_EQ(same.at("steps").size(), 21u);
+  EXPECT_EQ(same.at("steps").at(0), 10);
+  EXPECT_EQ(same.at("steps").at(20), 30);
+  EXPECT_EQ(run.at("findings").at(1).at("count"), 1);
+  EXPECT_EQ(run.at("findings_omitted"), 0);
 }
 
 TEST(report, a_long_run_is_downsampled_but_keeps_its_bad_steps) {

@@ -43,11 +43,9 @@
     return e;
   }
 
+  // How the run ended, decided from its events by the report (run_summary.h).
   function status(run) {
-    if (!run.events) return 'empty';
-    if (run.aborted || !isFinite(num(run.final_loss))) return 'nonfinite';
-    if (run.skipped > 0 || run.rollbacks > 0) return 'recovered';
-    return 'finite';
+    return run.status;
   }
 
   // "Nice" linear ticks covering [lo, hi].
@@ -338,6 +336,7 @@
       var st = status(run);
       var sd = el('td');
       sd.appendChild(el('span', 'badge ' + st, st));
+      sd.title = run.summary;
       tr.appendChild(sd);
       tr.appendChild(el('td', 'num', run.events));
       tr.appendChild(el('td', 'num', run.skipped));
@@ -435,6 +434,11 @@
     card.setAttribute('data-op', f.op);
     var title = 'step ' + f.step + ' \u00B7 ' + f.direction + ' \u00B7 ' + f.op + (f.module ? ' in ' + f.module : '') +
       ' \u00B7 ' + f.role;
+    // The same failure at several steps is one card.
+    if (f.count > 1) {
+      title += ' \u00B7 \u00D7' + f.count + ' at steps ' + f.steps.join(', ') + (f.count > f.steps.length ? ', \u2026' : '');
+      card.setAttribute('data-count', f.count);
+    }
     card.appendChild(el('div', 'finding-title', title));
     if (f.diagnosis) card.appendChild(diagnosisBlock(f.diagnosis));
     var kv = el('div', 'kv');
@@ -478,6 +482,7 @@
       card.appendChild(el('p', 'note', 'No steps logged.'));
       return { node: card, plots: 0 };
     }
+    card.appendChild(el('p', 'run-summary', run.summary));
     var chips = el('div', 'chips');
     [['steps', run.first_step + '\u2013' + run.last_step], ['events', run.events], ['skipped', run.skipped],
       ['rollbacks', run.rollbacks], ['final loss', fmt(run.final_loss)]].forEach(function (c) {
@@ -513,13 +518,15 @@
     card.appendChild(legend);
 
     card.appendChild(timeline(run));
-    card.appendChild(el('h3', null, 'Findings' + (run.findings.length ? ' (' + (run.findings.length + run.findings_omitted) + ')' : '')));
+    var seen = run.findings.reduce(function (n, f) { return n + (f.count || 1); }, 0);
+    card.appendChild(el('h3', null, 'Findings' + (run.findings.length ? ' (' + (run.findings.length + run.findings_omitted) +
+      (seen > run.findings.length ? ', seen ' + seen + ' times' : '') + ')' : '')));
     if (!run.findings.length) {
       card.appendChild(el('p', 'note', run.first_problem ? 'Non-finite values were seen but not traced to an op.'
         : 'No non-finite value was traced.'));
     }
     run.findings.forEach(function (f) { card.appendChild(findingCard(f)); });
-    if (run.findings_omitted) card.appendChild(el('p', 'note', run.findings_omitted + ' more findings not shown.'));
+    if (run.findings_omitted) card.appendChild(el('p', 'note', run.findings_omitted + ' more distinct findings not shown.'));
     return { node: card, plots: plots };
   }
 
