@@ -1,20 +1,25 @@
 #include "nanguard/distributed.h"
 
-#include "nanguard/tracer.h"
-
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <csignal>
+#include <fstream>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 
 namespace nanguard {
@@ -65,21 +70,80 @@ c10::intrusive_ptr<c10d::ProcessGroup> make_gloo(const c10::intrusive_ptr<c10d::
   return pg;
 }
 
-// Waits for a collective; a peer that died or timed out becomes an error
-// that says what happened and what to look at. The collective wrote
-// `written` without a recorded op or a version bump: mark_written tells a
-// live tracer.
-void wait_for(const c10::intrusive_ptr<c10d::Work>& work, const std::vector<at::Tensor>& written, const char* what,
-              int64_t rank) {
+// This host's name, as the other ranks' records compare it.
+std::string host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0) return "?";
+  return name;
+}
+
+// Whether process `pid` of this host has exited (a zombie not yet reaped
+// by its parent, as a launcher's dead rank is, has exited too).
+bool process_exited(long pid) {
+  if (pid <= 0) return false;
+  if (kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t paren = line.rfind(')');  // "pid (comm) state ..."
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z';
+}
+
+// The store key a rank records its host and process id under.
+std::string identity_key(int64_t rank) { return "nanguard/rank/" + std::to_string(rank); }
+
+// Where a rank runs, as it recorded it in the store ("HOST PID").
+struct identity {
+  std::string host;
+  long pid = 0;
+  static identity parse(const std::string& record) {
+    const size_t space = record.rfind(' ');
+    if (space == std::string::npos) return {};
+    return {record.substr(0, space), std::strtol(record.c_str() + space + 1, nullptr, 10)};
+  }
+  // " (host h, pid 42)", or "" when the rank recorded nothing.
+  std::string in_parentheses() const { return host.empty() ? "" : fmt::format(" (host {}, pid {})", host, pid); }
+};
+
+// Records this rank's host and process id in `store`, which a rank whose
+// collective fails reads to name the rank that exited. Best effort: returns
+// whether it could (without a record, errors name no host).
+bool record_identity(c10d::Store& store, int64_t rank, const std::string& host) {
+  try {
+    const std::string who = fmt::format("{} {}", host, static_cast<long>(getpid()));
+    store.set(identity_key(rank), std::vector<uint8_t>(who.begin(), who.end()));
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// What each of the `world` ranks recorded (empty: nothing), or nullopt when
+// the store cannot be read.
+std::optional<std::vector<identity>> identities(c10d::Store* store, int64_t world) {
+  std::vector<identity> who(static_cast<size_t>(world));
+  if (!store) return who;
+  try {
+    for (int64_t r = 0; r < world; ++r) {
+      if (!store->check({identity_key(r)})) continue;
+      const std::vector<uint8_t> v = store->get(identity_key(r));
+      who[static_cast<size_t>(r)] = identity::parse(std::string(v.begin(), v.end()));
+    }
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  return who;
+}
+
+// Waits for a collective; a peer that died or timed out becomes a
+// rank_failure naming it. (A live tracer saw the c10d op start and marked
+// its tensors written, "received via" the collective.)
+void wait_for(const distributed& d, const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) {
   try {
     work->wait();
   } catch (const std::exception& ex) {
-    const c10::Error* ce = dynamic_cast<const c10::Error*>(&ex);
-    TORCH_CHECK(false, "nanguard::distributed: rank ", rank, ": the ", what,
-                " failed (another rank died, or did not arrive within the timeout): ",
-                ce ? ce->what_without_backtrace() : ex.what());
+    d.raise_failure(what, ex);
   }
-  for (const at::Tensor& t : written) mark_written(t);
 }
 
 }  // namespace
@@ -133,6 +197,8 @@ c10::intrusive_ptr<c10d::ProcessGroup> init_process_group(const std::string& sto
 
 struct distributed::impl {
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  c10::intrusive_ptr<c10d::Store> store;  // where the ranks record where they run (null: nowhere)
+  std::string host = host_name();
   distributed_options options;
   int64_t rank = 0;
   int64_t world = 1;
@@ -153,16 +219,53 @@ distributed::distributed(c10::intrusive_ptr<c10d::ProcessGroup> process_group, d
   impl_->rank = impl_->pg->getRank();
   impl_->world = impl_->pg->getSize();
   impl_->consensus_buffer = at::zeros({impl_->world + 2}, at::kDouble);
+  impl_->store = impl_->pg->getStore();
+  if (impl_->store && !record_identity(*impl_->store, impl_->rank, impl_->host)) impl_->store.reset();
 }
 
 distributed::~distributed() = default;
+
+std::string distributed::exited_ranks() const {
+  const impl& s = *impl_;
+  const auto who = identities(s.store.get(), s.world);
+  if (!who) return "";
+  std::vector<std::string> exited;
+  for (int64_t r = 0; r < s.world; ++r) {
+    const identity& w = (*who)[static_cast<size_t>(r)];
+    if (r != s.rank && w.host == s.host && process_exited(w.pid))
+      exited.push_back(fmt::format("rank {}{} has exited", r, w.in_parentheses()));
+  }
+  return fmt::format("{}", fmt::join(exited, ", "));
+}
+
+void distributed::raise_failure(const std::string& what, const std::exception& cause) const {
+  const impl& s = *impl_;
+  const auto* ce = dynamic_cast<const c10::Error*>(&cause);
+  const std::string backend = ce ? ce->what_without_backtrace() : cause.what();
+  std::string why = exited_ranks();
+  const auto who = why.empty() ? identities(s.store.get(), s.world) : std::nullopt;
+  if (why.empty() && !who) {
+    why = "the process group's store cannot be read either: what serves it (rank 0, or torchrun's agent) may "
+          "have died";
+  } else if (why.empty()) {
+    std::vector<std::string> others;
+    for (int64_t r = 0; r < s.world; ++r)
+      if (r != s.rank) others.push_back(fmt::format("rank {}{}", r, (*who)[static_cast<size_t>(r)].in_parentheses()));
+    why = fmt::format("no rank has exited on this host; {} did not answer within the timeout: it hangs, runs "
+                      "other work (every rank must call the guard at every step) or died on another host",
+                      fmt::join(others, ", "));
+  }
+  throw rank_failure({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                     fmt::format("nanguard::distributed: rank {}: {} failed: {}; its own log/stderr says why ({})",
+                                 s.rank, what, why, backend));
+}
 
 int64_t distributed::rank() const { return impl_->rank; }
 int64_t distributed::world_size() const { return impl_->world; }
 const distributed_options& distributed::options() const { return impl_->options; }
 const c10::intrusive_ptr<c10d::ProcessGroup>& distributed::process_group() const { return impl_->pg; }
 
-consensus distributed::agree(bool nonfinite, double sumsq, double loss) {
+consensus distributed::agree(bool nonfinite, double sumsq, double loss, int64_t step) {
   impl& s = *impl_;
   at::Tensor& buf = s.consensus_buffer;
   double* p = buf.data_ptr<double>();
@@ -171,7 +274,8 @@ consensus distributed::agree(bool nonfinite, double sumsq, double loss) {
   p[s.world] = nonfinite ? 0.0 : sumsq;
   p[s.world + 1] = nonfinite ? 0.0 : loss;
   std::vector<at::Tensor> tensors{buf};
-  wait_for(s.pg->allreduce(tensors, c10d::AllreduceOptions{}), tensors, "consensus all-reduce", s.rank);
+  wait_for(*this, s.pg->allreduce(tensors, c10d::AllreduceOptions{}),
+           step >= 0 ? fmt::format("the consensus all-reduce of step {}", step) : "the consensus all-reduce");
   consensus c;
   for (int64_t r = 0; r < s.world; ++r)
     if (p[r] != 0) c.nonfinite_ranks.push_back(r);
@@ -229,7 +333,8 @@ void distributed::average_gradients_(const std::vector<at::Tensor>& parameters, 
   for (auto& [t, i] : open) launch(buckets[i]);
   const double inv_world = 1.0 / static_cast<double>(s.world);
   for (bucket& b : buckets) {
-    wait_for(b.work, {b.flat}, "gradient all-reduce", s.rank);
+    wait_for(*this, b.work,
+             step >= 0 ? fmt::format("the gradient all-reduce of step {}", step) : "the gradient all-reduce");
     b.flat.mul_(inv_world);
     int64_t offset = 0;
     for (const at::Tensor& g : b.grads) {
@@ -253,7 +358,7 @@ std::vector<int64_t> distributed::check_consistency(const std::vector<at::Tensor
   std::memcpy(&v, &mine, sizeof v);
   buf.data_ptr<int64_t>()[s.rank] = v;
   std::vector<at::Tensor> tensors{buf};
-  wait_for(s.pg->allreduce(tensors, c10d::AllreduceOptions{}), tensors, "gradient-checksum all-reduce", s.rank);
+  wait_for(*this, s.pg->allreduce(tensors, c10d::AllreduceOptions{}), "the gradient-checksum all-reduce");
   const int64_t* all = buf.data_ptr<int64_t>();
   std::map<int64_t, int64_t> votes;
   for (int64_t r = 0; r < s.world; ++r) ++votes[all[r]];
@@ -277,7 +382,8 @@ void distributed::check_same_parameters(const std::vector<at::Tensor>& parameter
   all[2 * s.rank] = static_cast<int64_t>(parameters.size());
   all[2 * s.rank + 1] = same_sizes ? numel : 0;
   std::vector<at::Tensor> tensors{buf};
-  wait_for(s.pg->allreduce(tensors, c10d::AllreduceOptions{}), tensors, "parameter-count all-reduce", s.rank);
+  wait_for(*this, s.pg->allreduce(tensors, c10d::AllreduceOptions{}),
+           "the parameter-count all-reduce (the guard's construction)");
   std::string differ;
   for (int64_t r = 1; r < s.world; ++r)
     if (all[2 * r] != all[0] || all[2 * r + 1] != all[1])
@@ -297,19 +403,19 @@ std::string distributed::broadcast(const std::string& text, int64_t root) {
   bo.rootRank = root;
   {
     std::vector<at::Tensor> tensors{size};
-    wait_for(s.pg->broadcast(tensors, bo), tensors, "broadcast", s.rank);
+    wait_for(*this, s.pg->broadcast(tensors, bo), fmt::format("the broadcast from rank {}", root));
   }
   const int64_t n = size.item<int64_t>();
   if (n == 0) return "";
   at::Tensor bytes = at::empty({n}, at::kByte);
   if (s.rank == root) std::memcpy(bytes.data_ptr<uint8_t>(), text.data(), text.size());
   std::vector<at::Tensor> tensors{bytes};
-  wait_for(s.pg->broadcast(tensors, bo), tensors, "broadcast", s.rank);
+  wait_for(*this, s.pg->broadcast(tensors, bo), fmt::format("the broadcast from rank {}", root));
   return std::string(reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>()), static_cast<size_t>(n));
 }
 
 void distributed::barrier() {
-  wait_for(impl_->pg->barrier(), {}, "barrier", impl_->rank);
+  wait_for(*this, impl_->pg->barrier(), "the barrier");
 }
 
 void distributed::on_averaged(std::function<void(int64_t, const std::vector<at::Tensor>&)> hook) {

@@ -411,7 +411,7 @@ struct guard::impl {
     e.rank = d.rank();
     const double nan = std::numeric_limits<double>::quiet_NaN();
     const double sumsq = report.finite() ? e.grad_norm * e.grad_norm : nan;  // NaN: every rank learns of it
-    const consensus c = d.agree(!finite, finite ? sumsq : 0.0, finite ? e.loss : 0.0);
+    const consensus c = d.agree(!finite, finite ? sumsq : 0.0, finite ? e.loss : 0.0, step);
     e.nonfinite_ranks = c.nonfinite_ranks;
     if (!c.finite()) {
       if (e.reason.empty()) e.reason = "non-finite on rank(s) " + rank_list(c.nonfinite_ranks);
@@ -613,10 +613,24 @@ struct guard::impl {
       }
       loss_sum += value;
       user_time plain_work(user_s);
-      scaler.scale(share_of(loss, batches.size())).backward();
+      backward(scaler.scale(share_of(loss, batches.size())));
     }
     if (finite) e.loss = loss_sum / double(batches.size());
     return finite;
+  }
+
+  // A step's backward. Under a backward collective, when it fails because
+  // another rank has exited, the error names that rank.
+  void backward(const at::Tensor& loss) {
+    try {
+      loss.backward();
+    } catch (const interrupted&) {
+      throw;
+    } catch (const std::exception& ex) {
+      if (collective() == backward_collective::none || options.distributed()->exited_ranks().empty()) throw;
+      options.distributed()->raise_failure(
+          fmt::format("the model's {} in the backward of step {}", to_string(collective()), step), ex);
+    }
   }
 
   // The sentinel's pass over the gradients; returns whether they are finite.

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 #include <c10/util/intrusive_ptr.h>
 #include <torch/arg.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -93,6 +94,14 @@ struct distributed_options {
   TORCH_ARG(int64_t, check_every) = 0;
 };
 
+/// A collective that failed because another rank died or did not answer
+/// within the process group's timeout; its message names that rank (Python:
+/// RuntimeError).
+class rank_failure : public c10::Error {
+ public:
+  using c10::Error::Error;
+};
+
 /// What the ranks agreed on in one consensus all-reduce.
 struct consensus {
   std::vector<int64_t> nonfinite_ranks;  ///< ranks whose loss or gradients were not finite
@@ -130,7 +139,8 @@ class distributed {
   /// The consensus: ONE all-reduce of a float64 vector [flag per rank, sumsq,
   /// loss] with SUM. Slot r holds only rank r's flag, so the sum is the
   /// gathered flags (which ranks were bad) and the other slots are sums.
-  consensus agree(bool nonfinite, double sumsq, double loss);
+  /// `step` names the step in the error a failed all-reduce raises.
+  consensus agree(bool nonfinite, double sumsq, double loss, int64_t step = -1);
 
   /// Data-parallel averaging: every gradient of `parameters` (undefined ones
   /// become zeros) is all-reduced in flat buckets of about bucket_mb and
@@ -154,6 +164,16 @@ class distributed {
 
   /// Waits until every rank gets here.
   void barrier();
+
+  /// The other ranks that have exited (on this host: each rank records its
+  /// host and process id in the process group's store when it makes its
+  /// `distributed`), as "rank 1 (host h, pid 42) has exited"; empty when none is known to.
+  std::string exited_ranks() const;
+
+  /// Throws rank_failure for `what` (e.g. "the consensus all-reduce of step
+  /// 7"), which failed with `cause`: names the ranks that exited, or else
+  /// those that did not answer, and says where to look.
+  [[noreturn]] void raise_failure(const std::string& what, const std::exception& cause) const;
 
   /// A hook run after every average_gradients_ with the step and the
   /// parameters (fault injection in tests: corrupt a gradient on one rank).

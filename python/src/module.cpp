@@ -7,6 +7,7 @@
 // `nanguard` (python/nanguard) wraps these bindings in Pythonic classes.
 #include "bindings.h"
 
+#include <nanguard/distributed.h>
 #include <nanguard/events.h>
 #include <nanguard/finding.h>
 #include <nanguard/version.h>
@@ -41,6 +42,8 @@ PYBIND11_MODULE(_nanguard, m) {
       PyErr_SetObject(guard_abort_type(), py::str(nanguard::to_json(e.finding())).ptr());
     } catch (const nanguard::event_log_error& e) {
       PyErr_SetString(PyExc_OSError, e.what_without_backtrace());  // a file error (a full disk)
+    } catch (const nanguard::rank_failure& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());  // another rank died or hangs
     } catch (const c10::TypeError& e) {
       PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
     } catch (const c10::IndexError& e) {

@@ -55,5 +55,8 @@ def test_a_guard_that_does_not_fit_the_ranks_fails_clearly(tmp_path):
         assert out["models"] is not None and "the ranks guard different models" in out["models"], out
         assert "rank 0 has 2 parameters" in out["models"] and "rank 1 has 4 parameters" in out["models"], out
     # Within the timeout (5 s) and some slack, with what to look at.
-    assert got[0]["no_step"] is not None and "consensus all-reduce failed" in got[0]["no_step"], got[0]
+    no_step = got[0]["no_step"]
+    assert no_step is not None and no_step.startswith("RuntimeError: nanguard::distributed: rank 0: the consensus "
+                                                      "all-reduce of step 1 failed: no rank has exited"), got[0]
+    assert "rank 1 (host " in no_step and "did not answer within the timeout" in no_step, no_step
     assert got[0]["no_step_s"] < 15, got[0]

@@ -4,6 +4,7 @@ rendezvous), one worker each: nanguard.Guard over DDP skips the step rank
 a node that dies makes the other fail with an error, not hang."""
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -46,6 +47,7 @@ def test_two_torchrun_nodes_skip_the_same_step(tmp_path):
     for r in res:
         assert [s["action"] for s in r["steps"]] == ["step", "skip", "step", "step"], r
         assert (r["steps"][1]["bad_ranks"], r["steps"][1]["finding_rank"]) == ([1], 1), r
+        assert r["steps"][1]["finding"] == ["aten::addmm", "input"], r  # rank 1's batch, read by the Linear
     assert res[0]["params"] == res[1]["params"]
 
 
@@ -53,3 +55,6 @@ def test_a_dead_node_makes_the_other_fail(tmp_path):
     (code0, out0, err0), (code1, _, _) = _two_nodes(tmp_path, "--dead-rank")
     assert code0 != 0 and code1 != 0
     assert "rank 0 step 3:" in out0, out0[-2000:] + err0[-3000:]
+    # The guard's error names the rank that died (DDP's all-reduce in the backward the guard ran).
+    assert re.search(r"rank 0 step 3: nanguard::distributed: rank 0: .* of step 3 failed: rank 1 \(host .+, pid "
+                     r"\d+\) has exited", out0), out0[-2000:]

@@ -36,7 +36,8 @@ def main(out, dead_rank):
             print(f"rank {rank} step {step}: {e}".splitlines()[0], flush=True)
             sys.exit(4)
         results.append({"action": r.action, "bad_ranks": r.nonfinite_ranks,
-                        "finding_rank": r.finding.rank if r.finding else -1})
+                        "finding_rank": r.finding.rank if r.finding else -1,
+                        "finding": (r.finding.op, r.finding.role) if r.finding else None})
     with open(os.path.join(out, f"result-{rank}.json"), "w") as f:
         json.dump({"steps": results, "params": [p.detach().tolist() for p in model.parameters()]}, f)
     guard.close()

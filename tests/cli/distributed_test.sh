@@ -134,7 +134,7 @@ case_a_survivor_fails_clearly() {
   wait "${pids[0]}"; rc0=$?
   wait "${pids[1]}" 2>/dev/null  # killed by its own SIGKILL
   [[ $rc0 == 1 ]] || fail "survivor: rank 0 exited $rc0, want 1 (124: it hung): $(cat "$WORK/survivor0.out")"
-  grep -q 'rank 0: error: nanguard::distributed: rank 0: the .* all-reduce failed (another rank died' "$WORK/survivor0.out" ||
+  grep -q 'rank 0: error: nanguard::distributed: rank 0: the .* all-reduce of step 3 failed: rank 1 (host .*, pid [0-9]*) has exited; its own log/stderr says why' "$WORK/survivor0.out" ||
     fail "survivor: unclear error: $(cat "$WORK/survivor0.out")"
   (( SECONDS - start < 60 )) || fail "survivor: took $((SECONDS - start)) s"
 }
@@ -199,7 +199,7 @@ case_two_nodes() {
   wait "${pids[1]}" && fail "dead node: node 1's launcher exited 0"
   grep -q 'nanguard: error: launch: rank [01] exited with status 1' "$WORK/dead0.out" ||
     fail "dead node: node 0's launcher does not name its failing rank: $(tail -5 "$WORK/dead0.out")"
-  grep -q 'all-reduce failed (another rank died' "$WORK/dead0.out" ||
+  grep -q 'all-reduce of step 3 failed: .*rank [23] (host .*, pid [0-9]*) has exited' "$WORK/dead0.out" ||
     fail "dead node: unclear error on node 0: $(tail -5 "$WORK/dead0.out")"
   (( SECONDS - start < 90 )) || fail "dead node: took $((SECONDS - start)) s"
   "$NANGUARD" launch -n 1 --nnodes 2 -- true >"$WORK/noport.out" 2>&1
