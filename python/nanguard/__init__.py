@@ -138,11 +138,19 @@ def census_many(tensors: Sequence[torch.Tensor], local: bool = False) -> List[Te
     return [next(whole) if _dtensor.is_dtensor(t) else next(plain) for t in tensors]
 
 
-def check_many(tensors: Sequence[torch.Tensor]) -> RecordVerdict:
+def check_many(tensors: Sequence[torch.Tensor], local: bool = False) -> RecordVerdict:
     """Whether any tensor of the list holds a NaN or an Inf, as a ``RecordVerdict``
     naming the first such tensor (by position), element and value; one host
-    sync for the whole list on CUDA."""
-    return _nanguard.check_many([_as_tensor(t, "check_many").detach() for t in tensors])
+    sync for the whole list on CUDA. DTensors answer for their global
+    tensors (the element by its global index; a collective, as
+    ``census_many``: every rank calls it with the same list), or for the
+    local shards with ``local=True``."""
+    tensors = [_as_tensor(t, "check_many").detach() for t in tensors]
+    if local:
+        tensors = [t.to_local() if _dtensor.is_dtensor(t) else t for t in tensors]
+    if any(_dtensor.is_dtensor(t) for t in tensors):
+        return _dtensor.check_many(tensors)
+    return _nanguard.check_many(tensors)
 
 
 def _as_tensor(t: object, fn: str) -> torch.Tensor:

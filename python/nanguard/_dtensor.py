@@ -45,6 +45,21 @@ def census_many(dtensors):
     return [_nanguard.TensorStats.from_dict(p) for p in parts]
 
 
+def check_many(tensors):
+    """check_many's RecordVerdict over ``tensors``, the DTensors among them
+    read as their global tensors (one census_many for all of those)."""
+    whole = iter(census_many([t for t in tensors if is_dtensor(t)]))
+    parts = []
+    for t in tensors:
+        if is_dtensor(t):
+            s = next(whole)
+            parts.append((s.nan, s.pos_inf, s.neg_inf, s.first_nonfinite_index, s.first_nonfinite_value))
+        else:
+            v = _nanguard.check_many([t])
+            parts.append((v.nan, v.pos_inf, v.neg_inf, v.first_index, v.first_value))
+    return _nanguard.verdict_of(parts)
+
+
 def has_nonfinite(t):
     """Whether the global tensor of the DTensor ``t`` holds a NaN or an Inf:
     each rank's check of its shard, then a MAX over the sharded mesh dimensions."""

@@ -568,6 +568,10 @@ def tensorboard_text(event_json: str) -> str:
     """
     The Markdown of a step event's findings, remedy and note ("" for a healthy step).
     """
+def verdict_of(parts: collections.abc.Sequence[tuple[typing.SupportsInt, typing.SupportsInt, typing.SupportsInt, typing.SupportsInt, typing.SupportsFloat]]) -> RecordVerdict:
+    """
+    A RecordVerdict from (nan, pos_inf, neg_inf, first_index, first_value) of each tensor, in order (check_many of DTensors).
+    """
 ACTIONS: tuple[str, ...] = ('step', 'skip', 'backoff', 'rollback', 'abort', 'data')
 POLICIES: tuple[str, ...] = ('skip', 'backoff', 'rollback', 'abort')
 VERDICTS: tuple[str, ...] = ('', 'reproduced', 'not reproduced', 'replay failed', 'compiled only')

@@ -6,6 +6,7 @@
 #include <nanguard/observer_pause.h>
 #include <nanguard/tracer.h>
 
+#include <tuple>
 #include <type_traits>
 
 namespace {
@@ -24,6 +25,25 @@ py::dict stats_dict(const nanguard::tensor_stats& s) {
   py::dict d;
   nanguard::for_each_stats_field([&](const char* name, auto field) { d[name] = s.*field; });
   return d;
+}
+
+/// The verdict check_many gives for tensors whose counts are `parts`:
+/// (nan, pos_inf, neg_inf, first non-finite index, its value) of each.
+nanguard::record_verdict verdict_of(const std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, double>>& parts) {
+  nanguard::record_verdict v;
+  v.tensors = static_cast<int64_t>(parts.size());
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const auto& [nan, pos_inf, neg_inf, index, value] = parts[i];
+    v.nan += nan;
+    v.pos_inf += pos_inf;
+    v.neg_inf += neg_inf;
+    if (v.first_tensor < 0 && nan + pos_inf + neg_inf > 0) {
+      v.first_tensor = static_cast<int64_t>(i);
+      v.first_index = index;
+      v.first_value = value;
+    }
+  }
+  return v;
 }
 
 }  // namespace
@@ -69,6 +89,9 @@ void bind_census(py::module_& m) {
   m.def("census_many", [](const std::vector<at::Tensor>& xs) { return nanguard::census_many(xs); },
         py::arg("tensors"), py::call_guard<py::gil_scoped_release>(),
         "The census of each tensor; on CUDA many per kernel launch and one host sync for all.");
+  m.def("verdict_of", &verdict_of, py::arg("parts"),
+        "A RecordVerdict from (nan, pos_inf, neg_inf, first_index, first_value) of each tensor, in order "
+        "(check_many of DTensors).");
   m.def("check_many", [](const std::vector<at::Tensor>& xs) { return nanguard::check_many(xs); },
         py::arg("tensors"), py::call_guard<py::gil_scoped_release>(),
         "Whether any tensor holds a NaN or Inf, and the first that does; on CUDA one host sync for all.");

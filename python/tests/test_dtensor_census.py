@@ -1,4 +1,4 @@
-"""census, has_nonfinite and census_many of DTensors (torch.distributed.tensor,
+"""census, has_nonfinite, census_many and check_many of DTensors (torch.distributed.tensor,
 FSDP2's parameters) on two Gloo ranks: they answer for the global tensor,
 or for the local shard with local=True."""
 import math
@@ -37,7 +37,12 @@ def _census_on_a_mesh(rank):
     partial = DTensor.from_local(x / 2, mesh, [Partial()])
     finite = distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)])
     many = nanguard.census_many([rows, torch.tensor([1.0, float("nan")]), cols, finite])
-    return {"rows": nanguard.census(rows).to_dict(),
+    verdicts = [nanguard.check_many(xs, local=local) for xs, local in
+                (([finite, rows, torch.tensor([1.0, float("nan")])], False), ([finite, cols], False),
+                 ([rows], True), ([finite, torch.ones(3)], False))]
+    return {"check_many": [(v.tensors, v.nan, v.pos_inf, v.neg_inf, v.first_tensor, v.first_index, v.first_value)
+                           for v in verdicts],
+            "rows": nanguard.census(rows).to_dict(),
             "rows_local": nanguard.census(rows, local=True).to_dict(),
             "cols": nanguard.census(cols).to_dict(),
             "replicated": nanguard.census(replicated).to_dict(),
@@ -75,3 +80,10 @@ def test_a_dtensor_census_is_the_census_of_the_global_tensor(tmp_path):
         # local=True: rank 0 holds rows 0-3 (all finite), rank 1 rows 4-6.
         _same(nanguard.census(x[:4] if rank == 0 else x[4:]).to_dict(), r["rows_local"])
         assert r["has_nonfinite"] == (True, rank == 1, False)
+        # check_many: the global tensors' counts, the first by its global index (#38).
+        v = r["check_many"]
+        assert v[0][:6] == (3, 2, 1, 0, 1, 16) and math.isnan(v[0][6]), v[0]
+        assert v[1] == (2, 1, 1, 1, 1, 0, -math.inf), v[1]
+        # local=True: rank 0's rows are finite, rank 1's hold the NaN at its local index (1 * 3 + 1).
+        assert v[2][:6] == ((1, 0, 0, 0, -1, -1) if rank == 0 else (1, 1, 1, 0, 0, 4)), v[2]
+        assert v[3] == (2, 0, 0, 0, -1, -1, 0.0), v[3]
