@@ -190,9 +190,11 @@ struct guard::impl {
   // Losses and grad norms of the last finite steps (a spike window of
   // them): what a bad step's diagnosis reads as the steps before.
   std::deque<double> losses, grad_norms;
-  // The step begin_step() started for check(), and the RNG state then.
+  // The step begin_step() started for check(), the RNG state and the
+  // gradients then (gradient_marks: has a backward run since?).
   std::optional<step_event> started;
   detail::generator_states started_rng;
+  std::vector<std::pair<const void*, int64_t>> started_gradients;
   // trace_every_step: the tracer of the step's forward and backward, and
   // the host's traced run it attributes ops by.
   std::optional<tracer> live;
@@ -383,6 +385,23 @@ struct guard::impl {
       marks.emplace_back(g.unsafeGetTensorImpl(), g.defined() ? g._version() : 0);
     }
     return marks;
+  }
+
+  // Forgets the step begin_step() started, uncounted (cancel_step).
+  void drop_started() {
+    started.reset();
+    live_run.reset();
+    live.reset();
+    --step;
+  }
+
+  // Whether a backward wrote a gradient since `before` (gradient_marks()):
+  // one defined now that is another tensor, or the same at a later version.
+  bool gradients_written_since(const std::vector<std::pair<const void*, int64_t>>& before) const {
+    const auto now = gradient_marks();
+    for (size_t i = 0; i < now.size(); ++i)
+      if (sentinel.parameters()[i].grad().defined() && now[i] != before[i]) return true;
+    return false;
   }
 
   // One micro-batch of the replay; returns whether its loss was finite.
@@ -900,7 +919,15 @@ void guard::begin_step() {
   const one_step_at_a_time running(s.running, "begin_step");
   s.started = s.begin();
   s.started_rng = detail::capture_generators();
+  s.started_gradients = s.gradient_marks();
   s.start_trace({});
+}
+
+void guard::cancel_step() {
+  impl& s = *impl_;
+  const one_step_at_a_time running(s.running, "cancel_step");
+  TORCH_CHECK(s.started, "nanguard::guard::cancel_step: no step was begun; call begin_step() first");
+  s.drop_started();
 }
 
 // The stages of step_accumulated after the framework's forward and backward.
@@ -910,9 +937,16 @@ step_event guard::check(const at::Tensor& loss, const step_fn& replay, const std
   TORCH_CHECK(s.started, "nanguard::guard::check: no step was begun; call begin_step() before the step's "
               "first forward");
   step_event e = std::move(*s.started);
-  s.started.reset();
   grad_report report;
-  const bool locally_finite = s.measured(s.sentinel.check_loss(loss, &e.loss), report, e);
+  const bool loss_finite = s.sentinel.check_loss(loss, &e.loss);
+  const bool locally_finite = s.measured(loss_finite, report, e);  // the host's gradients, as backward left them
+  if (loss_finite && !s.gradients_written_since(s.started_gradients)) {
+    s.drop_started();  // not counted: begin it again
+    TORCH_CHECK(false, "nanguard::guard::check: no backward wrote a gradient since begin_step(); call "
+                "loss.backward() before check(loss): the guard checks the gradients it made (a framework that "
+                "skips the step calls cancel_step() instead)");
+  }
+  s.started.reset();
   s.conclude({batch}, replay, s.started_rng, report, locally_finite, /*bad_batch=*/0, /*step_optimizer=*/false, e);
   return e;
 }

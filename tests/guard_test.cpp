@@ -640,6 +640,43 @@ TEST(guard, checks_a_step_a_framework_runs) {
   EXPECT_NE(std::string::npos, error.find("no step was begun")) << error;
 }
 
+// begin_step(); check(loss) with no backward between: an error that says
+// to call backward (it was a healthy step with grad norm 0); a step the
+// framework skipped is cancelled, not counted or logged (#41).
+TEST(guard, check_without_a_backward_is_refused_and_a_skipped_step_cancelled) {
+  regression r;
+  torch::optim::SGD opt(r.model->parameters(), 0.1);
+  const std::string log = ::testing::TempDir() + "check_without_backward.jsonl";
+  guard g(r.model, opt, guard_options().event_log(log).truncate_event_log(true));
+  for (bool zeroed : {true, false}) {
+    g.begin_step();
+    if (zeroed) opt.zero_grad();  // gradients undefined (set to none)
+    const at::Tensor loss = r.loss_fn()({r.x, r.y});
+    const std::string error = nanguard::test::error_of([&] { g.check(loss); });
+    EXPECT_NE(std::string::npos, error.find("no backward wrote a gradient since begin_step(); call loss.backward() "
+                                            "before check(loss)"))
+        << error;
+    if (zeroed) {  // gradients for the next round: one healthy step (the refused one is to begin again)
+      g.begin_step();
+      r.loss_fn()({r.x, r.y}).backward();
+      EXPECT_FALSE(g.check(loss).skipped);
+    }
+  }
+  g.begin_step();
+  g.cancel_step();
+  EXPECT_NE(std::string::npos, nanguard::test::error_of([&] { g.cancel_step(); }).find("no step was begun"));
+  g.begin_step();
+  const at::Tensor loss = r.loss_fn()({r.x, r.y});
+  loss.backward();  // accumulates into the gradients of the step before: written too
+  const step_event e = g.check(loss);
+  EXPECT_EQ(2, e.step) << "the refused and the cancelled steps are not counted";
+  EXPECT_EQ(2, g.steps());
+  std::ifstream in(log);
+  int64_t lines = 0;
+  for (std::string line; std::getline(in, line);) ++lines;
+  EXPECT_EQ(2, lines) << "only the two checked steps are logged";
+}
+
 // trace_every_step: the tracer watches each step as it runs, and a bad
 // step needs no replay.
 TEST(guard, traces_every_step_without_a_replay) {

@@ -186,8 +186,15 @@ class guard {
   /// none: no replay) is traced from begin_step's RNG state, the policy
   /// acts and the gradients are left undefined, so that the optimizer's
   /// step changes nothing. `batch` is what an abort's bundle keeps.
-  /// Throws c10::Error when no step was begun, nonfinite_error under abort.
+  /// Throws c10::Error when no step was begun, or when no backward wrote a
+  /// gradient since begin_step() and the loss is finite (call backward
+  /// first); nonfinite_error under abort.
   step_event check(const at::Tensor& loss, const step_fn& replay = {}, const std::vector<at::Tensor>& batch = {});
+  /// Drops the step begin_step() started, when the framework skipped it
+  /// (Lightning's training_step returned None for every micro-batch):
+  /// nothing is checked or logged, and the step is not counted.
+  /// Throws c10::Error when no step was begun.
+  void cancel_step();
 
   /// Runs a repro bundle's step again (what `nanguard replay` does): loads
   /// the bundle's parameters into the model and its RNG states, then `fn`

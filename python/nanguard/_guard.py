@@ -498,6 +498,13 @@ class Guard:
         Call it before the first forward of the step, then :meth:`check`."""
         self._active().begin_step()
 
+    def cancel_step(self) -> None:
+        """Drops the step :meth:`begin_step` started when the framework
+        skipped it (Lightning's ``training_step`` returned None for every
+        micro-batch): nothing is checked or logged, and the step is not
+        counted."""
+        self._active().cancel_step()
+
     def check(self, loss: Union[torch.Tensor, float], replay: Optional[Callable[[], torch.Tensor]] = None,
               batch: Sequence[torch.Tensor] = ()) -> StepResult:
         """Checks a step a framework ran: after backward (of every
@@ -511,7 +518,8 @@ class Guard:
         ``optimizer.step()`` changes nothing (abort raises
         :class:`NonFiniteError`). ``loss`` is a tensor or a number;
         ``batch`` the tensors an abort's bundle keeps. Returns a
-        :class:`StepResult`."""
+        :class:`StepResult`. A finite ``loss`` with no gradient written
+        since :meth:`begin_step` (no backward) is a ValueError."""
         loss = loss.detach() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss))
         forward = None if replay is None else (lambda _batch: _trainable_loss(replay()))
         return self._run(lambda core: core.check(loss, forward, list(batch)))

@@ -223,6 +223,7 @@ void bind_guard(py::module_& m) {
            "One guarded step over the micro-batches (their tensors); forward(i) is the loss of the i-th. "
            "Returns the step event's JSON.")
       .def("begin_step", &nanguard::guard::begin_step)
+      .def("cancel_step", &nanguard::guard::cancel_step)
       .def("check",
            [](nanguard::guard& g, const at::Tensor& loss, const nanguard::step_fn& replay,
               const std::vector<at::Tensor>& batch) {

@@ -161,3 +161,22 @@ def test_an_optimizer_that_needs_a_closure_is_a_type_error():
     x, y = batch()
     with pytest.raises(TypeError, match=r"Guard.step: LBFGS.step needs a closure .* use a first-order optimizer"):
         guard.step(lambda: F.mse_loss(model(x), y))
+
+
+def test_check_without_a_backward_says_to_call_backward():
+    # It was logged as a healthy step with grad norm 0 (#41).
+    model, guard = model_and_guard()
+    x, y = batch()
+    guard.begin_step()
+    loss = F.mse_loss(model(x), y)
+    with pytest.raises(ValueError, match=r"no backward wrote a gradient since begin_step\(\); call loss.backward\(\) "
+                                         r"before check\(loss\)"):
+        guard.check(loss)
+    assert guard.steps == 0  # refused, not counted: begin it again
+    guard.begin_step()
+    loss.backward()
+    r = guard.check(loss)
+    assert (r.step, r.action) == (1, "step") and r.grad_norm > 0
+    guard.begin_step()
+    guard.cancel_step()  # a step the framework skipped: not counted
+    assert guard.steps == 1

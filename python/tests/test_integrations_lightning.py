@@ -213,6 +213,7 @@ def test_ddp_ranks_skip_the_same_step_and_the_bad_rank_names_the_op(tmp_path):
     for x in res:
         b = x["bad"][0]
         assert (b["bad_ranks"], b["finding_rank"], b["verdict"], b["role"]) == ([1], 1, "reproduced", "input"), b
+        assert b["op"] == "aten::addmm", b  # the NaN sample read by the first Linear, on rank 1
     assert res[0]["finite"] and res[1]["finite"] and res[0]["checksum"] == res[1]["checksum"]
     assert len(events(tmp_path / "events.jsonl")) == len(events(tmp_path / "events.rank1.jsonl")) == 6
 
@@ -256,15 +257,21 @@ def test_a_log_of_zero_under_the_grad_scaler_is_nanguards():
 
 def test_a_training_step_that_skips_its_batch_is_not_a_bad_step(tmp_path):
     """Lightning skips a batch whose training_step returns None: no backward,
-    nothing to step; nanguard logs the step and does not act on it."""
+    nothing to step; nanguard neither acts on it nor logs it (it was logged
+    as a healthy step with loss 0, #41)."""
 
     class Skipping(Classifier):
         def training_step(self, batch, batch_idx):
             return None if batch_idx == 2 else super().training_step(batch, batch_idx)
 
     cb = NanGuard(policy="rollback", event_log=tmp_path / "events.jsonl")
-    fit(Skipping(), [cb], steps=5)
-    assert cb.bad_steps == [] and all(l["action"] == "step" for l in events(tmp_path / "events.jsonl"))
+    model = Skipping()
+    fit(model, [cb], steps=5)
+    lines = events(tmp_path / "events.jsonl")
+    assert cb.bad_steps == [] and all(l["action"] == "step" for l in lines)
+    # One event per batch that ran backward, numbered without a gap, each with its real loss.
+    assert len(lines) == len(model.losses) and [l["step"] for l in lines] == list(range(1, len(lines) + 1)), lines
+    assert [l["loss"] for l in lines] == pytest.approx(model.losses), lines
 
 
 def test_the_callback_logs_its_steps_to_tensorboard(tmp_path):

@@ -22,7 +22,8 @@ each optimizer step:
   (``training_step`` of each micro-batch again, under Lightning's precision
   context, from the step's RNG state) under the tracer, the policy acts and
   the gradients are set to None, so Lightning's ``optimizer.step()`` changes
-  nothing.
+  nothing. A step whose ``training_step`` returned None for every
+  micro-batch (Lightning skips it) is cancelled: not logged or counted.
 
 16-bit AMP with a GradScaler: when the scaler found an Inf/NaN in the
 gradients of a step whose loss is finite, at a scale above 1, that is its own
@@ -124,8 +125,9 @@ class NanGuard(_pl.Callback, CallbackGuard):
         self._window, self._loss = None, None
         if loss is None:
             # No micro-batch ran backward (training_step returned None to skip
-            # them): the event says 0.0 and the gradients alone decide.
-            loss = 0.0
+            # them all): the user skipped the step, there is nothing to check.
+            self.guard.cancel_step()
+            return
         CallbackGuard.check(self, loss, lambda: self._replay(trainer, pl_module, window),
                             batch_tensors([b for b, _ in window]), _scaler(trainer), optimizer,
                             [c.scheduler for c in trainer.lr_scheduler_configs])
