@@ -423,6 +423,10 @@ diagnosis diagnose_input(const finding& f, const diagnosis_context& ctx) {
   for (const auto& r : f.inputs)
     if (r.name == f.culprit || (!bad && !r.stats.all_finite())) bad = &r;
   const std::string counts = bad ? fmt::format("{} of {}", nonfinite_counts(bad->stats), bad->stats.numel) : "NaN/Inf";
+  if (f.culprit.rfind("received via ", 0) == 0)  // the tracer's name of what a collective wrote
+    return unclassified(f, fmt::format("the non-finite values were {} ({}): another rank sent them, and that rank's "
+                                       "own trace names the op that made them",
+                                       f.culprit, counts));
   if (names_data(f.culprit, ctx)) {
     // Rows are along the first dimension, as a batch's samples are.
     const int64_t per_row = bad && bad->shape.size() >= 2 && bad->shape[0] > 0 ? bad->stats.numel / bad->shape[0] : 0;

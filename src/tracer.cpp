@@ -226,12 +226,19 @@ void check_unreturned_writes(tracer_state& st, const at::RecordFunction& fn, op_
 // returned (on the backend's thread) and with no version bump. Marked when
 // it starts, while its arguments are still there (the kernel takes them):
 // the new version makes whatever reads them next be checked, not trusted
-// from what the tracer saw before.
-void mark_arguments_written(const at::RecordFunction& fn) {
+// from what the tracer saw before, and names them "received via" the
+// collective (another rank's values may be in them).
+void mark_arguments_written(tracer_state& st, const at::RecordFunction& fn) {
+  const std::string name = "received via " + collective_name(fn.name());
+  const auto mark = [&](const at::Tensor& t) {
+    mark_written(t);
+    std::lock_guard<std::mutex> lock(st.mutex);
+    st.received.insert(t, name);
+  };
   for (const c10::IValue& arg : fn.inputs()) {
-    if (arg.isTensor()) mark_written(arg.toTensor());
+    if (arg.isTensor()) mark(arg.toTensor());
     else if (arg.isTensorList())
-      for (const at::Tensor& t : arg.toTensorVector()) mark_written(t);
+      for (const at::Tensor& t : arg.toTensorVector()) mark(t);
   }
 }
 
@@ -346,7 +353,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   callback_scope no_recursion;
   const op_traits& traits = traits_of(fn);
   if (traits.collective) {
-    mark_arguments_written(fn);
+    mark_arguments_written(*st, fn);
     return nullptr;
   }
   // A view makes no values, and one no autograd node will name (nested in

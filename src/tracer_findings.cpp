@@ -60,6 +60,7 @@ std::string name_of(tracer_state& st, const at::Tensor& t, const std::string& fa
   const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   if (const std::string* name = st.parameters.find(impl)) return *name;
   if (const std::string* name = st.named.find(impl)) return *name;
+  if (const std::string* via = st.received.find(t)) return *via;
   if (t.is_view() && t._base().defined()) {  // e.g. weight.t() inside aten::linear
     const std::string base = name_of(st, at::Tensor(t._base()), "");
     if (!base.empty()) return base + " (view)";

@@ -164,6 +164,9 @@ TEST(distributed, a_tracer_sees_a_nan_that_arrives_through_the_all_reduce) {
   ASSERT_FALSE(findings.empty()) << "rank 1's NaN reached rank 0's gradient unseen";
   EXPECT_EQ("aten::mul_", findings.front().op);
   EXPECT_EQ(nanguard::role::input, findings.front().role);
+  EXPECT_EQ("received via all-reduce (in place: as the op left it)", findings.front().culprit)
+      << "another rank's values, not data (#38)";
+  EXPECT_NE(nanguard::cause::bad_data, findings.front().diagnosis.cause);
 }
 
 // Three ranks on three threads (a majority to differ from); rank 1 changes
@@ -226,5 +229,6 @@ TEST(distributed, a_trace_checks_what_a_collective_wrote) {
   ASSERT_TRUE(t.found()) << "the NaN the all-reduce delivered went unseen";
   EXPECT_EQ("aten::mul", t.findings().front().op);
   EXPECT_EQ(nanguard::role::input, t.findings().front().role);
+  EXPECT_EQ("received via all-reduce", t.findings().front().culprit);
   EXPECT_TRUE(grad.isnan().any().item<bool>());
 }

@@ -73,3 +73,7 @@ def test_a_trace_sees_the_nan_another_rank_sent(tmp_path):
     first = findings[0]
     assert (first["op"], first["role"]) == ("aten::copy_", "input"), first
     assert first["caller"] == "torch.distributed.ddp.reducer::copy_bucket_to_grad"
+    # Named as what it is: another rank's values, received through the
+    # all-reduce, not data this rank was fed (#38).
+    assert first["culprit"] == "received via all-reduce", first
+    assert first["diagnosis"]["cause"] != "bad_data", first

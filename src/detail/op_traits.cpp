@@ -71,6 +71,17 @@ op_traits make_traits(const at::RecordFunction& fn) {
 
 }  // namespace
 
+std::string collective_name(const std::string& op) {
+  static const std::pair<const char*, const char*> kinds[] = {
+      {"c10d::allreduce", "all-reduce"},   {"c10d::reduce_scatter", "reduce-scatter"},
+      {"c10d::_reduce_scatter", "reduce-scatter"}, {"c10d::allgather", "all-gather"},
+      {"c10d::_allgather", "all-gather"},  {"c10d::broadcast", "broadcast"},
+      {"c10d::alltoall", "all-to-all"},    {"c10d::reduce_", "reduce"}};
+  for (const auto& [prefix, kind] : kinds)
+    if (op.rfind(prefix, 0) == 0) return kind;
+  return op;
+}
+
 const op_traits& traits_of(const at::RecordFunction& fn) {
   // Keyed by the name's address, which for an ATen op lives in its schema;
   // a user scope's name lives in its RecordFunction, whose address a later

@@ -9,6 +9,7 @@
 #include <ATen/record_function.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace nanguard::detail {
@@ -73,5 +74,11 @@ struct op_traits {
 
 /// The traits of the op `fn` records (cached per thread by name).
 const op_traits& traits_of(const at::RecordFunction& fn);
+
+/// What a c10d collective op does, as the guard's notes name it:
+/// "c10d::allreduce_" is "all-reduce", "c10d::reduce_scatter_tensor_coalesced_"
+/// "reduce-scatter" (to_string(backward_collective) spells them the same);
+/// an op it does not know, its own name.
+std::string collective_name(const std::string& op);
 
 }  // namespace nanguard::detail

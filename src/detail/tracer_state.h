@@ -268,6 +268,39 @@ enum class scanned { output, old_values, parameter, node_input };
 // Counts a read of `t` for `op` in the tracer's cost, when measured.
 void count_scan(tracer_state& st, const at::Tensor& t, const char* op, scanned what);
 
+// Tensors a collective wrote: another rank's values, named "received via
+// all-reduce" (the collective) from then on, for as long as the storage
+// lives (another collective into it renames it). The version cannot tell
+// when the values stop being the collective's: a backend writes them on its
+// own thread (Gloo's reduce-scatter copies its result in), bumping it.
+class received_data {
+  using weak_storage = c10::weak_intrusive_ptr<c10::StorageImpl>;
+  struct mark {
+    weak_storage storage;
+    int64_t version = 0;
+    std::string name;
+  };
+
+ public:
+  void insert(const at::Tensor& t, std::string name) {
+    if (!t.has_storage()) return;
+    if (marks_.size() >= 256)  // one per collective: forget the freed ones
+      for (auto it = marks_.begin(); it != marks_.end();) it = it->second.storage.expired() ? marks_.erase(it) : ++it;
+    c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+    marks_.insert_or_assign(storage, mark{weak_storage::reclaim_copy(storage), t._version(), std::move(name)});
+  }
+  /// The name of the collective that wrote `t` (or a view of it), or nullptr.
+  const std::string* find(const at::Tensor& t) const {
+    if (!t.has_storage()) return nullptr;
+    const auto it = marks_.find(t.storage().unsafeGetStorageImpl());
+    const bool live = it != marks_.end() && !it->second.storage.expired() && t._version() >= it->second.version;
+    return live ? &it->second.name : nullptr;
+  }
+
+ private:
+  std::unordered_map<const c10::StorageImpl*, mark> marks_;
+};
+
 }  // namespace nanguard::detail
 
 namespace nanguard {
@@ -292,6 +325,7 @@ struct tracer::state {
   size_t forward_next = 0;
   detail::marked_data allowed;   // outputs holding intentional non-finite values
   detail::marked_data reported;  // non-finite outputs seen, marked with the record of their origin
+  detail::received_data received;  // what the collectives wrote
   // The deferred path (see settle): its record, what it holds until read,
   // and the bytes of the tensors checked; under deferred_mutex, taken
   // before `mutex` when both are.
