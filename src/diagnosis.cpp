@@ -23,8 +23,9 @@ using rule = std::optional<diagnosis> (*)(const finding&);
 // In the order of enum class cause.
 constexpr const char* kCauseNames[] = {
     "unclassified", "log_of_nonpositive", "division_by_zero", "overflow", "fully_masked_softmax", "sqrt_at_zero",
-    "inverse_trig_at_bound", "inf_arithmetic", "precision_range", "divergence", "bad_data"};
-static_assert(std::size(kCauseNames) == size_t(cause::bad_data) + 1, "a name for every cause");
+    "inverse_trig_at_bound", "inf_arithmetic", "precision_range", "divergence", "bad_data",
+    "masked_infinity_reduced"};
+static_assert(std::size(kCauseNames) == size_t(cause::masked_infinity_reduced) + 1, "a name for every cause");
 constexpr const char* kConfidenceNames[] = {"low", "medium", "high"};
 
 // ------------------------------------------------------------ remedies
@@ -79,6 +80,12 @@ std::string remedy_for(cause c, const finding& f) {
       return "validate the data: the firewall drops or repairs rows with NaN/Inf (C++ "
              "`nanguard::firewall(firewall_options().nonfinite(nonfinite_policy::drop))`, Python "
              "`nanguard.Firewall(nonfinite=\"drop\")`); `nanguard scan data.csv` names the CSV line";
+    case cause::masked_infinity_reduced:
+      return "mask with a large finite negative value instead of -inf (C++ `x.masked_fill(mask, "
+             "std::numeric_limits<float>::lowest())`, Python `x.masked_fill(mask, torch.finfo(x.dtype).min)`), or "
+             "keep the masked entries out of the reduction: label smoothing reads every class, masked ones too "
+             "(smooth over the unmasked classes only, or Python `F.cross_entropy(logits, y)` without "
+             "label_smoothing)";
     case cause::unclassified: break;
   }
   return "no class fits the evidence: read the census of the inputs and outputs, follow the chain with more "
@@ -234,6 +241,27 @@ std::optional<diagnosis> nan_from_infinities(const finding& f) {
               fmt::format("{}: {} made {} NaN from infinities: {} holds {}{}", kind, f.op, out->stats.nan,
                           with_inf->name, nonfinite_counts(with_inf->stats), zeros),
               f);
+}
+
+// Infinities that came in on purpose (a mask, allowed or written as a
+// constant) gathered by a reduction into a result non-finite as a whole:
+// the tracer makes such a finding a producer with non-finite inputs and an
+// infinite, NaN-free output smaller than they are, which no arithmetic
+// fault makes.
+std::optional<diagnosis> gathered_mask(const finding& f) {
+  const tensor_record* out = bad_output(f);
+  if (f.role != role::producer || f.direction != direction::forward || !out || out->stats.nan > 0 ||
+      out->stats.pos_inf + out->stats.neg_inf == 0)
+    return std::nullopt;
+  for (const auto& r : f.inputs)
+    if (r.stats.pos_inf + r.stats.neg_inf > 0 && r.stats.nan == 0 && out->stats.numel < r.stats.numel)
+      return make(cause::masked_infinity_reduced, confidence::high,
+                  fmt::format("{} reduced the {} infinite entries of {} (a mask: {} of {}) into {} of {} outputs: it "
+                              "read masked entries, as label smoothing does every class",
+                              f.op, r.stats.pos_inf + r.stats.neg_inf, r.name, nonfinite_counts(r.stats),
+                              r.stats.numel, nonfinite_counts(out->stats), out->stats.numel),
+                  f);
+  return std::nullopt;
 }
 
 std::optional<diagnosis> log_domain(const finding& f) {
@@ -405,7 +433,7 @@ diagnosis unclassified(const finding& f, const std::string& lead) {
 }
 
 diagnosis diagnose_producer(const finding& f) {
-  static const rule rules[] = {backward_at_singularity, nan_from_infinities, log_domain,
+  static const rule rules[] = {gathered_mask, backward_at_singularity, nan_from_infinities, log_domain,
                                inverse_trig_domain,     zero_division,       reduction_of_too_few,
                                power_overflow,          exponential_overflow,  low_precision_overflow};
   for (const rule& r : rules)

@@ -415,6 +415,7 @@ struct guard::impl {
       loss_ok = sentinel.check_loss(loss);
     }
     if (loss_ok || collective() != backward_collective::none) scaler.scale(share_of(loss, n)).backward();
+    else t.judge_by_outputs({loss});  // no backward to judge the chains: what reaches the loss does
     return loss_ok;
   }
 

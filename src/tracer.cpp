@@ -29,6 +29,7 @@
 #include "detail/tracer_findings.h"
 #include "detail/tracer_state.h"
 
+#include <ATen/ops/scalar_tensor.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/jit/runtime/interpreter.h>
 #include <torch/nn/module.h>
@@ -36,6 +37,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -195,7 +197,8 @@ void bound_outputs(tracer_state& st, const op_traits& traits, c10::ArrayRef<cons
   // backward pass and by the optimiser.
   for (const at::Tensor& in : ctx.inputs) {
     const at::Tensor p = in.is_view() && in._base().defined() ? at::Tensor(in._base()) : in;  // weight.t() in aten::linear
-    if (!p.is_leaf() || !p.requires_grad() || known_range(memo, p)) continue;
+    // A complex parameter (the base of x.real) is not a range the rules use.
+    if (!p.is_leaf() || !p.requires_grad() || p.is_complex() || known_range(memo, p)) continue;
     const value_range r = scan_range(st, p, ctx.op, scanned::parameter);
     if (r.finite()) memo.insert(p, r);
   }
@@ -306,6 +309,14 @@ void check_node_inputs(tracer_state& st, const at::RecordFunction& fn) {
   ran.push_back({node, fn.name(), fn.seqNr()});
 }
 
+// A number argument that is NaN or Inf, as the tensor eager code wraps it
+// in: TorchScript runs `x * float("nan")` as aten::mul.Scalar, which eager
+// code runs as aten::mul of a 0-dim Double tensor. Listed among the op's
+// inputs, the finding names it either way.
+at::Tensor number_tensor(const c10::IValue& number) {
+  return at::scalar_tensor(number.toDouble(), at::kDouble);
+}
+
 // Remembers a forward op by its sequence number, which the backward nodes
 // it made carry. set_step() forgets them all; a trace that spans many steps
 // without it keeps the newest kForwardOpsKept (the few thousand ops of a
@@ -367,6 +378,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (traits.ignores_argument(i)) continue;
     collect_tensors(inputs[i], ctx->inputs);
+    if (inputs[i].isDouble() && !std::isfinite(inputs[i].toDouble())) ctx->inputs.push_back(number_tensor(inputs[i]));
     ctx->argument_of.resize(ctx->inputs.size(), int(i));
   }
   // A GPU's tensors are checked on the deferred path (see enqueue).
@@ -437,6 +449,7 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
 
 namespace nanguard {
 
+using detail::deferred_check;
 using detail::forget_deferred;
 using detail::range_memo;
 using detail::settle;
@@ -481,6 +494,17 @@ void tracer::set_step(int64_t step) {
   range_memo::forget_all();
   detail::forget_forward_ops(*state_);
   state_->allowed.clear();
+}
+
+void tracer::judge_by_outputs(const std::vector<at::Tensor>& outputs) {
+  const detail::callback_scope no_recursion;  // a complex output's real view is no op of the program
+  for (const at::Tensor& out : outputs) {
+    if (!out.defined()) continue;
+    deferred_check reached(deferred_check::kind::model_output);
+    reached.tensor = out;
+    if (!detail::defer_event(*state_, std::move(reached))) detail::reach_from_output(*state_, out);
+  }
+  if (!detail::defer_event(*state_, deferred_check(deferred_check::kind::leaf))) detail::judge_all(*state_);
 }
 
 const std::vector<finding>& tracer::findings() const {

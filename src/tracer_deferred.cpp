@@ -90,6 +90,9 @@ void replay(tracer_state& st, const deferred_check& c, const std::vector<tensor_
     case deferred_check::kind::leaf:
       judge_all(st);
       return;
+    case deferred_check::kind::model_output:
+      reach_from_output(st, c.tensor);
+      return;
   }
 }
 

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace nanguard::detail {
@@ -88,13 +89,19 @@ bool inside_infinity_test(c10::ArrayRef<const op_frame*> stack) {
 // mattered is a finding; one absorbed on the way (a masked score that
 // softmax turned into a zero, an infinity a backward formula masks out) is
 // not. A chain no leaf has judged yet (the step is still running, or has no
-// backward pass) is shown.
+// backward pass) is shown, unless it gathered intended infinities (a sum
+// over a mask, see gathers()): such a chain is shown once it has reached the
+// loss, a gradient or the model's outputs, or when nothing else is.
 void publish(tracer_state& st) {
   st.findings.clear();
-  for (const finding_record& r : st.records) {
-    if (int64_t(st.findings.size()) >= st.options.max_findings()) break;
-    const finding_record& origin = st.records[r.origin];
-    if (!origin.judged || origin.reached) st.findings.push_back(r.finding);
+  for (const bool fallback : {false, true}) {
+    if (fallback && !st.findings.empty()) return;
+    for (const finding_record& r : st.records) {
+      if (int64_t(st.findings.size()) >= st.options.max_findings()) return;
+      const finding_record& origin = st.records[r.origin];
+      const bool unjudged = !origin.judged && origin.gathered == fallback;
+      if (unjudged || (origin.reached && !fallback)) st.findings.push_back(r.finding);
+    }
   }
 }
 
@@ -110,28 +117,43 @@ void mark(tracer_state& st, const op_site& site, const at::Tensor& out, taint wh
 // Records `f`, about the non-finite `out` of `fn`; `origin` is the record
 // its values descend from, or -1 when it starts a chain of its own.
 void record(tracer_state& st, const op_site& site, finding f, int origin, const at::Tensor& out,
-            bool out_holds_nan) {
+            bool out_holds_nan, bool gathered = false) {
   const int index = int(st.records.size());
   f.diagnosis = diagnose(f);
   st.records.push_back({std::move(f), origin < 0 ? index : origin});
+  st.records.back().gathered = gathered;
   mark(st, site, out, {index, out_holds_nan});
   publish(st);
 }
 
-// Infinities written as constants (a mask) or handed in as data are meant;
-// a NaN made from them (a softmax row with nothing left to attend to) is a
-// new finding. A NaN made from computed infinities (inf - inf, 0 * inf after
-// an overflow) belongs to the infinity's chain.
-bool meant(const finding& origin) {
+// True for the ops that write constants into a tensor (a mask).
+bool writes_constants(std::string_view op) {
   static const char* const constant_writers[] = {
       "aten::full",      "aten::full_like",    "aten::new_full",    "aten::fill_", "aten::masked_fill",
       "aten::masked_fill_", "aten::index_put_", "aten::index_fill_", "aten::where", "aten::scatter_",
       "aten::copy_"};
-  if (origin.role == role::input) return true;
-  for (const char* op : constant_writers)
-    if (origin.op == op) return true;
+  for (const char* writer : constant_writers)
+    if (op == writer) return true;
   return false;
 }
+
+// True when the chain's first finding wrote its infinities as constants (a mask).
+bool written_as_constant(const finding& origin) { return writes_constants(origin.op); }
+
+// True when the chain's first finding is an input that holds -inf and no
+// other non-finite value: a mask handed in. +inf or NaN handed in is bad data.
+bool mask_handed_in(const finding& origin) {
+  if (origin.role != role::input) return false;
+  for (const tensor_record& r : origin.inputs)
+    if (r.name == origin.culprit) return r.stats.neg_inf > 0 && r.stats.pos_inf == 0 && r.stats.nan == 0;
+  return false;
+}
+
+// Infinities written as constants (a mask) or handed in as a mask are meant;
+// a NaN made from them (a softmax row with nothing left to attend to) is a
+// new finding. A NaN made from computed infinities (inf - inf, 0 * inf after
+// an overflow) or from bad data belongs to the infinity's chain.
+bool meant(const finding& origin) { return mask_handed_in(origin) || written_as_constant(origin); }
 
 // Records past this many in one chain are not kept, only marked: a NaN
 // reaches most of a step's tensors, and each record costs a census.
@@ -174,7 +196,7 @@ std::string module_at(const tracer_state& st, const op_site& site, const op_cont
 // The inputs of an op as a finding lists them, and which were non-finite.
 struct input_records {
   std::vector<tensor_record> records;
-  int first_bad = -1;           // the first non-finite input; -1 for none
+  int first_bad = -1;           // the first non-finite input not allowed, else the first; -1 for none
   bool all_bad_allowed = true;  // every non-finite one holds intentional values
   bool allowed_nan = false;     // one of those holds NaN
   bool bad_hold_nan = false;    // a non-finite one holds NaN (or was overwritten in place)
@@ -194,13 +216,35 @@ input_records read_inputs(tracer_state& st, const op_context& ctx, const at::Ten
     const bool bad = self_inplace ? ctx.nonfinite_before[i] == 1 : !r.stats.all_finite();
     if (bad) {
       in.bad_hold_nan |= self_inplace || r.stats.nan > 0;  // what an in-place op overwrote is unknown
-      if (in.first_bad < 0) in.first_bad = int(i);
-      if (st.allowed.contains(t)) in.allowed_nan |= r.stats.nan > 0;
+      const bool allowed = st.allowed.contains(t);
+      // The first non-finite input, one not allowed first: that is what the op is blamed on.
+      if (in.first_bad < 0 || (!allowed && in.all_bad_allowed)) in.first_bad = int(i);
+      if (allowed) in.allowed_nan |= r.stats.nan > 0;
       else in.all_bad_allowed = false;
     }
     in.records.push_back(std::move(r));
   }
   return in;
+}
+
+// True when `out` gathers the infinities of `in`, written on purpose (a
+// mask), into fewer elements: a sum, a mean, a loss over masked classes
+// (label smoothing reads every class). Elementwise a mask's infinities flow
+// on as meant; gathered, they make a result non-finite as a whole: a chain
+// of its own (finding_record::gathered), a finding when it reaches the loss,
+// a gradient or the model's outputs, or when nothing else is found: the op
+// a non-finite loss made of intended infinities names. A NaN made from it
+// (the max of a fully masked row, minus itself) starts a chain of its own.
+bool gathers(const at::Tensor& in, const at::Tensor& out) { return out.numel() < in.numel(); }
+
+// True when the op starts a chain of its own from the meant infinities of
+// the chain `origin`: a NaN made from them, or their gathering.
+bool starts_own_chain(const tracer_state& st, int origin, const tensor_stats& out_stats, const input_records& in,
+                      const at::Tensor& bad_input, const at::Tensor& out) {
+  if (in.bad_hold_nan) return false;
+  const finding& first = st.records[origin].finding;
+  return (out_stats.nan > 0 && (meant(first) || st.records[origin].gathered)) ||
+         (written_as_constant(first) && gathers(bad_input, out));
 }
 
 // A finding about the op at `site`: when and where it ran. Its role and
@@ -251,20 +295,27 @@ int blame_enclosing_op(tracer_state& st, const op_site& site, const op_frame& ma
 // The role of an op handed non-finite values (`in`) in `f`, and the record
 // of the chain its output continues, or -1 for a chain of its own.
 // `named_op` becomes the enclosing op when that one is named instead.
-int blame_inputs(tracer_state& st, const op_site& site, const op_context& ctx, const tensor_stats& out_stats,
-                 input_records& in, finding& f, const op_frame*& named_op) {
+int blame_inputs(tracer_state& st, const op_site& site, const op_context& ctx, const at::Tensor& out,
+                 const tensor_stats& out_stats, input_records& in, finding& f, const op_frame*& named_op) {
   TORCH_INTERNAL_ASSERT(in.any_bad(), "blame_inputs with no non-finite input");
   const at::Tensor& culprit = ctx.inputs[in.first_bad];
   const std::string culprit_name = in.records[in.first_bad].name;
   if (const taint* from = st.reported.find(culprit)) {
     f.culprit = culprit_name;
     const int origin = st.records[from->record].origin;
-    // A NaN made from meant infinities: a chain of its own, naming the infinity it came from.
-    const bool nan_from_meant_infinities = out_stats.nan > 0 && !in.bad_hold_nan && meant(st.records[origin].finding);
-    f.role = nan_from_meant_infinities ? role::producer : role::propagator;
-    return nan_from_meant_infinities ? -1 : origin;
+    // A chain of its own, naming the infinity it came from.
+    const bool own_chain = starts_own_chain(st, origin, out_stats, in, culprit, out);
+    f.role = own_chain ? role::producer : role::propagator;
+    return own_chain ? -1 : origin;
   }
   const bool named = culprit_name.rfind("input ", 0) != 0;
+  if (!named && culprit.dim() == 0 && writes_constants(ctx.op)) {
+    // A constant no op made, written in: TorchScript runs `mask[0] =
+    // float("-inf")` as a copy_ of a constant tensor, where eager code runs
+    // a fill_ of the number. The op writes the constant, as fill_ does.
+    f.role = role::producer;
+    return -1;
+  }
   if (const op_frame* maker = named ? nullptr : unrecorded_maker(site.stack, culprit)) {
     named_op = maker;
     return blame_enclosing_op(st, site, *maker, in, f);
@@ -322,11 +373,13 @@ void on_nonfinite_output(tracer_state& st, const op_site& site, const op_context
     return;
   }
   input_records in = read_inputs(st, ctx, out);
-  if (in.any_bad() && in.all_bad_allowed && (out_stats.nan == 0 || in.allowed_nan)) {
+  if (in.any_bad() && in.all_bad_allowed && (out_stats.nan == 0 || in.allowed_nan) &&
+      !gathers(ctx.inputs[in.first_bad], out)) {
     st.allowed.insert(out);  // intentional infinities flowing on (mask + scores)
     return;
   }
-  if (via && (out_stats.nan == 0 || in.bad_hold_nan || !meant(st.records[st.records[via->record].origin].finding))) {
+  if (via && !starts_own_chain(st, st.records[via->record].origin, out_stats, in,
+                               in.any_bad() ? ctx.inputs[in.first_bad] : out, out)) {
     mark(st, site, out, {via->record, out_stats.nan > 0});
     return;
   }
@@ -335,7 +388,7 @@ void on_nonfinite_output(tracer_state& st, const op_site& site, const op_context
   const op_frame* named_op = &ctx;  // the op the finding names, whose inputs it lists
   int origin = -1;
   if (!in.any_bad() || in.all_bad_allowed) f.role = role::producer;
-  else origin = blame_inputs(st, site, ctx, out_stats, in, f, named_op);
+  else origin = blame_inputs(st, site, ctx, out, out_stats, in, f, named_op);
   if (site.node && origin < 0) origin = forward_origin(st, site.node->sequence_nr);
   f.inputs = std::move(in.records);
   if (st.options.keep_inputs()) f.input_values = values_as_started(*named_op);
@@ -343,7 +396,9 @@ void on_nonfinite_output(tracer_state& st, const op_site& site, const op_context
   f.index = out_stats.first_nonfinite_index;
   f.value = out_stats.first_nonfinite_value;
   if (st.options.capture_backtrace() && !census_then) f.backtrace = c10::get_backtrace(/*frames_to_skip=*/3);
-  record(st, site, std::move(f), origin, out, out_stats.nan > 0);
+  const bool gathered = named_op == &ctx && f.role == role::producer && in.any_bad() && out_stats.nan == 0 &&
+                        gathers(ctx.inputs[in.first_bad], out);
+  record(st, site, std::move(f), origin, out, out_stats.nan > 0, gathered);
 }
 
 void on_nonfinite_node_input(tracer_state& st, const op_site& site, const ran_node* sender,
@@ -388,6 +443,11 @@ void reach_from_loss(tracer_state& st, int64_t sequence_nr) {
 void reach_from_leaf(tracer_state& st, const taint& t) {
   std::lock_guard<std::mutex> lock(st.mutex);
   st.records[st.records[t.record].origin].reached = true;
+}
+
+void reach_from_output(tracer_state& st, const at::Tensor& out) {
+  if (!measurable(out)) return;
+  if (const std::optional<taint> known = taint_of(st, real_values(out))) reach_from_leaf(st, *known);
 }
 
 void judge_all(tracer_state& st) {

@@ -380,7 +380,8 @@ TEST(diagnosis, a_finding_written_before_diagnoses_is_diagnosed_on_reading) {
 TEST(diagnosis, names_round_trip) {
   for (cause c : {cause::unclassified, cause::log_of_nonpositive, cause::division_by_zero, cause::overflow,
                   cause::fully_masked_softmax, cause::sqrt_at_zero, cause::inverse_trig_at_bound,
-                  cause::inf_arithmetic, cause::precision_range, cause::divergence, cause::bad_data})
+                  cause::inf_arithmetic, cause::precision_range, cause::divergence, cause::bad_data,
+                  cause::masked_infinity_reduced})
     EXPECT_EQ(c, nanguard::cause_from_string(nanguard::to_string(c)));
   for (confidence c : {confidence::low, confidence::medium, confidence::high})
     EXPECT_EQ(c, nanguard::confidence_from_string(nanguard::to_string(c)));

@@ -33,6 +33,7 @@ enum class cause {
   precision_range,        ///< beyond float16 / bfloat16 range, or flushed to 0 by it
   divergence,             ///< the gradient norm or the loss spiked in the steps before
   bad_data,               ///< the non-finite value came in with the input batch
+  masked_infinity_reduced,  ///< a sum, mean or loss read the infinities of a mask (label smoothing over -inf)
 };
 
 /// How far the evidence goes: `high` when the op and its numbers agree,

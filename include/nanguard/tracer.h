@@ -30,6 +30,7 @@
 
 #include <nanguard/finding.h>
 
+#include <ATen/core/Tensor.h>
 #include <torch/arg.h>
 
 #include <memory>
@@ -141,6 +142,15 @@ class tracer {
   /// recorded write does not scan its old values again. A tensor written
   /// behind LibTorch's back within a step needs `mark_written`.
   void set_step(int64_t step);
+
+  /// The traced model's forward returned `outputs` (its tensors): judges
+  /// every chain recorded so far by whether its values reach them. For a
+  /// pass with no backward (evaluation, a validation loop, torch.no_grad()),
+  /// where nothing else judges: an intended infinity the model absorbs (a
+  /// causal mask) is then no finding, one that reaches its outputs is. A
+  /// backward pass after it still makes a chain that reaches the loss or a
+  /// gradient a finding. `nanguard.trace(model)` calls it after each forward.
+  void judge_by_outputs(const std::vector<at::Tensor>& outputs);
 
   /// Findings so far, first first.
   const std::vector<finding>& findings() const;

@@ -151,6 +151,10 @@ class Tracer:
         ...
     def found(self) -> bool:
         ...
+    def judge_by_outputs(self, outputs: collections.abc.Sequence[torch.Tensor]) -> None:
+        """
+        The traced model returned these tensors: judges every chain by whether it reaches them.
+        """
     def name_parameters(self, named_parameters: collections.abc.Sequence[tuple[str, torch.Tensor]]) -> None:
         """
         Names parameters (and through them modules) from (name, tensor) pairs.

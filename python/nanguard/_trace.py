@@ -8,6 +8,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal, Optional, Tuple, Type
 
 import torch
+import torch.utils._pytree
 
 from . import _compile, _nanguard
 
@@ -160,11 +161,18 @@ class NonFiniteError(RuntimeError):
         self.result = result
 
 
+def _scripted(module: torch.nn.Module) -> bool:
+    """True for a TorchScript module, which takes no Python hooks: the tracer
+    names the ops it runs from TorchScript's own module hierarchy."""
+    return isinstance(module, torch.jit.ScriptModule)
+
+
 def open_module_scopes(model: torch.nn.Module, prefix: str = "") -> Callable[[], None]:
     """Opens a nanguard scope (scope.h) around the forward of every submodule
     of ``model``, so that findings name modules; returns the function that
     removes the hooks again (and closes the scopes a forward that raised
-    left open)."""
+    left open). A TorchScript module (``torch.jit.script``) and what it holds
+    get no hooks: the tracer reads their names from TorchScript's scope."""
     depth = _nanguard.scope_depth()
     stack: List[str] = []  # qualified names of the modules running now
     hooks: List[Any] = []
@@ -188,7 +196,11 @@ def open_module_scopes(model: torch.nn.Module, prefix: str = "") -> Callable[[],
 
         return pre, post
 
+    scripted = []  # names of the TorchScript modules met: nothing inside them is hooked
     for name, module in _compile.original_module(model).named_modules():
+        if _scripted(module) or any(name.startswith(s + ".") for s in scripted):
+            scripted.append(name)
+            continue
         if not name:
             continue  # the model itself: findings name paths inside it
         pre, post = make(f"{prefix}.{name}" if prefix else name)
@@ -239,6 +251,7 @@ class Trace:
         self._cost: Optional[Dict[str, Any]] = None
         self._tracer: Optional[_nanguard.Tracer] = None
         self._close_scopes: Optional[Callable[[], None]] = None
+        self._judge_outputs: Optional[Any] = None  # the hook's RemovableHandle
         self._end_eager_run: Optional[Callable[[], None]] = None
         self._findings: Optional[List[Finding]] = None
 
@@ -257,6 +270,7 @@ class Trace:
             if self.model is not None:
                 self.name_parameters(self.model, self.prefix)
                 self._close_scopes = open_module_scopes(self.model, self.prefix)
+                self._judge_outputs = self._hook_outputs(self.model)
         except BaseException:
             self._close()
             raise
@@ -269,7 +283,28 @@ class Trace:
             self.check()
         return False
 
+    def _hook_outputs(self, model: torch.nn.Module) -> Any:
+        """After each forward of ``model``, the tracer judges what was found by
+        what reaches its outputs (``tracer::judge_by_outputs``): in a pass with
+        no backward nothing else does. Returns the hook's handle."""
+        model = _compile.original_module(model)
+
+        def judge(module: torch.nn.Module, args: Any, output: Any) -> None:
+            if module is model and self._tracer is not None:
+                leaves = torch.utils._pytree.tree_leaves(output)
+                self._tracer.judge_by_outputs([t for t in leaves if isinstance(t, torch.Tensor)])
+
+        if _scripted(model):
+            # A TorchScript module takes no hook of its own; a call from
+            # Python still runs the global ones (its submodules run inside
+            # TorchScript, so this one hook sees only it).
+            return torch.nn.modules.module.register_module_forward_hook(judge)
+        return model.register_forward_hook(judge)
+
     def _close(self) -> None:
+        if self._judge_outputs is not None:
+            self._judge_outputs.remove()
+            self._judge_outputs = None
         if self._close_scopes is not None:
             self._close_scopes()
             self._close_scopes = None
@@ -349,7 +384,12 @@ def trace(model: Optional[torch.nn.Module] = None, max_findings: int = 1, raise_
 
     With ``model`` (an ``nn.Module``) findings name its modules (by forward
     hooks that open nanguard scopes; no per-tensor work in Python) and its
-    parameters. The tracer observes the thread that enters the block.
+    parameters, and each forward of ``model`` hands its outputs to the
+    tracer: a pass with no backward (evaluation, ``torch.no_grad()``) is
+    judged by what reaches them, so that a causal mask's intended ``-inf``
+    is no finding there either. A ``torch.jit.ScriptModule`` takes no hooks
+    of its own: TorchScript names its modules. The tracer observes the
+    thread that enters the block.
 
         with nanguard.trace(model, raise_on_finding=True) as t:
             loss = loss_fn(model(x), y)

@@ -116,6 +116,9 @@ void bind_tracer(py::module_& m) {
         t.get().name_tensor(x, name);
       })
       .def("set_step", [](py_tracer& t, int64_t step) { t.get().set_step(step); })
+      .def("judge_by_outputs", [](py_tracer& t, const std::vector<at::Tensor>& outputs) {
+        t.get().judge_by_outputs(outputs);
+      }, py::arg("outputs"), "The traced model returned these tensors: judges every chain by whether it reaches them.")
       .def("found", [](py_tracer& t) { return t.get().found(); })
       .def("findings_json", [](py_tracer& t) {
         std::vector<std::string> out;

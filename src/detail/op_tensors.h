@@ -56,11 +56,15 @@ void collect_tensors(const c10::IValue& v, Tensors& out) {
   }
 }
 
-/// True when an argument of the op is a complex tensor: the range rules
-/// (range_rules.h) reason about real arithmetic only.
+/// True when an argument of the op is a complex tensor, or a list holding
+/// one: the range rules (range_rules.h) reason about real arithmetic only.
 inline bool any_complex(c10::ArrayRef<const c10::IValue> args) {
-  for (const c10::IValue& v : args)
+  for (const c10::IValue& v : args) {
     if (v.isTensor() && v.toTensor().is_complex()) return true;
+    if (v.isTensorList())
+      for (const c10::IValue& t : v.toListRef())
+        if (t.isTensor() && t.toTensor().is_complex()) return true;
+  }
   return false;
 }
 

@@ -33,6 +33,9 @@ void reach_from_loss(tracer_state& st, int64_t sequence_nr);
 /// The chain of `t`, a gradient a leaf receives, mattered.
 void reach_from_leaf(tracer_state& st, const taint& t);
 
+/// The traced model returned `out`: the chain of its values, if any, mattered.
+void reach_from_output(tracer_state& st, const at::Tensor& out);
+
 /// A leaf received its gradient: every chain recorded so far is judged.
 void judge_all(tracer_state& st);
 

@@ -176,9 +176,12 @@ class marked_data {
   };
 
  public:
+  /// Marks `t` and, when it is a view written in place (`mask[:, 4:].fill_(-inf)`),
+  /// the tensor it views: reading that one reads the marked values too.
   void insert(const at::TensorBase& t, taint what = {}) {
-    if (t.has_storage())
-      marks_.insert_or_assign(t.data_ptr(), mark{weak_storage::reclaim_copy(t.storage().unsafeGetStorageImpl()), what});
+    if (!t.has_storage()) return;
+    marks_.insert_or_assign(t.data_ptr(), mark{weak_storage::reclaim_copy(t.storage().unsafeGetStorageImpl()), what});
+    if (t.is_view() && t._base().defined() && !contains(t._base())) insert(t._base(), what);
   }
   /// What `t` was marked with, or nullptr.
   const taint* find(const at::TensorBase& t) const {
@@ -201,6 +204,9 @@ struct finding_record {
   int origin;                     // the record of the producer or input its values descend from (itself for those)
   bool judged = false;            // (origins) a leaf received a gradient since it was recorded
   bool reached = false;           // (origins) its non-finite values reached the loss or a leaf's gradient
+  // (origins) intended infinities a reduction gathered (see gathers()): shown
+  // once reached, or when nothing else is found; unjudged, no finding of its own.
+  bool gathered = false;
 };
 
 // What the deferred path enqueued on its record (a tensor's check), or an
@@ -213,13 +219,14 @@ struct deferred_check {
     node_input,  // a gradient handed to an autograd node
     loss,        // a backward pass starts at `sequence_nr` (see reach_from_loss)
     leaf,        // a leaf received its gradient: every record is judged
+    model_output,  // the traced model returned `tensor` (see tracer::judge_by_outputs)
   };
   explicit deferred_check(kind what, std::shared_ptr<deferred_op> op = nullptr, at::Tensor tensor = {})
       : what(what), op(std::move(op)), tensor(std::move(tensor)) {}
 
   kind what;
   std::shared_ptr<deferred_op> op;  // output, node_input
-  at::Tensor tensor;                // output, old_values, node_input
+  at::Tensor tensor;                // output, old_values, node_input, model_output
   int64_t ordinal = -1;             // the tensor's position in the record (set: an earlier check's)
   int index = 0;                    // output: its index (kWrittenArgument); node_input: its input
   bool into_leaf = false;           // node_input: of an AccumulateGrad
