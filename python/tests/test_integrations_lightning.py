@@ -286,3 +286,50 @@ def test_the_callback_logs_its_steps_to_tensorboard(tmp_path):
     assert [e.value for e in acc.Scalars("skipped")] == [0, 0, 0, 1, 0, 0, 0, 0]
     texts = [e.tensor_proto.string_val[0].decode() for e in acc.Tensors("nanguard/findings")]
     assert any("aten::log" in t for t in texts), texts
+
+
+class NormRecorder(Classifier):
+    """Records the global grad norm that Lightning's own hook sees (before
+    its gradient_clip_val clipping)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.norms = []
+
+    def on_before_optimizer_step(self, optimizer):
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        self.norms.append(float(torch.nn.utils.get_total_norm(grads)) if grads else float("nan"))
+
+
+def test_the_grad_norm_is_the_one_before_lightning_s_clipping(tmp_path):
+    model = NormRecorder(lr=0.5)
+    fit(model, [NanGuard(event_log=tmp_path / "events.jsonl")], gradient_clip_val=0.05)
+    lines = events(tmp_path / "events.jsonl")
+    assert [l["grad_norm"] for l in lines] == pytest.approx(model.norms, rel=1e-5)
+    assert min(model.norms) > 0.05  # every step was clipped
+
+
+def test_the_logger_gets_the_guard_s_metrics_and_the_user_sees_each_bad_step(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+    model = Classifier(log0_at=3)
+    cb = NanGuard(policy="skip")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.manual_seed(0)
+        trainer = pl.Trainer(max_steps=8, accelerator="cpu", devices=1, logger=CSVLogger(tmp_path, name="run"),
+                             log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, callbacks=[cb])
+        trainer.fit(model, loader())
+    told = [str(w.message) for w in caught if issubclass(w.category, nanguard.NanGuardWarning)]
+    assert len(told) == 2, told
+    assert told[0].startswith("nanguard: step 4: ") and "aten::log" in told[0] and "skipped the step" in told[0]
+    assert told[1].startswith("nanguard: 8 steps, 1 not taken (1 skipped); last bad step 4 ")
+    import csv
+    with open(os.path.join(trainer.logger.log_dir, "metrics.csv")) as f:
+        rows = [r for r in csv.DictReader(f) if r.get("nanguard/skipped_steps")]
+    assert [float(r["nanguard/skipped_steps"]) for r in rows] == [0, 0, 0, 1, 1, 1, 1, 1]
+    assert float(rows[2]["nanguard/last_cause"]) == 0
+    assert float(rows[-1]["nanguard/last_cause"]) == nanguard._nanguard.cause_code(cb.bad_steps[0].finding.cause)
+    assert float(rows[-1]["nanguard/loss_scale"]) == 1.0 and float(rows[-1]["nanguard/rollbacks"]) == 0
+    assert float(rows[-1]["nanguard/grad_norm"]) == pytest.approx(cb.last.grad_norm, rel=1e-5)
+    assert rows[3]["nanguard/grad_norm"] == "nan"  # the bad step's, not the step before's

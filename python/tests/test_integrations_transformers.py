@@ -252,3 +252,44 @@ def test_bf16_autocast_log_of_zero_is_named(tmp_path):
     train(tmp_path, model, [Plant(model, log0_at=2), cb], steps=5, bf16=True)
     assert [r.step for r in cb.bad_steps] == [3] and cb.bad_steps[0].finding.op == "aten::log", cb.bad_steps
     assert cb.scaler_skips == 0 and finite_params(model)
+
+
+def test_the_event_log_has_the_norm_before_clipping_that_the_trainer_logs(tmp_path):
+    """The Trainer clips by max_grad_norm before its callbacks see the
+    gradients: the guard clips in its stead, so that the event log's
+    grad_norm is the norm before clipping, as the Trainer's own log has it;
+    the model trains as the Trainer alone trains it. (0.2: below this
+    model's norms, 0.5 to 1.2, so that every step is clipped.)"""
+    plain, guarded = tiny_bert(), tiny_bert()
+    train(tmp_path, plain, max_grad_norm=0.2)
+    cb = NanGuardCallback(event_log=tmp_path / "events.jsonl")
+    trainer = train(tmp_path, guarded, [cb], max_grad_norm=0.2)
+    logged = {h["step"]: h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h}
+    lines = events(tmp_path / "events.jsonl")
+    assert len(logged) == len(lines) == 8
+    for line in lines:
+        assert line["grad_norm"] == pytest.approx(logged[line["step"]], rel=1e-4)
+        assert line["grad_norm"] > 0.4  # not the clipped 0.2
+        assert line["clip_coef"] == pytest.approx(0.2 / line["grad_norm"], rel=1e-4)
+    assert trainer.args.max_grad_norm == 0.2  # given back
+    for a, b in zip(plain.parameters(), guarded.parameters()):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_the_trainer_logs_the_guard_s_metrics_and_the_user_sees_each_bad_step(tmp_path):
+    import warnings
+    model = tiny_bert()
+    cb = NanGuardCallback(policy="skip")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = train(tmp_path, model, [Plant(model, log0_at=3), cb])
+    told = [str(w.message) for w in caught if issubclass(w.category, nanguard.NanGuardWarning)]
+    assert len(told) == 2, told
+    assert told[0].startswith("nanguard: step 4: ") and "skipped the step" in told[0]
+    assert told[1].startswith("nanguard: 8 steps, 1 not taken (1 skipped); last bad step 4 ")
+    history = {h["step"]: h for h in trainer.state.log_history if "loss" in h}
+    assert [history[s]["nanguard/skipped_steps"] for s in range(1, 9)] == [0, 0, 0, 1, 1, 1, 1, 1]
+    assert history[3]["nanguard/last_cause"] == 0
+    assert history[8]["nanguard/last_cause"] == nanguard._nanguard.cause_code(cb.bad_steps[0].finding.cause) >= 1
+    assert history[8]["nanguard/loss_scale"] == 1.0 and history[8]["nanguard/rollbacks"] == 0
+    assert history[8]["nanguard/grad_norm"] == pytest.approx(history[8]["grad_norm"], rel=1e-4)

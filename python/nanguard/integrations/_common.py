@@ -4,6 +4,7 @@ in step with a rollback."""
 import importlib
 import math
 import os
+from typing import Any, Dict
 
 import torch
 
@@ -106,6 +107,26 @@ class CallbackGuard:
                                     event_log=per_rank_path(self.event_log, rank, world_size),
                                     bundle_dir=per_rank_path(self.bundle_dir, rank, world_size), bundle_tags=tags,
                                     **options)
+
+    def metrics(self, scaler: Any = None) -> Dict[str, float]:
+        """What the callbacks log in the framework's own logs, as numbers:
+        ``nanguard/skipped_steps`` (steps not taken so far: skipped, rolled
+        back), ``nanguard/rollbacks``, ``nanguard/last_cause`` (0 before the
+        first bad step, else :func:`nanguard._nanguard.cause_code` of its
+        cause: 1 + its position in docs/diagnosis.md's classes, 1 for
+        unclassified), ``nanguard/loss_scale`` (the framework's GradScaler's
+        scale, else the guard's) and ``nanguard/grad_norm`` (the last step's
+        global norm before clipping; NaN for a bad step)."""
+        last_bad = self.bad_steps[-1] if self.bad_steps else None
+        cause = "unclassified" if last_bad is None or last_bad.finding is None else last_bad.finding.cause
+        out = {"nanguard/skipped_steps": float(self.guard.skipped),
+               "nanguard/rollbacks": float(self.guard.rollbacks),
+               "nanguard/last_cause": float(0 if last_bad is None else _nanguard.cause_code(cause)),
+               "nanguard/loss_scale": float(scaler.get_scale() if scaler is not None and scaler.is_enabled()
+                                            else self.guard.scaler.get_scale())}
+        if self.last is not None:
+            out["nanguard/grad_norm"] = float(self.last.grad_norm)
+        return out
 
     def check(self, loss, replay, batch, scaler, optimizer, schedulers):
         """Checks the step the guard began; returns its result, or None when

@@ -74,6 +74,14 @@ class NanGuard(_pl.Callback, CallbackGuard):
     ``rollback_lr_factor``, ``max_bad_steps``, ``replay``, ...) pass through,
     except ``loss_scale``: Lightning's precision plugin owns the loss scale.
 
+    Every step the callback logs through ``pl_module.log`` (the Trainer's
+    logger, rank 0): ``nanguard/skipped_steps``, ``nanguard/rollbacks``,
+    ``nanguard/last_cause``, ``nanguard/loss_scale`` and
+    ``nanguard/grad_norm`` (before Lightning's ``gradient_clip_val``
+    clipping); ``log_metrics=False`` does not. ``verbose`` (default True): a
+    :class:`nanguard.NanGuardWarning` per step not taken, and the run's
+    summary when ``fit`` ends after one (:meth:`nanguard.Guard.summary`).
+
     ``guard`` is the :class:`nanguard.Guard` (closed when ``fit`` ends), ``bad_steps``
     the :class:`nanguard.StepResult` of every step it skipped or rolled back,
     ``last`` the latest result, ``scaler_skips`` the steps Lightning's
@@ -81,9 +89,11 @@ class NanGuard(_pl.Callback, CallbackGuard):
     """
 
     def __init__(self, *, policy: Policy = "skip", event_log: Optional[PathLike] = None,
-                 bundle_dir: Optional[PathLike] = None, max_norm: float = 0.0, **guard_options: Any) -> None:
+                 bundle_dir: Optional[PathLike] = None, max_norm: float = 0.0, log_metrics: bool = True,
+                 **guard_options: Any) -> None:
         CallbackGuard.__init__(self, "NanGuard", "Lightning's (Trainer(precision='16-mixed'))", policy, event_log,
                                bundle_dir, max_norm, guard_options)
+        self.log_metrics = bool(log_metrics)
         self._window = None  # [(batch, batch_idx)] of the current optimizer step
         self._loss = None
 
@@ -131,6 +141,9 @@ class NanGuard(_pl.Callback, CallbackGuard):
         CallbackGuard.check(self, loss, lambda: self._replay(trainer, pl_module, window),
                             batch_tensors([b for b, _ in window]), _scaler(trainer), optimizer,
                             [c.scheduler for c in trainer.lr_scheduler_configs])
+        if self.log_metrics:
+            for name, value in self.metrics(_scaler(trainer)).items():
+                pl_module.log(name, value, on_step=True, on_epoch=False, rank_zero_only=True)
 
     def _replay(self, trainer, pl_module, window):
         """The step's loss again: ``training_step`` of each micro-batch under
@@ -150,7 +163,7 @@ class NanGuard(_pl.Callback, CallbackGuard):
         return _mean(losses)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
-        """Closes the event log."""
+        """Closes the event log (and warns the run's summary after a bad step)."""
         if self.guard is not None:
             self.guard.close()
 

@@ -18,8 +18,9 @@ step:
   with_kwargs=True)``) keeps each training micro-batch's inputs and its
   ``loss`` output; the step's loss is their mean;
 - ``on_pre_optimizer_step`` (every micro-batch done; after the Trainer
-  unscaled the gradients under fp16 AMP and clipped them by
-  ``max_grad_norm``): ``Guard.check(loss, replay)``. A bad step is replayed
+  unscaled the gradients under fp16 AMP and measured their norm):
+  ``Guard.check(loss, replay)``; the guard clips a healthy step by
+  ``max_grad_norm`` in the Trainer's stead (below). A bad step is replayed
   (``model(**inputs).loss`` of each micro-batch again, from the step's RNG
   state) under the tracer, the policy acts and the gradients are set to
   None, so the Trainer's ``optimizer.step()`` changes nothing.
@@ -43,8 +44,24 @@ came from traces them, and every rank's result names that rank, its op and
 its verdict; rank 0 writes ``event_log`` and ``bundle_dir``, rank N
 ``<stem>.rankN<suffix>`` beside them.
 
-NOTE: with ``max_grad_norm`` > 0 (the Trainer's default, 1.0) the Trainer's
-clipping multiplies every gradient by the NaN norm of a bad step before the
+Clipping: the Trainer would clip by ``max_grad_norm`` (default 1.0) before
+the callback sees the gradients, and the event log's ``grad_norm`` would be
+the clipped norm (1.0 on every step). So while ``train()`` runs the guard
+clips instead, by the same norm after its checks (``max_norm`` when smaller),
+with ``TrainingArguments.max_grad_norm`` set to 0 (given back when
+``train()`` ends or stops); the event log's ``grad_norm`` is then the norm
+before clipping, the one the Trainer logs. Not under DeepSpeed, which clips
+in its engine.
+
+Metrics: every logging step the callback adds ``nanguard/skipped_steps``,
+``nanguard/rollbacks``, ``nanguard/last_cause``, ``nanguard/loss_scale``
+and ``nanguard/grad_norm`` to the Trainer's logs (its console line and
+``state.log_history``; ``log_metrics=False``: not). ``verbose`` (default
+True): a :class:`nanguard.NanGuardWarning` per step not taken, and the run's
+summary when ``train()`` ends after one.
+
+NOTE: the Trainer measures the norm with ``clip_grad_norm_(..., inf)``,
+which multiplies every gradient by the NaN norm of a bad step before the
 callback sees them, so the event's per-parameter counts list every
 parameter; the replay still names the op that made the first NaN/Inf. The
 loss comes from the model's output: with a Trainer whose ``compute_loss``
@@ -54,11 +71,12 @@ output (the logits): the ops of the forward are checked both ways, those of
 the loss function are not.
 """
 
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 import torch
 
 from .._guard import PathLike, Policy, batch_tensors
+from .._trace import NonFiniteError
 from ._common import CallbackGuard, mean_loss as _mean, require
 
 _hf = require("transformers", " (and `accelerate`, which its Trainer needs)")
@@ -76,9 +94,15 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
     out of ``trainer.train()``). ``event_log``: the JSONL event log
     (``nanguard report`` reads it); ``bundle_dir``: where an abort writes the
     repro bundle (``nanguard inspect`` reads it). ``max_norm`` (default 0:
-    off; ``TrainingArguments.max_grad_norm`` still clips), and any other
+    off; ``TrainingArguments.max_grad_norm`` still applies, the guard
+    clipping by it), and any other
     keyword argument of :class:`nanguard.Guard` pass through, except
     ``loss_scale`` (the Trainer's fp16 GradScaler owns it).
+
+    ``log_metrics``: add the guard's metrics to the Trainer's logs (module
+    docstring). The Trainer's ``max_grad_norm`` clipping is done by the guard
+    while ``train()`` runs, so that the event log's ``grad_norm`` is the norm
+    before clipping.
 
     ``guard`` is the :class:`nanguard.Guard` (closed when ``train()`` ends),
     ``bad_steps`` the :class:`nanguard.StepResult` of each step skipped or
@@ -87,9 +111,14 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
     """
 
     def __init__(self, *, policy: Policy = "skip", event_log: Optional[PathLike] = None,
-                 bundle_dir: Optional[PathLike] = None, max_norm: float = 0.0, **guard_options: Any) -> None:
+                 bundle_dir: Optional[PathLike] = None, max_norm: float = 0.0, log_metrics: bool = True,
+                 **guard_options: Any) -> None:
         CallbackGuard.__init__(self, "NanGuardCallback", "the Trainer's (TrainingArguments(fp16=True))", policy,
                                event_log, bundle_dir, max_norm, guard_options)
+        self.log_metrics = bool(log_metrics)
+        self._own_max_norm = max_norm
+        self._trainer_max_grad_norm: Optional[float] = None  # the Trainer's max_grad_norm while the guard clips in its stead
+        self._scaler: Any = None
         self._model = None
         self._hook = None
         self._window = None  # [(args, kwargs)] of the step's micro-batches
@@ -104,11 +133,46 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
         if model is None or optimizer is None:
             raise ValueError("NanGuardCallback: the Trainer passed no model or optimizer to on_train_begin; "
                              "add the callback to a transformers.Trainer (Trainer(..., callbacks=[...]))")
+        self._take_over_clipping(args)
         self.build(model, _inner(optimizer), "transformers", *_rank_and_world(), ddp_group=_ddp_group(args))
+        self._scaler = getattr(optimizer, "scaler", None)
         if self._hook is not None:  # a train() that stopped on an error left it
             self._hook.remove()
         self._model = model
         self._hook = model.register_forward_hook(self._keep_micro_batch, with_kwargs=True)
+
+    def _take_over_clipping(self, args: Any) -> None:
+        """The Trainer clips by ``max_grad_norm`` before the callback sees the
+        gradients, so the guard would measure the clipped norm (1.0 on every
+        step) and a bad step's NaN norm would reach every gradient. The
+        guard clips instead, by the same global norm (the smaller of
+        ``max_norm`` and ``max_grad_norm`` when both are set), after its
+        checks; the Trainer's ``max_grad_norm`` is 0 while training runs
+        (it still logs the norm, measured before the guard's clipping) and
+        is given back by ``on_train_end``. DeepSpeed clips inside its
+        engine: left as it is."""
+        self.max_norm = self._own_max_norm
+        if not args.max_grad_norm or args.max_grad_norm <= 0 or getattr(args, "deepspeed", None):
+            return
+        self._trainer_max_grad_norm = args.max_grad_norm
+        self.max_norm = min(self.max_norm, args.max_grad_norm) if self.max_norm > 0 else args.max_grad_norm
+        args.max_grad_norm = 0.0
+
+    def _give_back_clipping(self, args: Any) -> None:
+        """The Trainer's ``max_grad_norm`` again (train() ended or stopped)."""
+        if self._trainer_max_grad_norm is not None:
+            args.max_grad_norm = self._trainer_max_grad_norm
+            self._trainer_max_grad_norm = None
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Optional[Dict[str, Any]] = None, **kwargs: Any) -> None:
+        """Adds the guard's metrics (``nanguard/skipped_steps``, ...) to the
+        Trainer's logs: its console line and ``state.log_history``."""
+        if not self.log_metrics or self.guard is None or logs is None or "loss" not in logs:
+            return
+        metrics = self.metrics(self._scaler)
+        logs.update(metrics)
+        if state.log_history and state.log_history[-1].get("step") == state.global_step:
+            state.log_history[-1].update(metrics)
 
     def _keep_micro_batch(self, module, args, kwargs, output):
         """Forward hook: keeps a training micro-batch's inputs and loss."""
@@ -135,10 +199,14 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
         # Without a loss from the model (a compute_loss outside it) the event
         # says 0.0 and the gradients alone decide.
         loss = _mean(losses) if losses else 0.0
-        CallbackGuard.check(self, loss, lambda: self._replay(window),
-                            batch_tensors(window),
-                            getattr(optimizer, "scaler", None), _inner(optimizer),
-                            [getattr(lr_scheduler, "scheduler", lr_scheduler)])
+        try:
+            CallbackGuard.check(self, loss, lambda: self._replay(window),
+                                batch_tensors(window),
+                                getattr(optimizer, "scaler", None), _inner(optimizer),
+                                [getattr(lr_scheduler, "scheduler", lr_scheduler)])
+        except NonFiniteError:
+            self._give_back_clipping(args)  # train() stops here: no on_train_end
+            raise
 
     def _replay(self, window):
         """The step's loss again: the model's forward on each micro-batch's
@@ -158,7 +226,10 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
         return _mean(losses)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Removes the forward hook and closes the event log."""
+        """Removes the forward hook, gives the Trainer its ``max_grad_norm``
+        back and closes the event log (warning the run's summary after a
+        bad step)."""
+        self._give_back_clipping(args)
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
