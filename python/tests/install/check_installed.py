@@ -1,4 +1,4 @@
-"""Run by the python_pip_install test: the package pip installed under the
+"""Run by the python_wheel test: the package pip installed under the
 site-packages folder given as argv[1] imports from there and reaches the C++ core."""
 import os
 import sys
