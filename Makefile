@@ -75,8 +75,11 @@ bench: bench-census bench-tracer bench-data bench-guard bench-python bench-integ
 bench-census: build
 	$(BUILD)/bench/census_bench
 
+# The CSV reader, statistics, firewall and isolation forest; then the CSV
+# reader against pandas' (and pyarrow's, when installed) on the same file.
 bench-data: build
 	$(BUILD)/bench/data_bench
+	PYTHONPATH=$(BUILD)/python $(PYTHON) python/bench/bench_csv.py
 
 bench-tracer: build
 	$(BUILD)/bench/tracer_bench

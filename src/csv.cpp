@@ -1,9 +1,13 @@
 #include "nanguard/csv.h"
 
+#include "detail/chunked_parallel.h"
+
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cmath>
@@ -19,6 +23,11 @@ namespace nanguard {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+// read_block shares out pieces of at least this many bytes, when the caller
+// asks for at least kBlockMinRows rows: fewer go line by line, e.g. one row
+// at a time to map rows to lines.
+constexpr int64_t kPieceBytes = int64_t(64) << 10;
+constexpr int64_t kBlockMinRows = 256;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 bool iequals(const char* b, const char* e, const char* word) {
@@ -88,6 +97,79 @@ bool parse_cell(const char* b, const char* e, double& v) {
     return true;
   }
   return false;
+}
+
+// Whether [p, line_end) is a blank line (or a lone '\r'): skipped, not a row.
+bool is_blank(const char* p, const char* line_end) {
+  return line_end == p || (line_end == p + 1 && *p == '\r');
+}
+
+// Parses an unquoted line [p, line_end) into `row` (ncols values); false when
+// it needs the careful path of csv_reader::read_rows (a quote, a ragged row,
+// a cell that is not a number), which parses it again and names the error.
+// Most cells are plain numbers: one from_chars that stops at the delimiter,
+// with no separate scan for the delimiter and no trimming.
+bool parse_plain_line(const char* p, const char* line_end, char delim, int64_t ncols, double* row) {
+  for (int64_t c = 0; c < ncols; ++c) {
+    double v;
+    const auto r = std::from_chars(p, line_end, v);
+    const char* q = r.ptr;
+    if (r.ec != std::errc() || (q != line_end && *q != delim)) {
+      q = p;
+      while (q < line_end && *q != delim) ++q;
+      if (*p == '"' || !parse_cell(p, q, v)) return false;
+    }
+    row[c] = v;
+    if (c + 1 == ncols) return q == line_end;
+    if (q == line_end) return false;
+    p = q + 1;
+  }
+  return true;
+}
+
+}  // namespace
+
+// The rows of one piece of a block of complete, unquoted lines, parsed on
+// one thread. A piece stops early at its row limit or at a line that needs
+// the careful path.
+struct detail::csv_piece {
+  std::vector<double> values;
+  int64_t rows = 0;
+  int64_t lines = 0;            // lines consumed, blank ones included
+  const char* stop = nullptr;   // first byte not consumed
+};
+
+namespace {
+
+void parse_piece(const char* p, const char* e, char delim, int64_t ncols, int64_t max_rows, detail::csv_piece& out) {
+  out.values.clear();
+  out.rows = out.lines = 0;
+  while (p < e && out.rows < max_rows) {
+    const char* const line_end = static_cast<const char*>(std::memchr(p, '\n', size_t(e - p)));
+    if (!is_blank(p, line_end)) {
+      const size_t mark = out.values.size();
+      out.values.resize(mark + size_t(ncols));
+      if (!parse_plain_line(p, line_end, delim, ncols, out.values.data() + mark)) {
+        out.values.resize(mark);
+        break;
+      }
+      ++out.rows;
+    }
+    ++out.lines;
+    p = line_end + 1;
+  }
+  out.stop = p;
+}
+
+// Past the first `rows` rows from p (blank lines skipped); adds the lines to `lines`.
+const char* skip_rows(const char* p, const char* e, int64_t rows, int64_t& lines) {
+  while (rows > 0) {
+    const char* const line_end = static_cast<const char*>(std::memchr(p, '\n', size_t(e - p)));
+    rows -= !is_blank(p, line_end);
+    ++lines;
+    p = line_end + 1;
+  }
+  return p;
 }
 
 // Reads a quoted field starting at the opening quote *p. On success moves p
@@ -226,6 +308,58 @@ bool csv_reader::fill() {
   return true;
 }
 
+csv_reader::~csv_reader() = default;
+
+// Parses the complete, unquoted lines at the start of the buffer on every
+// thread: the block is cut at newlines into pieces, each parsed on its own,
+// then their rows are taken in order up to `max_rows`. A quoted line, a
+// malformed one or the buffer's partial last line ends the block: the
+// careful path of read_rows parses it (and names its error). Returns the
+// rows taken; 0 when the block is too small to share out.
+int64_t csv_reader::read_block(std::vector<double>& out, int64_t max_rows) {
+  const char* const base = buf_.data();
+  const char* const p = base + begin_;
+  const char* const quote = static_cast<const char*>(std::memchr(p, '"', size_t(end_ - begin_)));
+  const char* const limit = quote ? quote : base + end_;
+  const char* const last_newline = static_cast<const char*>(::memrchr(p, '\n', size_t(limit - p)));
+  if (last_newline == nullptr || last_newline + 1 - p < 2 * kPieceBytes) return 0;
+  const char* const e = last_newline + 1;
+
+  const int64_t pieces = std::min<int64_t>((e - p) / kPieceBytes, 4 * at::get_num_threads());
+  std::vector<const char*> cuts(size_t(pieces) + 1, e);
+  cuts[0] = p;
+  for (int64_t i = 1; i < pieces; ++i) {
+    const char* const mid = std::max(cuts[size_t(i - 1)], p + (e - p) * i / pieces);
+    cuts[size_t(i)] = mid == e ? e : static_cast<const char*>(std::memchr(mid, '\n', size_t(e - mid))) + 1;
+  }
+  if (pieces_.size() < size_t(pieces)) pieces_.resize(size_t(pieces));
+  const int64_t ncols = int64_t(columns_.size());
+  detail::for_each_chunk(pieces, [&](int64_t i) {
+    parse_piece(cuts[size_t(i)], cuts[size_t(i + 1)], options_.delimiter(), ncols, max_rows, pieces_[size_t(i)]);
+  });
+
+  int64_t rows = 0;
+  int64_t lines = 0;
+  const char* stop = p;
+  for (int64_t i = 0; i < pieces; ++i) {
+    const detail::csv_piece& piece = pieces_[size_t(i)];
+    const int64_t take = std::min(piece.rows, max_rows - rows);
+    out.insert(out.end(), piece.values.begin(), piece.values.begin() + take * ncols);
+    rows += take;
+    if (take < piece.rows) {
+      stop = skip_rows(cuts[size_t(i)], cuts[size_t(i + 1)], take, lines);
+      break;
+    }
+    lines += piece.lines;
+    stop = piece.stop;
+    if (stop != cuts[size_t(i + 1)]) break;  // a line for the careful path
+  }
+  line_ += lines;
+  bytes_consumed_ += stop - p;
+  begin_ = stop - base;
+  return rows;
+}
+
 void csv_reader::fail_cell(const char* begin, const char* end, int64_t column) const {
   std::string cell(begin, end);
   if (cell.size() > 40) cell = cell.substr(0, 37) + "...";
@@ -242,6 +376,11 @@ int64_t csv_reader::read_rows(std::vector<double>& out, int64_t max_rows) {
   int64_t rows = 0;
   while (rows < max_rows) {
     if (begin_ == end_ && !fill()) break;
+    if (max_rows - rows >= kBlockMinRows) {
+      const int64_t taken = read_block(out, max_rows - rows);
+      rows += taken;
+      if (taken > 0) continue;
+    }
     const char* const base = buf_.data();
     const char* p = base + begin_;
     const char* const e = base + end_;
@@ -261,6 +400,13 @@ int64_t csv_reader::read_rows(std::vector<double>& out, int64_t max_rows) {
     const size_t mark = out.size();
     out.resize(mark + size_t(ncols));
     double* row = out.data() + mark;
+    if (parse_plain_line(p, line_end, delim, ncols, row)) {
+      ++line_;
+      bytes_consumed_ += line_end + 1 - p;
+      begin_ = line_end + 1 - base;
+      ++rows;
+      continue;
+    }
     int64_t newlines = 0;
     bool incomplete = false;
     for (int64_t c = 0; c < ncols; ++c) {

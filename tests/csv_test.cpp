@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -196,3 +197,72 @@ TEST(csv, writer_round_trips_exactly_and_atomically) {
 }
 
 }  // namespace
+
+// A file large enough that the reader parses it in parallel pieces, with
+// what the pieces must hand back to the careful path: quoted cells, blank
+// and CRLF lines, missing-value tokens, spaces around numbers.
+struct large_file {
+  std::string text = "a,b,c,d\n";
+  std::vector<double> expect;
+  int64_t rows = 0;
+};
+
+large_file make_large_file(int64_t rows) {
+  std::mt19937 gen(11);
+  std::normal_distribution<double> nd(0, 1);
+  large_file f;
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int j = 0; j < 4; ++j) {
+      const double v = nd(gen);
+      char buf[64];
+      if (i % 997 == 5 && j == 1) {
+        std::snprintf(buf, sizeof buf, "\"%.9g\"", v);  // quoted: the careful path
+      } else if (i % 1009 == 7 && j == 2) {
+        std::snprintf(buf, sizeof buf, " %.9g ", v);  // spaces: trimmed
+      } else if (i % 1013 == 9 && j == 3) {
+        std::snprintf(buf, sizeof buf, "NA");
+      } else {
+        std::snprintf(buf, sizeof buf, "%.9g", v);
+      }
+      f.text += buf;
+      f.expect.push_back(i % 1013 == 9 && j == 3 ? std::nan("") : std::strtod(buf[0] == '"' ? buf + 1 : buf, nullptr));
+      f.text += j < 3 ? "," : (i % 5 ? "\n" : "\r\n");
+    }
+    if (i % 2003 == 0) f.text += "\n";  // a blank line is not a row
+  }
+  f.rows = rows;
+  return f;
+}
+
+TEST(csv, parallel_pieces_read_what_one_line_at_a_time_reads) {
+  const large_file f = make_large_file(60000);
+  const std::string p = fixture("large.csv", f.text);
+  const at::Tensor ref = at::tensor(f.expect, at::kDouble).reshape({f.rows, 4});
+  const at::Tensor all = nanguard::read_csv(p).data;
+  EXPECT_TRUE(at::equal(all.isnan(), ref.isnan()));
+  EXPECT_TRUE(at::equal(all.nan_to_num(), ref.nan_to_num()));
+
+  // Batches that end inside a piece continue at the next row, and lines and
+  // bytes are counted as line by line.
+  nanguard::csv_reader in(p);
+  std::vector<at::Tensor> parts;
+  for (at::Tensor b = in.next_batch(4099); b.size(0) > 0; b = in.next_batch(4099)) parts.push_back(b);
+  EXPECT_TRUE(at::equal(at::cat(parts).nan_to_num(), ref.nan_to_num()));
+  EXPECT_EQ(in.bytes_read(), int64_t(f.text.size()));
+  const int64_t lines = std::count(f.text.begin(), f.text.end(), '\n');
+  EXPECT_EQ(in.line(), lines);
+}
+
+TEST(csv, an_error_deep_in_a_parallel_piece_names_its_line) {
+  large_file f = make_large_file(30000);
+  // A row about two thirds into the file gets a cell that is not a number.
+  size_t at = 0;
+  for (int newlines = 0; newlines < 20000 || f.text[at] == '\n'; ++newlines) at = f.text.find('\n', at) + 1;
+  const size_t comma = f.text.find(',', at);
+  f.text.replace(at, comma - at, "oops");
+  const std::string p = fixture("large_bad.csv", f.text);
+  const int64_t expected_line = std::count(f.text.begin(), f.text.begin() + at, '\n') + 1;
+  const std::string msg = error_of([&] { nanguard::read_csv(p); });
+  EXPECT_NE(msg.find("line " + std::to_string(expected_line) + ", column 1 ('a'): 'oops' is not a number"),
+            std::string::npos) << msg;
+}

@@ -27,6 +27,9 @@
 #include <vector>
 
 namespace nanguard {
+namespace detail {
+struct csv_piece;
+}  // namespace detail
 
 /// Options of `csv_reader` and `read_csv`.
 struct csv_options {
@@ -52,6 +55,7 @@ class csv_reader {
   /// is missing, unreadable or empty, or the header is malformed or names a
   /// column twice.
   explicit csv_reader(std::string path, csv_options options = {});
+  ~csv_reader();
   csv_reader(const csv_reader&) = delete;
   csv_reader& operator=(const csv_reader&) = delete;
 
@@ -79,6 +83,7 @@ class csv_reader {
 
  private:
   bool fill();  // reads more of the file; false at EOF with nothing new
+  int64_t read_block(std::vector<double>& out, int64_t max_rows);
   [[noreturn]] void fail_cell(const char* begin, const char* end, int64_t column) const;
 
   std::string path_;
@@ -96,6 +101,7 @@ class csv_reader {
   std::vector<std::string> columns_;
   std::string field_;           // scratch for quoted fields
   std::vector<double> scratch_;  // next_batch's rows, reused: no heap churn per batch
+  std::vector<detail::csv_piece> pieces_;  // read_block's, reused likewise
 };
 
 /// A whole numeric CSV file in memory.

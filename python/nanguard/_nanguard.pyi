@@ -522,6 +522,10 @@ def finding_to_string(arg0: str) -> str:
     ...
 def finding_to_text(arg0: str) -> str:
     ...
+def read_csv(path: str, delimiter: str = ",") -> tuple[list[str], torch.Tensor]:
+    """
+    (columns, [rows, columns] float64 tensor) of a numeric CSV file.
+    """
 def has_nonfinite(tensor: torch.Tensor) -> bool:
     """
     True when the tensor holds a NaN or an Inf.

@@ -70,6 +70,8 @@ void bind_events(py::module_& m);
 void bind_isolation_forest(py::module_& m);
 /// data_bindings.cpp
 void bind_firewall(py::module_& m);
+/// data_bindings.cpp
+void bind_csv(py::module_& m);
 /// guard_bindings.cpp
 void bind_guard(py::module_& m);
 /// guard_bindings.cpp

@@ -1,6 +1,7 @@
 // data_bindings.cpp — the data firewall and the isolation forest.
 #include "bindings.h"
 
+#include <nanguard/csv.h>
 #include <nanguard/firewall.h>
 #include <nanguard/isolation_forest.h>
 
@@ -111,6 +112,18 @@ void bind_firewall(py::module_& m) {
       .def_property_readonly("fitted", &nanguard::firewall::fitted)
       .def_property_readonly("lower_bounds", &nanguard::firewall::lower_bounds)
       .def_property_readonly("upper_bounds", &nanguard::firewall::upper_bounds);
+}
+
+/// read_csv (nanguard.data.read_csv checks the path and the delimiter).
+void bind_csv(py::module_& m) {
+  m.def("read_csv", [](const std::string& path, char delimiter) {
+    nanguard::csv_table t;
+    {
+      py::gil_scoped_release release;
+      t = nanguard::read_csv(path, nanguard::csv_options().delimiter(delimiter));
+    }
+    return py::make_tuple(t.columns, t.data);
+  }, py::arg("path"), py::arg("delimiter") = ',', "(columns, [rows, columns] float64 tensor) of a numeric CSV file.");
 }
 
 }  // namespace nanguard::python

@@ -67,5 +67,6 @@ PYBIND11_MODULE(_nanguard, m) {
   bind_isolation_forest(m);
   bind_firewall(m);
   bind_distributed(m);  // before the guard, whose GuardOptions.distributed names its type
+  bind_csv(m);
   bind_guard(m);
 }
