@@ -213,7 +213,7 @@ std::string trim(std::string s) {
 csv_reader::csv_reader(std::string path, csv_options options)
     : path_(std::move(path)), name_(options.name().empty() ? path_ : options.name()), options_(options) {
   TORCH_CHECK(options_.chunk_bytes() >= 16, "nanguard::csv_reader: chunk_bytes must be at least 16 "
-              "but is ", options_.chunk_bytes(), "; use the default (1 MiB) unless memory is tight");
+              "but is ", options_.chunk_bytes(), "; use the default (16 MiB) unless memory is tight");
   TORCH_CHECK(options_.delimiter() != '"' && options_.delimiter() != '\n',
               "nanguard::csv_reader: the delimiter cannot be a quote or a newline; use ',', ';' or '\\t'");
   file_.reset(std::fopen(path_.c_str(), "rb"));

@@ -36,7 +36,9 @@ struct csv_options {
   /// The field separator.
   TORCH_ARG(char, delimiter) = ',';
   /// Bytes read from the file at a time (the reader's memory is about this).
-  TORCH_ARG(int64_t, chunk_bytes) = int64_t(1) << 20;
+  /// The threads that parse a chunk meet once per chunk: on a busy machine
+  /// a meeting waits for a descheduled thread, so chunks are large.
+  TORCH_ARG(int64_t, chunk_bytes) = int64_t(16) << 20;
   /// The file's name in error messages; empty: its path. E.g. the pipe that
   /// the file read is a temporary copy of.
   TORCH_ARG(std::string, name) = "";
