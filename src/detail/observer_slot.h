@@ -57,8 +57,15 @@ class callback_scope {
 /// plain function pointers) reach its private state: the observer's class
 /// (tracer, precision_advisor, precision_emulator) befriends this.
 struct observer_access {
+  // A member class, not a bare alias template: clang checks an alias
+  // template's access outside the befriended class (a member class has the
+  // access its enclosing class has).
   template <class Observer>
-  using state = typename Observer::state;
+  struct state_of {
+    using type = typename Observer::state;
+  };
+  template <class Observer>
+  using state = typename state_of<Observer>::type;
 };
 
 template <class State>
