@@ -30,72 +30,179 @@ constexpr const char* kConfidenceNames[] = {"low", "medium", "high"};
 
 // ------------------------------------------------------------ remedies
 
-std::string remedy_for(cause c, const finding& f) {
-  switch (c) {
-    case cause::log_of_nonpositive:
-      return "take the log in log space: log_softmax / logsigmoid instead of log(softmax(x)) / log(sigmoid(x)) "
-             "(C++ `torch::log_softmax(x, -1)`, Python `torch.log_softmax(x, -1)`; nanguard::cross_entropy), "
-             "or clamp first (C++ `torch::log(p.clamp_min(1e-12))`, Python `torch.log(p.clamp_min(1e-12))`; "
-             "nanguard::safe_log)";
-    case cause::division_by_zero:
-      return "put an eps in the denominator (C++ `x / (x.std(0) + 1e-5)` or nanguard::standardize(x, 0), "
-             "Python `x / (x.std(0) + 1e-5)`; nanguard::safe_div); look for zero-variance features (a constant "
-             "column) and batches of 1";
-    case cause::overflow:
-      return "keep the exponent small: subtract the max (C++ `torch::logsumexp(x, -1)`, Python "
-             "`torch.logsumexp(x, -1)`), clamp it (C++ `torch::exp(x.clamp_max(80))`, Python "
-             "`torch.exp(x.clamp(max=80))`); if the values grew over training, clip and lower the LR "
-             "(C++ `guard_options().max_norm(1.0)`, Python `nanguard.Guard(model, opt, max_norm=1.0)`)";
-    case cause::fully_masked_softmax:
-      return "give rows with nothing to attend to a defined result: nanguard::masked_softmax(scores, mask) (zeros "
-             "for such rows), Python `torch.where(mask.any(-1, keepdim=True), scores.softmax(-1), 0.0)`; or mask "
-             "with a large finite value (C++ `scores.masked_fill(mask, -1e9)`, Python "
-             "`scores.masked_fill(mask, -1e9)`)";
-    case cause::sqrt_at_zero:
-      return "keep the argument away from 0: C++ `torch::sqrt(x + 1e-12)` or nanguard::safe_sqrt(x), Python "
-             "`torch.sqrt(x + 1e-12)`; a safe norm: `(x * x).sum(-1).add(1e-12).sqrt()`";
-    case cause::inverse_trig_at_bound:
-      return "clamp into the open interval: C++ `torch::acos(x.clamp(-1 + 1e-6, 1 - 1e-6))`, Python "
-             "`torch.acos(x.clamp(-1 + 1e-6, 1 - 1e-6))` (the same for asin, atanh)";
-    case cause::inf_arithmetic:
-      return "find the earlier infinity: trace with more findings to follow the chain (C++ "
-             "`tracer_options().max_findings(8)`, Python `nanguard.trace(model, max_findings=8)`); mask with a "
-             "large finite value instead of inf (C++ `x.masked_fill(mask, -1e9)`, Python "
-             "`x.masked_fill(mask, -1e9)`) or select with where instead of multiplying by 0";
-    case cause::precision_range: {
-      const std::string module = f.module.empty() ? "the module" : f.module;
-      return fmt::format(
-          "dynamic loss scaling (C++ `guard_options().scaler(loss_scaler_options().enabled(true))"
-          ".policy(policy::backoff)`, Python `nanguard.Guard(model, opt, loss_scale=True, policy=\"backoff\")`), "
-          "bfloat16 instead of float16, or keep {} in float32 (C++ `{}->to(torch::kFloat)`, Python "
-          "`{}.float()`)",
-          module, module, module);
-    }
-    case cause::divergence:
-      return "clip the gradients and lower the LR or warm up longer (C++ `guard_options().max_norm(1.0)`, Python "
-             "`nanguard.Guard(model, opt, max_norm=1.0)`); the rollback policy restores the last good snapshot "
-             "and multiplies the LR by rollback_lr_factor (C++ `guard_options().policy(policy::rollback)`, "
-             "Python `policy=\"rollback\"`)";
-    case cause::bad_data:
-      return "validate the data: the firewall drops or repairs rows with NaN/Inf (C++ "
-             "`nanguard::firewall(firewall_options().nonfinite(nonfinite_policy::drop))`, Python "
-             "`nanguard.Firewall(nonfinite=\"drop\")`); `nanguard scan data.csv` names the CSV line";
-    case cause::masked_infinity_reduced:
-      return "mask with a large finite negative value instead of -inf (C++ `x.masked_fill(mask, "
-             "std::numeric_limits<float>::lowest())`, Python `x.masked_fill(mask, torch.finfo(x.dtype).min)`), or "
-             "keep the masked entries out of the reduction: label smoothing reads every class, masked ones too "
-             "(smooth over the unmasked classes only, or Python `F.cross_entropy(logits, y)` without "
-             "label_smoothing)";
-    case cause::unclassified: break;
-  }
-  return "no class fits the evidence: read the census of the inputs and outputs, follow the chain with more "
-         "findings (Python `nanguard.trace(model, max_findings=8)`), or examine the repro bundle with "
-         "`nanguard inspect` and `nanguard replay`";
+constexpr const char* kFrontEndNames[] = {"unknown", "cpp", "python", "lightning", "transformers", "cli"};
+static_assert(std::size(kFrontEndNames) == size_t(front_end::cli) + 1, "a name for every front end");
+
+// A one-liner in the language of the front end: C++ `cpp` or Python `py`
+// (a Python model under the CLI too), both when the front end is unknown.
+std::string code(front_end e, const std::string& cpp, const std::string& py) {
+  if (e == front_end::unknown) return fmt::format("C++ `{}`, Python `{}`", cpp, py);
+  return fmt::format("`{}`", e == front_end::cpp ? cpp : py);
 }
 
-diagnosis make(cause c, confidence k, std::string evidence, const finding& f) {
-  return {c, std::move(evidence), remedy_for(c, f), k};
+// The same where the one-liners are spelled alike.
+std::string code(front_end e, const std::string& both) { return code(e, both, both); }
+
+// `text` where C++ code is read (nanguard's C++ helpers), else "".
+std::string cpp_only(front_end e, const std::string& text) {
+  return e == front_end::cpp || e == front_end::unknown ? text : "";
 }
+
+// Clipping and a lower LR, as the front end sets them.
+std::string clip_and_lower_lr(front_end e) {
+  const char* how = "";
+  switch (e) {
+    case front_end::unknown:
+      how = "C++ `guard_options().max_norm(1.0)`, Python `nanguard.Guard(model, opt, max_norm=1.0)`";
+      break;
+    case front_end::cpp: how = "`guard_options().max_norm(1.0)`"; break;
+    case front_end::python: how = "`nanguard.Guard(model, opt, max_norm=1.0)`"; break;
+    case front_end::lightning: how = "`Trainer(gradient_clip_val=1.0)`, a lower lr in configure_optimizers"; break;
+    case front_end::transformers:
+      how = "`TrainingArguments(max_grad_norm=1.0, warmup_ratio=0.1)` and a lower learning_rate";
+      break;
+    case front_end::cli: how = "`--clip 1.0`, a lower `--lr`, `--warmup`"; break;
+  }
+  return fmt::format("clip the gradients and lower the LR or warm up longer ({})", how);
+}
+
+// The rollback policy, as the front end chooses it.
+std::string rollback_policy(front_end e) {
+  switch (e) {
+    case front_end::unknown: return "C++ `guard_options().policy(policy::rollback)`, Python `policy=\"rollback\"`";
+    case front_end::cpp: return "`guard_options().policy(policy::rollback)`";
+    case front_end::python: return "`nanguard.Guard(model, opt, policy=\"rollback\")`";
+    case front_end::lightning: return "`NanGuard(policy=\"rollback\")`";
+    case front_end::transformers: return "`NanGuardCallback(policy=\"rollback\")`";
+    case front_end::cli: return "`--policy rollback`";
+  }
+  return "";
+}
+
+// Keeping float16's overflow out, as the front end can.
+std::string loss_scaling(front_end e) {
+  switch (e) {
+    case front_end::unknown:
+      return "dynamic loss scaling (C++ `guard_options().scaler(loss_scaler_options().enabled(true))"
+             ".policy(policy::backoff)`, Python `nanguard.Guard(model, opt, loss_scale=True, policy=\"backoff\")`), "
+             "bfloat16 instead of float16";
+    case front_end::cpp:
+      return "dynamic loss scaling (`guard_options().scaler(loss_scaler_options().enabled(true))"
+             ".policy(policy::backoff)`), bfloat16 instead of float16 (`torch::kBFloat16`)";
+    case front_end::python:
+      return "dynamic loss scaling (`nanguard.Guard(model, opt, loss_scale=True, policy=\"backoff\")`), bfloat16 "
+             "instead of float16 (`torch.autocast(\"cuda\", dtype=torch.bfloat16)`)";
+    case front_end::lightning:
+      return "bfloat16, which has float32's range (`Trainer(precision=\"bf16-mixed\")`), or float16 with "
+             "Lightning's loss scaling (`Trainer(precision=\"16-mixed\")`, not \"16-true\")";
+    case front_end::transformers:
+      return "bfloat16, which has float32's range (`TrainingArguments(bf16=True)`), or float16 with the Trainer's "
+             "loss scaling (`TrainingArguments(fp16=True)`, not a model cast with .half())";
+    case front_end::cli: return "a float32 model (save the TorchScript model after `model.float()`)";
+  }
+  return "";
+}
+
+// The data firewall, where the front end's data passes; for a CSV file,
+// `nanguard scan` names its lines.
+std::string data_firewall(front_end e, const std::string& culprit, const std::string& file) {
+  const std::string py_collate = "nanguard.data.firewall_collate(nanguard.Firewall(nonfinite=\"drop\").fit(train_x))";
+  std::string r;
+  switch (e) {
+    case front_end::unknown:
+      r = "validate the data: the firewall drops or repairs rows with NaN/Inf (C++ "
+          "`nanguard::firewall(firewall_options().nonfinite(nonfinite_policy::drop))`, Python "
+          "`nanguard.Firewall(nonfinite=\"drop\")`; in a DataLoader `collate_fn=" + py_collate + "`)";
+      break;
+    case front_end::cpp:
+      r = "validate each batch: the firewall drops or repairs rows with NaN/Inf "
+          "(`nanguard::firewall(firewall_options().nonfinite(nonfinite_policy::drop)).apply(batch)`)";
+      break;
+    case front_end::python:
+    case front_end::lightning:
+      r = "validate the data where the DataLoader collates it: it drops or repairs rows with NaN/Inf "
+          "(`DataLoader(dataset, collate_fn=" + py_collate + ")`, or `nanguard.data.FirewallDataset(dataset, fw)`)";
+      break;
+    case front_end::transformers: {
+      const std::string key = culprit.empty() || culprit.rfind("input ", 0) == 0 || culprit.rfind("batch", 0) == 0
+                                  ? "FEATURES" : culprit;
+      r = "validate the data where the Trainer collates it: it drops or repairs rows with NaN/Inf "
+          "(`Trainer(data_collator=nanguard.data.firewall_collate(fw, collate_fn=default_data_collator, field=\"" +
+          key + "\"))`, fw a `nanguard.Firewall(nonfinite=\"drop\")`; the field a [batch, features] tensor)";
+      break;
+    }
+    case front_end::cli: r = "validate the data: `--firewall drop` or `--firewall repair`"; break;
+  }
+  if (!file.empty()) r += fmt::format("; `nanguard scan {}` names the CSV lines that hold NaN/Inf", file);
+  return r;
+}
+
+// More findings of the tracer: the chain from the first infinity.
+std::string more_findings(front_end e) {
+  if (e == front_end::cli)
+    return "abort on it (`--policy abort`) and read the chain in the bundle (`nanguard inspect`)";
+  return "trace with more findings to follow the chain (" +
+         code(e, "tracer_options().max_findings(8)", "nanguard.trace(model, max_findings=8)") + ")";
+}
+
+std::string remedy_for(cause c, const finding& f, const diagnosis_context& ctx) {
+  const front_end e = ctx.front_end;
+  switch (c) {
+    case cause::log_of_nonpositive:
+      return "take the log in log space: log_softmax / logsigmoid instead of log(softmax(x)) / log(sigmoid(x)) (" +
+             code(e, "torch::log_softmax(x, -1)", "torch.log_softmax(x, -1)") +
+             cpp_only(e, "; nanguard::cross_entropy") + "), or clamp first (" +
+             code(e, "torch::log(p.clamp_min(1e-12))", "torch.log(p.clamp_min(1e-12))") +
+             cpp_only(e, "; nanguard::safe_log") + ")";
+    case cause::division_by_zero:
+      return "put an eps in the denominator (" + code(e, "x / (x.std(0) + 1e-5)") +
+             cpp_only(e, ", nanguard::standardize(x, 0), nanguard::safe_div") +
+             "); look for zero-variance features (a constant column) and batches of 1";
+    case cause::overflow:
+      return "keep the exponent small: subtract the max (" +
+             code(e, "torch::logsumexp(x, -1)", "torch.logsumexp(x, -1)") + "), clamp it (" +
+             code(e, "torch::exp(x.clamp_max(80))", "torch.exp(x.clamp(max=80))") +
+             "); if the values grew over training, " + clip_and_lower_lr(e);
+    case cause::fully_masked_softmax:
+      return "give rows with nothing to attend to a defined result (" +
+             code(e, "nanguard::masked_softmax(scores, mask)",
+                  "torch.where(mask.any(-1, keepdim=True), scores.softmax(-1), 0.0)") +
+             ": zeros for such rows), or mask with a large finite value (" + code(e, "scores.masked_fill(mask, -1e9)") +
+             ")";
+    case cause::sqrt_at_zero:
+      return "keep the argument away from 0 (" + code(e, "torch::sqrt(x + 1e-12)", "torch.sqrt(x + 1e-12)") +
+             cpp_only(e, ", nanguard::safe_sqrt(x)") +
+             "); a safe norm: `(x * x).sum(-1).add(1e-12).sqrt()`";
+    case cause::inverse_trig_at_bound:
+      return "clamp into the open interval (" +
+             code(e, "torch::acos(x.clamp(-1 + 1e-6, 1 - 1e-6))", "torch.acos(x.clamp(-1 + 1e-6, 1 - 1e-6))") +
+             "; the same for asin, atanh)";
+    case cause::inf_arithmetic:
+      return "find the earlier infinity: " + more_findings(e) + "; mask with a large finite value instead of inf (" +
+             code(e, "x.masked_fill(mask, -1e9)") + ") or select with where instead of multiplying by 0";
+    case cause::precision_range: {
+      const std::string module = f.module.empty() ? "the module" : f.module;
+      return fmt::format("{}, or keep {} in float32 ({})", loss_scaling(e), module,
+                         code(e, module + "->to(torch::kFloat)", module + ".float()"));
+    }
+    case cause::divergence:
+      return clip_and_lower_lr(e) + "; the rollback policy restores the last good snapshot and multiplies the LR "
+             "by rollback_lr_factor (" + rollback_policy(e) + ")";
+    case cause::bad_data: return data_firewall(e, f.culprit, ctx.data_file);
+    case cause::masked_infinity_reduced:
+      return "mask with a large finite negative value instead of -inf (" +
+             code(e, "x.masked_fill(mask, std::numeric_limits<float>::lowest())",
+                  "x.masked_fill(mask, torch.finfo(x.dtype).min)") +
+             "), or keep the masked entries out of the reduction: label smoothing reads every class, masked ones "
+             "too (smooth over the unmasked classes only, or `F.cross_entropy(logits, y)` without label_smoothing)";
+    case cause::unclassified: break;
+  }
+  return "no class fits the evidence: read the census of the inputs and outputs, " + more_findings(e) +
+         ", or examine the repro bundle with `nanguard inspect` and `nanguard replay`";
+}
+
+// A diagnosis whose remedy diagnose() writes for the front end.
+diagnosis make(cause c, confidence k, std::string evidence) { return {c, std::move(evidence), "", k}; }
 
 // ------------------------------------------------------------ evidence helpers
 
@@ -157,16 +264,27 @@ std::string census_line(const tensor_record& r) {
                      num(r.stats.max), r.stats.zeros, nonfinite_counts(r.stats), r.stats.numel);
 }
 
+// A tensor's name without the tracer's mark of a view ("labels (view)" →
+// "labels").
+std::string without_view(const std::string& name) {
+  constexpr const char* kView = " (view)";
+  const size_t n = std::char_traits<char>::length(kView);
+  return name.size() > n && name.compare(name.size() - n, n, kView) == 0 ? name.substr(0, name.size() - n) : name;
+}
+
+bool is_batch_tensor(const std::string& name, const diagnosis_context& ctx) {
+  return std::find(ctx.data.begin(), ctx.data.end(), without_view(name)) != ctx.data.end();
+}
+
 // True when a name is a parameter's (not an op's input, the batch, a gradient).
 bool names_parameter(const std::string& name, const diagnosis_context& ctx) {
   for (const char* prefix : {"input ", "output ", "gradient ", "batch", "written", "loss"})
     if (name.rfind(prefix, 0) == 0) return false;
-  return std::find(ctx.data.begin(), ctx.data.end(), name) == ctx.data.end() && !name.empty();
+  return !is_batch_tensor(name, ctx) && !name.empty();
 }
 
 bool names_data(const std::string& name, const diagnosis_context& ctx) {
-  return std::find(ctx.data.begin(), ctx.data.end(), name) != ctx.data.end() || name.rfind("batch", 0) == 0 ||
-         name.rfind("input ", 0) == 0;
+  return is_batch_tensor(name, ctx) || name.rfind("batch", 0) == 0 || name.rfind("input ", 0) == 0;
 }
 
 // ------------------------------------------------------------ producer rules
@@ -200,11 +318,10 @@ std::optional<diagnosis> backward_at_singularity(const finding& f) {
       if (r.stats.zeros > 0 && (!at_zero || r.stats.zeros > at_zero->stats.zeros)) at_zero = &r;
     if (!at_zero)
       return make(s.c, confidence::medium,
-                  fmt::format("backward of {} ({}) made a non-finite gradient: {}", f.forward_op, f.node, s.what), f);
+                  fmt::format("backward of {} ({}) made a non-finite gradient: {}", f.forward_op, f.node, s.what));
     return make(s.c, confidence::high,
                 fmt::format("backward of {} ({}): {} of {} values it divides by are 0 ({} in {}); {}", f.forward_op,
-                            f.node, at_zero->stats.zeros, at_zero->stats.numel, at_zero->name, f.op, s.what),
-                f);
+                            f.node, at_zero->stats.zeros, at_zero->stats.numel, at_zero->name, f.op, s.what));
   }
   return std::nullopt;
 }
@@ -231,16 +348,14 @@ std::optional<diagnosis> nan_from_infinities(const finding& f) {
                 fmt::format("{} of {} row(s) with no finite entry: {} holds {} -inf (a mask) and {} of {} outputs "
                             "are NaN (rows of {})",
                             f.op, out->stats.nan / row, with_inf->name, with_inf->stats.neg_inf, out->stats.nan,
-                            out->stats.numel, row),
-                f);
+                            out->stats.numel, row));
   }
   const std::string kind = with_zero ? "0 × inf" : "inf - inf";
   const std::string zeros =
       with_zero ? fmt::format(", {} holds {} zeros", with_zero->name, with_zero->stats.zeros) : "";
   return make(cause::inf_arithmetic, confidence::medium,
               fmt::format("{}: {} made {} NaN from infinities: {} holds {}{}", kind, f.op, out->stats.nan,
-                          with_inf->name, nonfinite_counts(with_inf->stats), zeros),
-              f);
+                          with_inf->name, nonfinite_counts(with_inf->stats), zeros));
 }
 
 // Infinities that came in on purpose (a mask, allowed or written as a
@@ -259,8 +374,7 @@ std::optional<diagnosis> gathered_mask(const finding& f) {
                   fmt::format("{} reduced the {} infinite entries of {} (a mask: {} of {}) into {} of {} outputs: it "
                               "read masked entries, as label smoothing does every class",
                               f.op, r.stats.pos_inf + r.stats.neg_inf, r.name, nonfinite_counts(r.stats),
-                              r.stats.numel, nonfinite_counts(out->stats), out->stats.numel),
-                  f);
+                              r.stats.numel, nonfinite_counts(out->stats), out->stats.numel));
   return std::nullopt;
 }
 
@@ -275,13 +389,11 @@ std::optional<diagnosis> log_domain(const finding& f) {
     return make(cause::log_of_nonpositive, confidence::high,
                 fmt::format("{} of 0: {} of {} inputs are exactly 0 (smallest {}, largest {}){}", op, in.zeros,
                             in.numel, num(in.min), num(in.max),
-                            probabilities ? ": probabilities that underflowed to 0 (a softmax or sigmoid)" : ""),
-                f);
+                            probabilities ? ": probabilities that underflowed to 0 (a softmax or sigmoid)" : ""));
   }
   return make(cause::log_of_nonpositive, confidence::high,
               fmt::format("{} of a value at or below {}: the smallest of {} inputs is {}", op, num(pole), in.numel,
-                          num(in.min)),
-              f);
+                          num(in.min)));
 }
 
 std::optional<diagnosis> inverse_trig_domain(const finding& f) {
@@ -291,8 +403,7 @@ std::optional<diagnosis> inverse_trig_domain(const finding& f) {
   if (!(in.absmax >= 1)) return std::nullopt;
   return make(cause::inverse_trig_at_bound, confidence::high,
               fmt::format("{} of values at or beyond ±1: the largest |x| of {} inputs is {:.9g} (its domain is {})",
-                          op, in.numel, in.absmax, op == "atanh" ? "(-1, 1)" : "[-1, 1]"),
-              f);
+                          op, in.numel, in.absmax, op == "atanh" ? "(-1, 1)" : "[-1, 1]"));
 }
 
 bool in_normalisation(const finding& f) {
@@ -310,8 +421,7 @@ std::optional<diagnosis> zero_division(const finding& f) {
   if (!unary && f.inputs.size() == 1) {  // a scalar divisor: not recorded
     return make(cause::division_by_zero, confidence::low,
                 fmt::format("{} by a scalar made {} from {}: the divisor is not recorded; it is 0 or tiny", f.op,
-                            out ? nonfinite_counts(out->stats) : "a non-finite value", census_line(f.inputs[0])),
-                f);
+                            out ? nonfinite_counts(out->stats) : "a non-finite value", census_line(f.inputs[0])));
   }
   const size_t d = unary ? 0 : 1;
   if (f.inputs.size() <= d || f.inputs[d].stats.zeros == 0) return std::nullopt;
@@ -323,8 +433,7 @@ std::optional<diagnosis> zero_division(const finding& f) {
   if (low_precision(f.inputs[d].dtype)) note += fmt::format(" ({} flushes tiny values to 0)", f.inputs[d].dtype);
   return make(cause::division_by_zero, confidence::high,
               fmt::format("{}: {} of {} denominators ({}) are exactly 0{}", zero_over_zero ? "0/0" : "x/0", den.zeros,
-                          den.numel, f.inputs[d].name, note),
-              f);
+                          den.numel, f.inputs[d].name, note));
 }
 
 // mean of nothing, var / std of one element (n - 1 = 0): 0/0 inside a reduction.
@@ -340,8 +449,7 @@ std::optional<diagnosis> reduction_of_too_few(const finding& f) {
               spread ? fmt::format("{} over {} element per output with correction 1 divides by n - 1 = 0 (a batch "
                                    "of 1?)",
                                    op, per_output)
-                     : std::string("mean of 0 elements is 0/0 (an empty batch or mask?)"),
-              f);
+                     : std::string("mean of 0 elements is 0/0 (an empty batch or mask?)"));
 }
 
 // pow of 0 to a negative power (x/0), or of large bases. The exponent is
@@ -354,11 +462,10 @@ std::optional<diagnosis> power_overflow(const finding& f) {
   const tensor_stats& base = f.inputs[0].stats;
   if (base.zeros > 0)
     return make(cause::division_by_zero, confidence::medium,
-                fmt::format("{} of 0 to a negative power: {} of {} bases are 0", op, base.zeros, base.numel), f);
+                fmt::format("{} of 0 to a negative power: {} of {} bases are 0", op, base.zeros, base.numel));
   return make(cause::overflow, confidence::medium,
               fmt::format("{} of bases up to |x| = {} made {} (the largest {} is {})", op, num(base.absmax),
-                          nonfinite_counts(out->stats), out->dtype, num(largest_finite(out->dtype))),
-              f);
+                          nonfinite_counts(out->stats), out->dtype, num(largest_finite(out->dtype))));
 }
 
 // The input beyond which `op` (exp, exp2, expm1, cosh, sinh) overflows a
@@ -369,8 +476,9 @@ double overflow_point(const std::string& op, double largest) {
   return std::log(largest);
 }
 
-// exp and friends past the dtype's largest value. In float16 / bfloat16 a
-// value float32 holds is a precision problem, not an overflow.
+// exp and friends past the dtype's largest value. In float16 a value
+// float32 holds is a precision problem, not an overflow; bfloat16 has
+// float32's range, so what passes it passes float32's too.
 std::optional<diagnosis> exponential_overflow(const finding& f) {
   const std::string op = base_name(f.op);
   const tensor_record* out = bad_output(f);
@@ -379,63 +487,61 @@ std::optional<diagnosis> exponential_overflow(const finding& f) {
   const double x = (op == "cosh" || op == "sinh") ? in.absmax : in.max;
   const double reach = overflow_point(op, largest_finite(out->dtype));
   if (!(x > reach)) return std::nullopt;
-  if (low_precision(out->dtype) && x <= overflow_point(op, largest_finite("Float")))
+  if (out->dtype == "Half" && x <= overflow_point(op, largest_finite("Float")))
     return make(cause::precision_range, confidence::high,
                 fmt::format("{} of up to {} is beyond {}'s largest value {} ({} > {}); float32 holds it", op, num(x),
-                            out->dtype, num(largest_finite(out->dtype)), num(x), num(reach)),
-                f);
+                            out->dtype, num(largest_finite(out->dtype)), num(x), num(reach)));
   return make(cause::overflow, confidence::high,
               fmt::format("{} of up to {}: beyond {}, where {} passes the largest {} ({}); {} of {} outputs "
                           "overflowed",
                           op, num(x), num(reach), op, out->dtype, num(largest_finite(out->dtype)),
-                          out->stats.pos_inf + out->stats.neg_inf, out->stats.numel),
-              f);
+                          out->stats.pos_inf + out->stats.neg_inf, out->stats.numel));
 }
 
-// A value past float16 / bfloat16's range: a cast down, or arithmetic in it.
-std::optional<diagnosis> low_precision_overflow(const finding& f) {
+// A value past float16's range: a cast down, or arithmetic in it. Not
+// bfloat16's: its range is float32's (largest 3.39e38 against 3.40e38), so
+// a value beyond it grew beyond float32's too, an overflow (float_overflow;
+// a divergence with the history before it), which no wider dtype fixes.
+std::optional<diagnosis> half_overflow(const finding& f) {
   const tensor_record* out = bad_output(f);
-  if (!out || !low_precision(out->dtype) || out->stats.pos_inf + out->stats.neg_inf == 0) return std::nullopt;
-  const bool half = out->dtype == "Half";
+  if (!out || out->dtype != "Half" || out->stats.pos_inf + out->stats.neg_inf == 0) return std::nullopt;
   for (const auto& r : f.inputs) {
-    const int64_t beyond = half ? r.stats.fp16_overflow : r.stats.bf16_overflow;
+    const int64_t beyond = r.stats.fp16_overflow;
     if (r.dtype != out->dtype && beyond > 0)
       return make(cause::precision_range, confidence::high,
                   fmt::format("cast to {}: {} of {} values of {} ({}) are beyond {} (largest |x| {})", out->dtype,
                               beyond, r.stats.numel, r.name, r.dtype, num(largest_finite(out->dtype)),
-                              num(r.stats.absmax)),
-                  f);
+                              num(r.stats.absmax)));
   }
   return make(cause::precision_range, confidence::medium,
               fmt::format("{} in {} made {} from finite inputs (largest |x| {}): the result passes {}'s largest "
                           "value {}",
                           f.op, out->dtype, nonfinite_counts(out->stats), num(input_absmax(f)), out->dtype,
-                          num(largest_finite(out->dtype))),
-              f);
+                          num(largest_finite(out->dtype))));
 }
 
-// Any other op whose finite float32 / float64 inputs gave an infinity.
+// Any other op whose finite inputs gave an infinity in float32, float64 or
+// bfloat16.
 std::optional<diagnosis> float_overflow(const finding& f) {
   const tensor_record* out = bad_output(f);
   if (!out || out->stats.pos_inf + out->stats.neg_inf == 0 || f.inputs.empty()) return std::nullopt;
   return make(cause::overflow, confidence::medium,
               fmt::format("{} made {} from finite inputs up to |x| = {} (the largest {} is {})", f.op,
                           nonfinite_counts(out->stats), num(input_absmax(f)), out->dtype,
-                          num(largest_finite(out->dtype))),
-              f);
+                          num(largest_finite(out->dtype))));
 }
 
 diagnosis unclassified(const finding& f, const std::string& lead) {
   std::string evidence = lead;
   for (const auto* group : {&f.inputs, &f.outputs})
     for (const auto& r : *group) evidence += "; " + census_line(r);
-  return make(cause::unclassified, confidence::low, evidence, f);
+  return make(cause::unclassified, confidence::low, evidence);
 }
 
 diagnosis diagnose_producer(const finding& f) {
   static const rule rules[] = {gathered_mask, backward_at_singularity, nan_from_infinities, log_domain,
                                inverse_trig_domain,     zero_division,       reduction_of_too_few,
-                               power_overflow,          exponential_overflow,  low_precision_overflow};
+                               power_overflow,          exponential_overflow,  half_overflow};
   for (const rule& r : rules)
     if (auto d = r(f)) return *d;
   if (inputs_finite(f))
@@ -462,8 +568,7 @@ diagnosis diagnose_input(const finding& f, const diagnosis_context& ctx) {
     if (per_row > 0 && bad->stats.first_nonfinite_index >= 0)
       row = fmt::format(", the first in row {}", bad->stats.first_nonfinite_index / per_row);
     return make(cause::bad_data, f.culprit.rfind("input ", 0) == 0 ? confidence::medium : confidence::high,
-                fmt::format("the non-finite values came in with {} ({}){}, not from an op", f.culprit, counts, row),
-                f);
+                fmt::format("the non-finite values came in with {} ({}){}, not from an op", f.culprit, counts, row));
   }
   return unclassified(f, fmt::format("{} already held {} when {} read it (made before the traced ops, or written "
                                      "outside them)",
@@ -547,17 +652,26 @@ diagnosis diagnose(const finding& f, const diagnosis_context& ctx) {
   // passing float16's range.
   const bool overflowed =
       d.cause == cause::overflow || d.cause == cause::inf_arithmetic || d.cause == cause::unclassified;
-  if (overflowed) {
-    const std::string before = divergence_evidence(f, ctx);
-    if (!before.empty())
-      return make(cause::divergence, d.cause == cause::unclassified ? confidence::medium : confidence::high,
-                  before + "; then " + d.evidence, f);
-  }
-  if (f.direction == direction::backward && ctx.loss_scale > 1 && (overflowed || d.cause == cause::precision_range)) {
-    if (d.cause != cause::precision_range) d = make(cause::precision_range, confidence::medium, d.evidence, f);
+  const std::string before = overflowed ? divergence_evidence(f, ctx) : "";
+  if (!before.empty()) {
+    d = make(cause::divergence, d.cause == cause::unclassified ? confidence::medium : confidence::high,
+             before + "; then " + d.evidence);
+  } else if (f.direction == direction::backward && ctx.loss_scale > 1 &&
+             (overflowed || d.cause == cause::precision_range)) {
+    if (d.cause != cause::precision_range) d = make(cause::precision_range, confidence::medium, d.evidence);
     d.evidence += fmt::format("; the gradients were scaled by {} (loss scaling)", num(ctx.loss_scale));
   }
+  d.remedy = remedy_for(d.cause, f, ctx);
   return d;
+}
+
+const char* to_string(front_end e) { return kFrontEndNames[static_cast<int>(e)]; }
+
+front_end front_end_from_string(const std::string& name) {
+  for (size_t i = 0; i < std::size(kFrontEndNames); ++i)
+    if (name == kFrontEndNames[i]) return static_cast<front_end>(i);
+  TORCH_CHECK(false, "nanguard::front_end_from_string: unknown front end '", name,
+              "'; one of: unknown, cpp, python, lightning, transformers, cli");
 }
 
 const char* to_string(cause c) { return kCauseNames[static_cast<int>(c)]; }

@@ -34,18 +34,30 @@ constexpr std::pair<const char*, int64_t data_counts::*> kDataCounts[] = {
 json data_json(const data_counts& d) {
   json j;
   j["source"] = d.source;
+  j["check"] = d.check;
   for (const auto& [key, member] : kDataCounts) j[key] = d.*member;
+  if (!d.dropped_rows.empty()) j["dropped_rows"] = d.dropped_rows;
+  if (!d.changed_rows.empty()) j["changed_rows"] = d.changed_rows;
+  j["row_index"] = d.row_index;
   return j;
 }
 
-data_counts data_from_json(const json& j) {
+// `check`: what a log written before "check" existed numbered it with (its
+// "step").
+data_counts data_from_json(const json& j, int64_t check) {
   TORCH_CHECK(j.is_object(), kWhere, ": \"data\" must be an object of counts, got ", j.dump());
   data_counts d;
   d.source = json_field<std::string>(j, "source", "", kWhere);
+  d.check = json_field<int64_t>(j, "check", check, kWhere);
   for (const auto& [key, member] : kDataCounts) {
     d.*member = json_field<int64_t>(j, key, 0, kWhere);
     TORCH_CHECK(d.*member >= 0, kWhere, ": data count \"", key, "\" must be >= 0, got ", d.*member);
   }
+  d.dropped_rows = json_field<std::vector<int64_t>>(j, "dropped_rows", {}, kWhere);
+  d.changed_rows = json_field<std::vector<int64_t>>(j, "changed_rows", {}, kWhere);
+  d.row_index = json_field<std::string>(j, "row_index", "batch", kWhere);
+  TORCH_CHECK(d.row_index == "batch" || d.row_index == "dataset" || d.row_index == "stream", kWhere,
+              ": \"row_index\" must be \"batch\", \"dataset\" or \"stream\", got \"", d.row_index, "\"");
   return d;
 }
 
@@ -84,6 +96,11 @@ verdict verdict_from_string(const std::string& name) {
 
 std::string to_json(const step_event& e) {
   json j;
+  if (e.data) {  // no training step: its own axis (data.check), no loss
+    j["action"] = to_string(e.action);
+    j["data"] = data_json(*e.data);
+    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+  }
   j["step"] = e.step;
   j["loss"] = number(e.loss);
   j["grad_norm"] = number(e.grad_norm);
@@ -113,7 +130,6 @@ std::string to_json(const step_event& e) {
   if (!e.remedy.empty()) j["remedy"] = e.remedy;
   if (!e.note.empty()) j["note"] = e.note;
   j["guard_ms"] = number(e.guard_ms);
-  if (e.data) j["data"] = data_json(*e.data);
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -128,6 +144,12 @@ step_event step_event_from_json(const std::string& line) {
   const auto value = [&](const char* key, double fallback) { return json_field<double>(j, key, fallback, kWhere); };
   const auto list = [&](const char* key) { return json_field<json::array_t>(j, key, {}, kWhere); };
   step_event e;
+  if (j.contains("data") && j.value("action", json()) == "data") {
+    e.action = action::data;
+    // Logs written before data events had their own axis numbered the checks as steps.
+    e.data = data_from_json(j["data"], json_field<int64_t>(j, "step", 0, kWhere));
+    return e;
+  }
   e.step = json_field<int64_t>(j, "step", kWhere);
   e.loss = value("loss", 0.0);
   e.grad_norm = value("grad_norm", 0.0);
@@ -153,11 +175,10 @@ step_event step_event_from_json(const std::string& line) {
   e.remedy = json_field<std::string>(j, "remedy", "", kWhere);
   e.note = json_field<std::string>(j, "note", "", kWhere);
   e.guard_ms = value("guard_ms", 0.0);
-  if (j.contains("data")) e.data = data_from_json(j["data"]);
-  TORCH_CHECK(e.data.has_value() == (e.action == action::data), kWhere, ": step ", e.step,
-              e.data ? std::string(": has \"data\" counts but its action is \"") + to_string(e.action) +
-                           "\" (a data event's is \"data\")"
-                     : std::string(": action \"data\" without the \"data\" counts"));
+  TORCH_CHECK(!j.contains("data") && e.action != action::data, kWhere, ": step ", e.step,
+              e.action == action::data ? std::string(": action \"data\" without the \"data\" counts")
+                                       : std::string(": has \"data\" counts but its action is \"") +
+                                             to_string(e.action) + "\" (a data event's is \"data\")");
   return e;
 }
 

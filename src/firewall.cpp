@@ -218,7 +218,7 @@ firewall::firewall(firewall_options options) : options_(std::move(options)) {
   TORCH_CHECK(o.sigmas() > 0 && std::isfinite(o.sigmas()), "nanguard::firewall: sigmas must be a finite "
               "number > 0 but is ", o.sigmas(), "; 3 is the usual 3σ rule");
   TORCH_CHECK(o.robust_z() > 0 && std::isfinite(o.robust_z()), "nanguard::firewall: robust_z must be a "
-              "finite number > 0 but is ", o.robust_z(), "; 3.5 is the usual cut");
+              "finite number > 0 but is ", o.robust_z(), "; 5 (the default) leaves clean normal data untouched");
   TORCH_CHECK(std::isfinite(o.nan_value()), "nanguard::firewall: nan_value must be finite but is ",
               o.nan_value());
   for (const auto& [name, v] : {std::pair{"posinf_value", o.posinf_value()}, {"neginf_value", o.neginf_value()}})

@@ -31,8 +31,11 @@ namespace {
 
 using step_clock = std::chrono::steady_clock;
 
-// How findings name the i-th tensor of the batch.
-std::string batch_name(size_t i) { return "batch[" + std::to_string(i) + "]"; }
+// How findings name the i-th tensor of the batch: its name in `names`, else
+// its position.
+std::string batch_name(const std::vector<std::string>& names, size_t i) {
+  return i < names.size() && !names[i].empty() ? names[i] : "batch[" + std::to_string(i) + "]";
+}
 
 // The action of a bad step that policy `p` acted on.
 action action_of(policy p) {
@@ -200,6 +203,7 @@ struct guard::impl {
   std::optional<tracer> live;
   std::optional<traced_run> live_run;
   bundle_tag_list bundle_tags = options.bundle_tags();
+  std::vector<std::string> batch_names;  // set_batch_names
   std::optional<step_event> last;  // the last step's event
   run_narrator narrator;            // tells the user (options.verbose)
   bool running = false;             // a step (or check) is under way
@@ -239,7 +243,9 @@ struct guard::impl {
     c.grad_norms.assign(grad_norms.begin(), grad_norms.end());
     c.lr = e.lr;
     c.loss_scale = e.scale;
-    for (size_t i = 0; i < batch.size(); ++i) c.data.push_back(batch_name(i));
+    for (size_t i = 0; i < batch.size(); ++i) c.data.push_back(batch_name(batch_names, i));
+    c.front_end = options.front_end();
+    c.data_file = options.data_file();
     return c;
   }
 
@@ -275,7 +281,7 @@ struct guard::impl {
     t.set_step(number);
     for (const auto& batch : batches)
       for (size_t j = 0; j < batch.size(); ++j)
-        if (batch[j].defined()) t.name_tensor(batch[j], batch_name(j));
+        if (batch[j].defined()) t.name_tensor(batch[j], batch_name(batch_names, j));
   }
 
   // Ends it: its findings are the step's.
@@ -972,6 +978,8 @@ step_event guard::replay(const bundle& b, const step_fn& fn) {
 }
 
 void guard::set_bundle_tags(bundle_tag_list tags) { impl_->bundle_tags = std::move(tags); }
+
+void guard::set_batch_names(std::vector<std::string> names) { impl_->batch_names = std::move(names); }
 
 const step_event& guard::last_event() const {
   TORCH_CHECK(impl_->last, "nanguard::guard::last_event: no step has ended yet");

@@ -237,27 +237,66 @@ std::string first_problem(const std::vector<step_event>& events) {
   return "";
 }
 
+// The rows a data event names, "3" (a dataset index or a stream position) or
+// "3 of check 7" (a row of that check's batch), appended to `out` up to
+// `max_shown` in all; returns how many it named.
+size_t name_data_rows(const data_counts& d, const std::vector<int64_t>& rows, size_t max_shown,
+                      std::vector<std::string>& out) {
+  for (int64_t r : rows)
+    if (out.size() < max_shown)
+      out.push_back(d.row_index != "batch" ? std::to_string(r)
+                                           : std::to_string(r) + " of check " + std::to_string(d.check));
+  return rows.size();
+}
+
+// "; dropped dataset indices 3, 40" ("stream positions 3", "rows 3 of check 1, ...").
+std::string listed_rows(const char* what, const std::vector<std::string>& named, size_t total,
+                        const std::string& index) {
+  if (named.empty()) return "";
+  const char* kind = index == "dataset" ? " dataset indices " : index == "stream" ? " stream positions " : " rows ";
+  std::string s = std::string("; ") + what + kind;
+  for (size_t i = 0; i < named.size(); ++i) s += (i ? ", " : "") + named[i];
+  if (total > named.size()) s += ", ... (" + std::to_string(total) + " in all)";
+  return s;
+}
+
 // The data firewall's events (action "data") of a log, summed per source,
 // as timeline rows ("data" in the step column); they are no training steps.
 json data_rows(const std::vector<step_event>& events) {
-  std::map<std::string, std::pair<data_counts, int64_t>> by_source;
+  constexpr size_t kRowsShown = 20;
+  struct source_sum {
+    data_counts d;
+    int64_t events = 0;
+    std::vector<std::string> dropped, changed;  // the first kRowsShown named
+    size_t dropped_total = 0, changed_total = 0;
+    std::string index;  // what the rows index ("" before any; "mixed" when the events differ)
+  };
+  std::map<std::string, source_sum> by_source;
   for (const auto& e : events) {
     if (!e.data) continue;
-    auto& [sum, n] = by_source[e.data->source.empty() ? "data firewall" : e.data->source];
+    source_sum& s = by_source[e.data->source.empty() ? "data firewall" : e.data->source];
+    data_counts& sum = s.d;
     const data_counts& d = *e.data;
     sum.checked += d.checked, sum.dropped += d.dropped, sum.changed += d.changed, sum.repaired += d.repaired;
     sum.clipped += d.clipped, sum.nan += d.nan, sum.pos_inf += d.pos_inf, sum.neg_inf += d.neg_inf;
-    sum.outliers += d.outliers, sum.raised += d.raised, ++n;
+    sum.outliers += d.outliers, sum.raised += d.raised, ++s.events;
+    if (!d.dropped_rows.empty() || !d.changed_rows.empty())
+      s.index = s.index.empty() || s.index == d.row_index ? d.row_index : "mixed";
+    s.dropped_total += name_data_rows(d, d.dropped_rows, kRowsShown, s.dropped);
+    s.changed_total += name_data_rows(d, d.changed_rows, kRowsShown, s.changed);
   }
   json rows = json::array();
   for (const auto& [source, entry] : by_source) {
-    const auto& [d, n] = entry;
+    const data_counts& d = entry.d;
+    const int64_t n = entry.events;
     std::string text = source + ": " + std::to_string(d.checked) + " rows checked, " + std::to_string(d.dropped) +
                        " dropped, " + std::to_string(d.changed) + " repaired or clipped (NaN " + std::to_string(d.nan) +
                        ", +Inf " + std::to_string(d.pos_inf) + ", -Inf " + std::to_string(d.neg_inf) + ", outliers " +
                        std::to_string(d.outliers) + "; " + std::to_string(d.repaired) + " values repaired, " +
                        std::to_string(d.clipped) + " clipped)";
     if (d.raised) text += "; refused " + std::to_string(d.raised) + " times under a raise policy";
+    text += listed_rows("dropped", entry.dropped, entry.dropped_total, entry.index);
+    text += listed_rows("repaired or clipped", entry.changed, entry.changed_total, entry.index);
     text += " in " + std::to_string(n) + " event" + (n == 1 ? "" : "s");
     rows.push_back({{"step", "data"}, {"action", "data"}, {"skipped", false}, {"items", json::array({{"data", text}})}});
   }
@@ -335,7 +374,11 @@ json run_json(const report_run& all) {
   r["aborted"] = aborted;
   r["first_problem"] = first_problem(ev);
   add_status(ev, r);
-  if (ev.empty()) return r;
+  if (ev.empty()) {  // a log of data events only: theirs are the rows to show
+    r["timeline"] = data_rows(all.events);
+    r["timeline_omitted"] = 0;
+    return r;
+  }
   // The step axis: a log appended to by a restarted run may step back.
   const auto [lo, hi] = std::minmax_element(ev.begin(), ev.end(),
                                             [](const step_event& a, const step_event& b) { return a.step < b.step; });

@@ -264,7 +264,8 @@ std::string step_text(const step_event& e) {
 }
 
 void write_step_event(tensorboard_writer& writer, const step_event& e, double wall_time) {
-  writer.add_scalars(step_scalars(e), e.step, wall_time);
+  // A data event is plotted on its own axis: the number of the firewall's check.
+  writer.add_scalars(step_scalars(e), e.data ? e.data->check : e.step, wall_time);
   const std::string text = step_text(e);
   if (!text.empty()) writer.add_text("nanguard/findings", text, e.step, wall_time);
 }

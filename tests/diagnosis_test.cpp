@@ -333,6 +333,116 @@ TEST(diagnosis, a_domain_error_keeps_its_class_after_a_spike) {
   EXPECT_EQ(cause::log_of_nonpositive, nanguard::diagnose(f, spiking).cause);
 }
 
+// A real bfloat16 divergence: weights grown step by step until a bf16
+// matmul passes 3.4e38. bfloat16 has float32's range, so no wider dtype is
+// the fix: divergence (overflow without the history), not precision_range.
+TEST(diagnosis, a_bfloat16_overflow_after_growth_is_divergence_not_precision_range) {
+  torch::nn::Linear fc(4, 2);
+  fc->to(at::kBFloat16);
+  {
+    torch::NoGradGuard no_grad;
+    fc->weight.fill_(3e38);
+  }
+  const at::Tensor x = at::full({3, 4}, 2.0, at::kBFloat16);
+  const auto f = first_finding([&](nanguard::tracer&) { fc(x); }, fc.get());
+  // The weights it read say so even without the history.
+  EXPECT_EQ(cause::divergence, f.diagnosis.cause) << f.diagnosis.evidence;
+  EXPECT_TRUE(has(f.diagnosis.evidence, "parameter weight (view) reached |x| = 3")) << f.diagnosis.evidence;
+  EXPECT_FALSE(has(f.diagnosis.remedy, "loss_scaler")) << f.diagnosis.remedy;
+  nanguard::diagnosis_context growing;
+  growing.losses = {0.5, 0.4, 2.0, 30.0, 900.0};
+  const nanguard::diagnosis d = nanguard::diagnose(f, growing);
+  EXPECT_EQ(cause::divergence, d.cause) << d.evidence;
+  EXPECT_TRUE(has(d.remedy, "max_norm(1.0)")) << d.remedy;
+  EXPECT_FALSE(has(d.remedy, "bfloat16 instead of float16")) << d.remedy;
+  // A cast of float32 values beyond bfloat16's largest value: float32's edge too.
+  const at::Tensor big = at::full({2}, 3.4e38, at::kFloat);
+  const auto cast = first_finding([&](nanguard::tracer&) { big.to(at::kBFloat16); });
+  EXPECT_NE(cause::precision_range, cast.diagnosis.cause) << cast.diagnosis.evidence;
+}
+
+TEST(diagnosis, float16_overflow_stays_precision_range_after_growth) {
+  const at::Tensor x = torch::tensor({1.0, 12.0}).to(at::kHalf);
+  const auto f = first_finding([&](nanguard::tracer&) { at::exp(x); });
+  nanguard::diagnosis_context growing;
+  growing.losses = {0.5, 0.4, 2.0, 30.0, 900.0};
+  EXPECT_EQ(cause::precision_range, nanguard::diagnose(f, growing).cause);
+}
+
+// ------------------------------------------------------------ remedies by front end
+
+nanguard::diagnosis diagnose_for(const nanguard::finding& f, nanguard::front_end e, std::string file = "") {
+  nanguard::diagnosis_context c;
+  c.front_end = e;
+  c.data_file = std::move(file);
+  c.data = {"features", "labels"};  // the batch, as the guard names it
+  return nanguard::diagnose(f, c);
+}
+
+// A finding of a NaN that came in with the batch tensor `name`.
+nanguard::finding nan_in_batch(const std::string& name) {
+  at::Tensor batch = torch::randn({5, 3});
+  batch[3][1] = std::numeric_limits<double>::quiet_NaN();
+  torch::nn::Linear fc(3, 2);
+  return first_finding([&](nanguard::tracer& t) {
+    t.name_tensor(batch, name);
+    fc(batch).sum();
+  });
+}
+
+TEST(diagnosis, remedies_are_the_one_liners_of_the_front_end) {
+  using nanguard::front_end;
+  const at::Tensor h = torch::tensor({1.0, 12.0}).to(at::kHalf);
+  const auto fp16 = first_finding([&](nanguard::tracer&) { at::exp(h); });
+  const std::string lightning = diagnose_for(fp16, front_end::lightning).remedy;
+  EXPECT_TRUE(has(lightning, "Trainer(precision=\"bf16-mixed\")")) << lightning;
+  EXPECT_FALSE(has(lightning, "loss_scale=True")) << "the callback refuses loss_scale=: " << lightning;
+  EXPECT_FALSE(has(lightning, "C++")) << lightning;
+  const std::string hf = diagnose_for(fp16, front_end::transformers).remedy;
+  EXPECT_TRUE(has(hf, "TrainingArguments(bf16=True)")) << hf;
+  EXPECT_FALSE(has(hf, "loss_scale=True")) << hf;
+  const std::string py = diagnose_for(fp16, front_end::python).remedy;
+  EXPECT_TRUE(has(py, "nanguard.Guard(model, opt, loss_scale=True, policy=\"backoff\")")) << py;
+  EXPECT_FALSE(has(py, "loss_scaler_options")) << py;
+  const std::string cpp = diagnose_for(fp16, front_end::cpp).remedy;
+  EXPECT_TRUE(has(cpp, "loss_scaler_options().enabled(true)")) << cpp;
+  EXPECT_FALSE(has(cpp, "nanguard.Guard")) << cpp;
+
+  const nanguard::finding data = nan_in_batch("labels");
+  const std::string plain = diagnose_for(data, front_end::python).remedy;
+  EXPECT_TRUE(has(plain, "nanguard.data.firewall_collate(")) << plain;
+  EXPECT_FALSE(has(plain, "nanguard scan")) << "no CSV file: " << plain;
+  const std::string trainer = diagnose_for(data, front_end::transformers).remedy;
+  EXPECT_TRUE(has(trainer, "Trainer(data_collator=nanguard.data.firewall_collate(")) << trainer;
+  EXPECT_TRUE(has(trainer, "field=\"labels\"")) << trainer;
+  const std::string cli = diagnose_for(data, front_end::cli, "train.csv").remedy;
+  EXPECT_TRUE(has(cli, "`nanguard scan train.csv`")) << cli;
+  EXPECT_TRUE(has(cli, "--firewall drop")) << cli;
+  EXPECT_FALSE(has(diagnose_for(data, front_end::unknown).remedy, "nanguard scan")) << "no file, no scan";
+
+  nanguard::diagnosis_context growing;
+  growing.losses = {0.5, 0.4, 2.0, 30.0, 900.0};
+  growing.front_end = front_end::lightning;
+  const std::string diverged = nanguard::diagnose(overflowed_addmm(), growing).remedy;
+  EXPECT_TRUE(has(diverged, "Trainer(gradient_clip_val=1.0)")) << diverged;
+  EXPECT_TRUE(has(diverged, "NanGuard(policy=\"rollback\")")) << diverged;
+}
+
+TEST(diagnosis, a_view_of_a_named_batch_tensor_is_bad_data) {
+  nanguard::finding f;
+  f.op = "aten::mm";
+  f.role = nanguard::role::input;
+  f.culprit = "labels (view)";
+  f.inputs = {{"labels (view)", "Float", {4, 2}, {}}};
+  f.inputs[0].stats.numel = 8;
+  f.inputs[0].stats.nan = 1;
+  nanguard::diagnosis_context c;
+  c.data = {"features", "labels"};
+  const nanguard::diagnosis d = nanguard::diagnose(f, c);
+  EXPECT_EQ(cause::bad_data, d.cause) << d.evidence;
+  EXPECT_TRUE(has(d.evidence, "came in with labels (view)")) << d.evidence;
+}
+
 // ------------------------------------------------------------ unclassified
 
 TEST(diagnosis, what_no_class_fits_is_unclassified_with_the_raw_evidence) {

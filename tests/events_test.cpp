@@ -2,6 +2,7 @@
 #include "support.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 namespace {
 
 namespace fs = std::filesystem;
+using json = nlohmann::json;
 using nanguard::test::error_of;
 
 TEST(events, round_trip_keeps_nan_inf_spikes_and_findings) {
@@ -96,6 +98,37 @@ TEST(events, actions_and_verdicts_read_back_from_their_names) {
   EXPECT_NE(error_of([] { nanguard::step_event_from_json(R"({"step": 1, "action": "jump"})"); })
                 .find("action must be one of"),
             std::string::npos);
+}
+
+// A data event has its own axis (data.check) and no training fields; a line
+// written before that (its check as "step") still reads.
+TEST(events, a_data_event_has_its_own_axis_and_no_loss) {
+  nanguard::step_event e;
+  e.action = nanguard::action::data;
+  e.data = nanguard::data_counts{};
+  e.data->source = "FirewallDataset";
+  e.data->check = 12;
+  e.data->checked = 40;
+  e.data->dropped = 1;
+  e.data->dropped_rows = {1234};
+  e.data->row_index = "dataset";
+  const json j = json::parse(nanguard::to_json(e));
+  EXPECT_FALSE(j.contains("loss")) << j.dump();
+  EXPECT_FALSE(j.contains("step")) << j.dump();
+  EXPECT_EQ(j.at("data").at("check"), 12);
+  EXPECT_EQ(j.at("data").at("dropped_rows"), json::array({1234}));
+  EXPECT_EQ(j.at("data").at("row_index"), "dataset");
+  const nanguard::step_event back = nanguard::step_event_from_json(j.dump());
+  ASSERT_TRUE(back.data);
+  EXPECT_EQ(12, back.data->check);
+  EXPECT_EQ(std::vector<int64_t>{1234}, back.data->dropped_rows);
+  EXPECT_EQ("dataset", back.data->row_index);
+  const nanguard::step_event old = nanguard::step_event_from_json(
+      R"({"step": 7, "action": "data", "data": {"source": "firewall_collate", "checked": 32, "dropped": 2}})");
+  ASSERT_TRUE(old.data);
+  EXPECT_EQ(7, old.data->check);
+  EXPECT_EQ(0, old.step);
+  EXPECT_EQ("batch", old.data->row_index);
 }
 
 TEST(events, each_line_is_on_disk_as_soon_as_it_is_written) {

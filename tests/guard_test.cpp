@@ -743,3 +743,22 @@ TEST(guard, an_abort_tags_its_bundle_and_leaves_its_event) {
       << h.last_event().note;
   fs::remove_all(dir);
 }
+
+// Findings name the batch's tensors as set_batch_names says, and the
+// diagnosis writes its remedy for the guard's front end.
+TEST(guard, findings_name_the_batch_tensors_and_remedies_fit_the_front_end) {
+  regression r;
+  r.y[5][0] = std::numeric_limits<float>::quiet_NaN();
+  torch::optim::SGD opt(r.model->parameters(), 0.1);
+  guard g(r.model, opt, guard_options().front_end(nanguard::front_end::cli).data_file("train.csv"));
+  g.set_batch_names({"features", "price"});
+  const step_event e = g.step({r.x, r.y}, r.loss_fn());
+  ASSERT_TRUE(e.skipped);
+  ASSERT_FALSE(e.findings.empty());
+  const nanguard::finding& f = e.findings.front();
+  EXPECT_EQ("price", f.culprit) << nanguard::to_string(f);
+  EXPECT_EQ(nanguard::cause::bad_data, f.diagnosis.cause) << f.diagnosis.evidence;
+  EXPECT_NE(std::string::npos, f.diagnosis.evidence.find("came in with price")) << f.diagnosis.evidence;
+  EXPECT_NE(std::string::npos, f.diagnosis.remedy.find("`nanguard scan train.csv`")) << f.diagnosis.remedy;
+  EXPECT_EQ(std::string::npos, f.diagnosis.remedy.find("C++")) << f.diagnosis.remedy;
+}

@@ -277,6 +277,37 @@ TEST(report, the_same_finding_at_many_steps_is_one_entry_with_its_count_and_step
   EXPECT_EQ(run.at("findings_omitted"), 0);
 }
 
+// A data event as nanguard.data writes it: `check` of `source`, dropping `dropped`.
+step_event data_event(const std::string& source, int64_t check, int64_t checked, std::vector<int64_t> dropped,
+                      const std::string& row_index) {
+  step_event e;
+  e.action = nanguard::action::data;
+  e.data = nanguard::data_counts{};
+  e.data->source = source;
+  e.data->check = check;
+  e.data->checked = checked;
+  e.data->dropped = int64_t(dropped.size());
+  e.data->nan = int64_t(dropped.size());
+  e.data->dropped_rows = std::move(dropped);
+  e.data->row_index = row_index;
+  return e;
+}
+
+TEST(report, a_log_of_data_events_only_shows_them_with_their_rows) {
+  const std::vector<step_event> events = {data_event("FirewallDataset", 4, 4, {3}, "dataset"),
+                                          data_event("FirewallDataset", 41, 37, {40}, "dataset"),
+                                          data_event("FirewallDataset", 64, 23, {}, "dataset"),
+                                          data_event("firewall_collate", 2, 16, {5}, "batch")};
+  const json run = payload(nanguard::render_html_report({{"data", events}})).at("runs").at(0);
+  EXPECT_EQ(run.at("events"), 0);
+  ASSERT_EQ(run.at("timeline").size(), 2u) << run.dump();
+  const std::string dataset = run.at("timeline").at(0).at("items").at(0).at(1);
+  EXPECT_NE(dataset.find("FirewallDataset: 64 rows checked, 2 dropped"), std::string::npos) << dataset;
+  EXPECT_NE(dataset.find("dropped dataset indices 3, 40"), std::string::npos) << dataset;
+  const std::string collate = run.at("timeline").at(1).at("items").at(0).at(1);
+  EXPECT_NE(collate.find("dropped rows 5 of check 2"), std::string::npos) << collate;
+}
+
 TEST(report, a_long_run_is_downsampled_but_keeps_its_bad_steps) {
   std::vector<step_event> events = healthy_run(100000);
   events[49999].loss = kNaN;

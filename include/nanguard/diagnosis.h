@@ -48,6 +48,17 @@ struct diagnosis {
   nanguard::confidence confidence = confidence::low;  ///< how sure
 };
 
+/// The front end a run trains through: a remedy names the option or the
+/// one-liner that works there (docs/diagnosis.md).
+enum class front_end {
+  unknown,       ///< not known (a tracer on its own): C++ and Python one-liners both
+  cpp,           ///< nanguard::guard in a C++ loop
+  python,        ///< nanguard.Guard in a Python loop
+  lightning,     ///< the Lightning callback (nanguard.integrations.lightning.NanGuard)
+  transformers,  ///< the Hugging Face callback (nanguard.integrations.transformers.NanGuardCallback)
+  cli,           ///< `nanguard train` on a CSV file
+};
+
 /// What the guard knows besides the finding; every field may stay empty.
 struct diagnosis_context {
   /// Losses of the steps before (finite ones), oldest first; the bad step's
@@ -57,9 +68,15 @@ struct diagnosis_context {
   std::vector<double> grad_norms;
   double lr = 0;          ///< learning rate at the bad step (0: unknown)
   double loss_scale = 1;  ///< loss scale at the bad step
-  /// Names of the tensors that are the input batch ("batch[0]"). A finding
-  /// whose culprit is unnamed ("input 0") or named "batch..." counts as data too.
+  /// Names of the tensors that are the input batch ("batch[0]", "labels"). A
+  /// finding whose culprit is one of them (or a view of one), unnamed
+  /// ("input 0") or named "batch..." counts as data.
   std::vector<std::string> data;
+  /// The front end the remedies are written for.
+  nanguard::front_end front_end = front_end::unknown;
+  /// The file the run's data came from (`nanguard train --data`): named in a
+  /// bad_data remedy (`nanguard scan FILE`); "" when the data is no file.
+  std::string data_file;
 };
 
 /// The likely cause of `f` from its evidence (and `context`'s history).
@@ -77,6 +94,10 @@ diagnosis diagnose(const finding& f, const diagnosis_context& context = {});
 const char* to_string(cause c);
 /// The cause named `name`. Throws c10::Error listing the names for another.
 cause cause_from_string(const std::string& name);
+/// "unknown", "cpp", "python", "lightning", "transformers", "cli".
+const char* to_string(front_end e);
+/// The front end named `name`. Throws c10::Error listing the names for another.
+front_end front_end_from_string(const std::string& name);
 /// "low" / "medium" / "high".
 const char* to_string(confidence c);
 /// The confidence named `name`. Throws c10::Error for another.

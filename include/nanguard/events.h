@@ -66,7 +66,10 @@ struct bad_parameter {
 /// nanguard.data wrappers. Rows are samples; nan ... outliers count values.
 struct data_counts {
   std::string source;    ///< the writer, e.g. "firewall_collate" or "FirewallDataset"
-  int64_t checked = 0;   ///< rows checked
+  /// The number of the firewall's check (a batch, or a sample) in its source,
+  /// from 1: the data events' own axis, apart from the training steps.
+  int64_t check = 0;
+  int64_t checked = 0;   ///< rows checked (since the process's previous event)
   int64_t dropped = 0;   ///< rows dropped
   int64_t changed = 0;   ///< rows kept with a value repaired or clipped
   int64_t repaired = 0;  ///< non-finite values replaced
@@ -76,13 +79,23 @@ struct data_counts {
   int64_t neg_inf = 0;   ///< -Inf values found
   int64_t outliers = 0;  ///< finite values outside the fitted bounds
   int64_t raised = 0;    ///< checks refused under a "raise" policy (the error went to the caller)
+  /// The rows dropped, and those kept with a value repaired or clipped, as
+  /// `row_index` says.
+  std::vector<int64_t> dropped_rows, changed_rows;
+  /// What dropped_rows and changed_rows index: "dataset" (FirewallDataset:
+  /// the samples' indices), "stream" (FirewallIterableDataset: positions in
+  /// the stream the process iterates, a DataLoader worker its shard) or
+  /// "batch" (firewall_collate: rows of the checked batch).
+  std::string row_index = "batch";
 };
 
 /// Everything the guard knows about one step.
 ///
-/// A data event (action "data") is not a training step: `step` numbers the
-/// firewall's checks, `data` holds the counts and the other fields keep
-/// their defaults. Readers that plot steps (report, TensorBoard) set it apart.
+/// A data event (action "data") is not a training step: `data` holds the
+/// counts and the check's number (data_counts::check), `step` stays 0 and
+/// the other fields keep their defaults; its JSON holds "action" and "data"
+/// only. (A log written before holds "step", read as the check's number.)
+/// Readers that plot steps (report, TensorBoard) set it apart.
 struct step_event {
   int64_t step = 0;             ///< the guard's step counter (1-based)
   double loss = 0;              ///< the loss (unscaled); NaN/Inf when bad

@@ -101,6 +101,13 @@ struct guard_options {
   /// Tags a bundle carries (meta.json), e.g. {"task", "classify"} for
   /// `nanguard replay`; guard::set_bundle_tags changes them between steps.
   TORCH_ARG(bundle_tag_list, bundle_tags) = {};
+  /// The front end the run trains through: a finding's remedy is written
+  /// for it (docs/diagnosis.md); nanguard.Guard, its callbacks and
+  /// `nanguard train` set theirs.
+  TORCH_ARG(nanguard::front_end, front_end) = front_end::cpp;
+  /// The file the training data comes from ("": none), named in the remedy
+  /// of bad data (`nanguard scan FILE`).
+  TORCH_ARG(std::string, data_file) = "";
   /// Save the parameters in the bundle too.
   TORCH_ARG(bool, bundle_parameters) = true;
   /// rollback: snapshot every this many steps (and once at start); a due
@@ -212,6 +219,12 @@ class guard {
   /// The tags of the bundles written from now on (what the next batch is,
   /// e.g. {"csv_lines", "12,13"}), instead of the options' bundle_tags.
   void set_bundle_tags(bundle_tag_list tags);
+  /// The names of the batch tensors from now on, in findings and their
+  /// diagnosis: names[i] names the i-th tensor of each micro-batch ("x",
+  /// "labels"); an unnamed one ("" or past the end) is "batch[i]".
+  ///
+  ///   g.set_batch_names({"x", "y"});   // a NaN in y: culprit "y", bad_data
+  void set_batch_names(std::vector<std::string> names);
   /// The event of the last step (after an abort's nonfinite_error: its
   /// bundle, notes and findings). Throws c10::Error before the first step.
   const step_event& last_event() const;

@@ -169,6 +169,10 @@ class ScheduleOptions(TypedDict, total=False):
     total_steps: int
     min_lr: float
 
+#: The front end (``nanguard::front_end``) of the framework a callback tags its
+#: guard's bundles with; a Guard of a plain loop is "python".
+FRONT_ENDS = {"lightning": "lightning", "transformers": "transformers"}
+
 
 #: The arguments of LossScaler and WarmupCosine, which loss_scale={...} and schedule={...} hold.
 LOSS_SCALE_KEYS = tuple(LossScaleOptions.__annotations__)
@@ -252,20 +256,55 @@ def batch_tensors(values: Any) -> List[torch.Tensor]:
     """The tensors in ``values`` (tensors, tuples, lists, dicts, nested), in
     order: the batch the guard names in findings and an abort's bundle
     keeps."""
-    out: List[torch.Tensor] = []
+    return named_batch_tensors(values)[0]
 
-    def walk(v: Any) -> None:
+
+def named_batch_tensors(values: Any, name: str = "batch") -> Tuple[List[torch.Tensor], List[str]]:
+    """``(tensors, names)``: the tensors of :func:`batch_tensors` and the
+    names findings give them. A tensor under a dict key is named by the key
+    (``labels``, ``inputs_embeds``), one inside a tuple or list by its
+    position under its parent's name (``batch[0]``, ``x[1]``); ``name``
+    names ``values`` itself."""
+    tensors: List[torch.Tensor] = []
+    names: List[str] = []
+
+    def walk(v: Any, path: str) -> None:
         if isinstance(v, torch.Tensor):
-            out.append(v)
+            tensors.append(v)
+            names.append(path)
         elif isinstance(v, dict):
-            for x in v.values():
-                walk(x)
+            for k, x in v.items():
+                walk(x, str(k))
         elif isinstance(v, (list, tuple)):
-            for x in v:
-                walk(x)
+            for i, x in enumerate(v):
+                walk(x, f"{path}[{i}]")
 
-    walk(values)
-    return out
+    walk(values, name)
+    return tensors, names
+
+
+def named_call_tensors(fn: Callable[..., Any], args: Sequence[Any],
+                       kwargs: Mapping[str, Any]) -> Tuple[List[torch.Tensor], List[str]]:
+    """``(tensors, names)`` of a call ``fn(*args, **kwargs)``: positional
+    arguments named by ``fn``'s parameters where its signature says them
+    (``x``, ``y``), keyword arguments by their keywords, what they hold as
+    in :func:`named_batch_tensors`."""
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):  # a builtin or a C extension: no signature
+        params = []
+    tensors: List[torch.Tensor] = []
+    names: List[str] = []
+    for i, a in enumerate(args):
+        t, n = named_batch_tensors(a, params[i].name if i < len(params) else f"args[{i}]")
+        tensors += t
+        names += n
+    for k, v in kwargs.items():
+        t, n = named_batch_tensors(v, str(k))
+        tensors += t
+        names += n
+    return tensors, names
 
 
 class Guard:
@@ -414,6 +453,8 @@ class Guard:
         options.event_log = str(event_log or "")
         options.bundle_dir = str(bundle_dir or "")
         options.bundle_tags = [("front_end", "python")] + [(str(k), str(v)) for k, v in (bundle_tags or {}).items()]
+        # The callbacks tag their framework: remedies are written for it.
+        options.front_end = FRONT_ENDS.get(str((bundle_tags or {}).get("framework")), "python")
         options.snapshot_every = _int64("snapshot_every", snapshot_every)
         options.snapshot_keep = _int64("snapshot_keep", snapshot_keep)
         options.rollback_lr_factor = float(rollback_lr_factor)
@@ -488,8 +529,10 @@ class Guard:
             args, kwargs = calls[index]
             return _trainable_loss(closure(*args, **kwargs))
 
-        batches = [batch_tensors(call) for call in calls]
-        return self._run(lambda core: core.step_accumulated(batches, forward))
+        named = [named_call_tensors(closure, *call) for call in calls]
+        batches = [tensors for tensors, _ in named]
+        # Findings name the tensors of each micro-batch by the first's names.
+        return self._run(lambda core: core.step_accumulated(batches, forward, named[0][1]))
 
     def begin_step(self) -> None:
         """Starts one optimizer step when a framework runs forward, backward
@@ -506,7 +549,7 @@ class Guard:
         self._active().cancel_step()
 
     def check(self, loss: Union[torch.Tensor, float], replay: Optional[Callable[[], torch.Tensor]] = None,
-              batch: Sequence[torch.Tensor] = ()) -> StepResult:
+              batch: Sequence[torch.Tensor] = (), names: Sequence[str] = ()) -> StepResult:
         """Checks a step a framework ran: after backward (of every
         micro-batch) and before its ``optimizer.step()``, with the unscaled
         gradients in ``p.grad``. One sentinel pass over them and the loss
@@ -517,12 +560,14 @@ class Guard:
         policy acts, and the gradients are set to None so that the coming
         ``optimizer.step()`` changes nothing (abort raises
         :class:`NonFiniteError`). ``loss`` is a tensor or a number;
-        ``batch`` the tensors an abort's bundle keeps. Returns a
-        :class:`StepResult`. A finite ``loss`` with no gradient written
-        since :meth:`begin_step` (no backward) is a ValueError."""
+        ``batch`` the tensors an abort's bundle keeps, ``names`` what findings
+        call them (``names[i]`` names ``batch[i]``: "labels", "x"; else
+        "batch[i]"). Returns a :class:`StepResult`. A finite ``loss`` with no
+        gradient written since :meth:`begin_step` (no backward) is a
+        ValueError."""
         loss = loss.detach() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss))
         forward = None if replay is None else (lambda _batch: _trainable_loss(replay()))
-        return self._run(lambda core: core.check(loss, forward, list(batch)))
+        return self._run(lambda core: core.check(loss, forward, list(batch), [str(n) for n in names]))
 
     def _run(self, call: Callable[[_nanguard.GuardCore], str]) -> StepResult:
         """A StepResult of ``call(core)``; the guard's abort as NonFiniteError."""

@@ -330,7 +330,7 @@ class Firewall:
     """
     nanguard::firewall: validate, repair or drop the rows of [batch, features] tensors.
     """
-    def __init__(self, nonfinite: str = 'raise', outliers: str = 'ignore', rule: str = 'quantile_range', low_quantile: typing.SupportsFloat = 0.001, high_quantile: typing.SupportsFloat = 0.999, sigmas: typing.SupportsFloat = 3.0, robust_z: typing.SupportsFloat = 3.5, nan_value: typing.SupportsFloat = 0.0, label_columns: collections.abc.Sequence[typing.SupportsInt] = [], column_names: collections.abc.Sequence[str] = []) -> None:
+    def __init__(self, nonfinite: str = 'raise', outliers: str = 'ignore', rule: str = 'quantile_range', low_quantile: typing.SupportsFloat = 0.001, high_quantile: typing.SupportsFloat = 0.999, sigmas: typing.SupportsFloat = 3.0, robust_z: typing.SupportsFloat = 5.0, nan_value: typing.SupportsFloat = 0.0, label_columns: collections.abc.Sequence[typing.SupportsInt] = [], column_names: collections.abc.Sequence[str] = []) -> None:
         ...
     def apply(self, batch: torch.Tensor) -> tuple[torch.Tensor, FirewallReport]:
         """
@@ -356,6 +356,7 @@ class GuardOptions:
     bundle_dir: str
     distributed: Distributed | None
     event_log: str
+    front_end: str
     policy: str
     replay: bool
     scaler: LossScaler | None
@@ -440,7 +441,7 @@ class GuardCore:
         ...
     def cancel_step(self) -> None:
         ...
-    def check(self, loss: torch.Tensor, replay: collections.abc.Callable[[collections.abc.Sequence[torch.Tensor]], torch.Tensor], batch: collections.abc.Sequence[torch.Tensor]) -> str:
+    def check(self, loss: torch.Tensor, replay: collections.abc.Callable[[collections.abc.Sequence[torch.Tensor]], torch.Tensor], batch: collections.abc.Sequence[torch.Tensor], names: collections.abc.Sequence[str]) -> str:
         """
         Checks a step a framework ran; returns the step event's JSON.
         """
@@ -452,7 +453,7 @@ class GuardCore:
         """
         What the run did so far (nanguard::run_summary), its line as "text".
         """
-    def step_accumulated(self, micro_batches: collections.abc.Sequence[collections.abc.Sequence[torch.Tensor]], forward: collections.abc.Callable[[typing.SupportsInt], torch.Tensor]) -> str:
+    def step_accumulated(self, micro_batches: collections.abc.Sequence[collections.abc.Sequence[torch.Tensor]], forward: collections.abc.Callable[[typing.SupportsInt], torch.Tensor], names: collections.abc.Sequence[str]) -> str:
         """
         One guarded step over the micro-batches (their tensors); forward(i) is the loss of the i-th. Returns the step event's JSON.
         """

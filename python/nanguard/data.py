@@ -29,11 +29,17 @@ e.g. the Guard's log) each batch or sample in which the firewall found
 something adds a data event (``"action": "data"``) to the JSONL log, written
 and flushed by the process that checked it (appends of one line each, so
 workers and the guard can share a file). An event counts what the firewall
-found and did in that batch or sample; its ``checked`` holds every row the
-process checked since its previous event, so the events add up to all rows
-checked up to each process's last event (clean batches write nothing).
-``nanguard report`` sums them per source and ``--tensorboard`` plots them
-as ``data/<count>``.
+found and did in that batch or sample and names the rows it dropped or
+repaired (``dropped_rows``, ``changed_rows``; ``row_index`` says what they
+index): dataset indices from :class:`FirewallDataset`, positions in the
+stream from :class:`FirewallIterableDataset`, rows of the batch from
+:func:`firewall_collate`. Its
+``check`` numbers the firewall's checks (its own axis, not the training
+steps), and its ``checked`` holds every row the process checked since its
+previous event: clean checks add an event of their own every
+:data:`CLEAN_ROWS_PER_EVENT` rows, when the process exits and at
+``flush()``, so the events add up to every row checked. ``nanguard report``
+sums them per source and ``--tensorboard`` plots them as ``data/<count>``.
 
 :func:`read_csv` reads a numeric CSV file (a header row, then numbers) into a
 float64 tensor, on torch's intra-op threads.
@@ -47,6 +53,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import multiprocessing.util
 import os
 from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Union
 
@@ -66,6 +73,10 @@ __all__ = ["read_csv", "FirewallDataset", "FirewallIterableDataset", "firewall_c
 
 #: The counts of a wrapper, in the order of the C++ data event (``nanguard::data_counts``).
 FIELDS = ("checked", "dropped", "changed", "repaired", "clipped", "nan", "pos_inf", "neg_inf", "outliers", "raised")
+
+#: Rows of clean checks after which a process writes a data event of its own
+#: (their ``checked``), so that the log counts the clean rows too.
+CLEAN_ROWS_PER_EVENT = 4096
 
 
 def read_csv(path: PathLike, delimiter: str = ",") -> "tuple[List[str], torch.Tensor]":
@@ -157,13 +168,19 @@ class _EventWriter:
                             f"{type(event_log).__name__}")
         self._log, self._pid = None, None
 
-    def write(self, number, source, counts):
+    def write(self, number, source, counts, rows=None):
+        """One data event: check ``number`` of ``source``, its ``counts``, and
+        ``rows`` (dropped, changed, "dataset" or "batch") when it names rows."""
         if self.path is None:
             return
         if self._pid != os.getpid():  # a worker's copy: its own handle
             self._log, self._pid = _nanguard.EventLog(self.path, False), os.getpid()
-        data = {"source": source, **{k: int(counts.get(k, 0)) for k in FIELDS}}
-        self._log.write(json.dumps({"step": int(number), "action": "data", "data": data}))
+        data = {"source": source, "check": int(number), **{k: int(counts.get(k, 0)) for k in FIELDS}}
+        if rows is not None:
+            dropped, changed, index = rows
+            data.update(dropped_rows=[int(r) for r in dropped], changed_rows=[int(r) for r in changed],
+                        row_index=index)
+        self._log.write(json.dumps({"action": "data", "data": data}))
 
     def __getstate__(self):
         return {"path": self.path, "_log": None, "_pid": None}
@@ -176,6 +193,19 @@ def _report_counts(report):
             "repaired": report.repaired, "clipped": report.clipped, "outliers": report.outliers,
             "nan": sum(c["nan"] for c in columns), "pos_inf": sum(c["pos_inf"] for c in columns),
             "neg_inf": sum(c["neg_inf"] for c in columns)}
+
+
+class _PendingRows:
+    """Rows a process checked since its last data event, and the number of its
+    last check."""
+
+    def __init__(self, events, source):
+        self.events, self.source, self.rows, self.check = events, source, 0, 0
+
+    def flush(self):
+        if self.rows:
+            self.events.write(self.check, self.source, {"checked": self.rows})
+            self.rows = 0
 
 
 class _Checked:
@@ -198,19 +228,32 @@ class _Checked:
                 self._record({"checked": rows, "raised": 1}, always=True)
             raise
 
-    def _record(self, counts, always=False):
-        """Adds ``counts``; logs a data event when the firewall found something,
-        whose ``checked`` holds the rows this process checked since its
-        previous event (so the events of a log add up to every row checked
-        up to each process's last event)."""
+    def _record(self, counts, always=False, rows=None):
+        """Adds ``counts`` (and ``rows``: dropped, changed, what they index);
+        logs a data event when the firewall found something, or after
+        CLEAN_ROWS_PER_EVENT clean rows, whose ``checked`` holds the rows this
+        process checked since its previous event."""
         number = self._counts.add(counts)
-        if getattr(self, "_pending_pid", None) != os.getpid():  # a worker's copy starts at 0
-            self._pending_pid, self._pending = os.getpid(), 0
-        self._pending += int(counts.get("checked", 0))
+        pending = self._pending_rows()
+        pending.rows += int(counts.get("checked", 0))
+        pending.check = number
         found = any(counts.get(k, 0) for k in FIELDS if k != "checked")
-        if always or found:
-            self._events.write(number, self._source, {**counts, "checked": self._pending})
-            self._pending = 0
+        if always or found or pending.rows >= CLEAN_ROWS_PER_EVENT:
+            self._events.write(number, self._source, {**counts, "checked": pending.rows}, rows if found else None)
+            pending.rows = 0
+
+    def _pending_rows(self):
+        """This process's rows checked since its last event (a worker's copy
+        starts its own), written when the process ends or the wrapper goes."""
+        if getattr(self, "_pending_pid", None) != os.getpid():
+            self._pending_pid, self._pending = os.getpid(), _PendingRows(self._events, self._source)
+            multiprocessing.util.Finalize(self, self._pending.flush, exitpriority=10)
+        return self._pending
+
+    def flush(self):
+        """Writes a data event for the rows this process checked since its
+        previous one, if any (DataLoader workers do it when they exit)."""
+        self._pending_rows().flush()
 
     def __getstate__(self):
         # What a "spawn" (or "forkserver") DataLoader worker would need: the
@@ -316,7 +359,7 @@ class FirewallCollate(_Checked):
                              "pass field= naming the [batch, features] tensor")
         rows = x.shape[0]
         clean, report = self._apply(x, rows)
-        self._record(_report_counts(report))
+        self._record(_report_counts(report), rows=(report.dropped_rows, report.changed_rows, "batch"))
         if report.dropped_rows:
             dropped = set(report.dropped_rows)
             keep = torch.tensor([i for i in range(rows) if i not in dropped], dtype=torch.long)
@@ -391,7 +434,7 @@ class FirewallDataset(_Checked, Dataset):
                          "check the data (nanguard scan) or the firewall's policies")
 
     def _checked(self, index):
-        return _check_sample(self, self.dataset[index], index)
+        return _check_sample(self, self.dataset[index], index, "dataset")
 
     @staticmethod
     def collate_fn(samples):
@@ -401,16 +444,18 @@ class FirewallDataset(_Checked, Dataset):
         return default_collate(samples) if samples else None
 
 
-def _check_sample(wrapper, sample, index):
+def _check_sample(wrapper, sample, index, row_index):
     """``sample`` after the wrapper's firewall (a [features] tensor checked as
-    one row): as it was, with its features repaired, or DROPPED."""
+    one row): as it was, with its features repaired, or DROPPED. ``index``
+    names it in the data events, as ``row_index`` says ("dataset", "stream")."""
     x = _get(sample, wrapper.field, wrapper._source)
     if x.dim() != 1:
         raise ValueError(f"nanguard.data.{wrapper._source}: sample {index}'s features have shape {list(x.shape)}; "
                          "the firewall checks a sample as one row of [features]: use firewall_collate for "
                          "samples of another shape")
     clean, report = wrapper._apply(x.unsqueeze(0), 1)
-    wrapper._record(_report_counts(report))
+    wrapper._record(_report_counts(report), rows=([index] if report.dropped_rows else [],
+                                                  [index] if report.changed_rows else [], row_index))
     if report.rows_out == 0:
         return DROPPED
     return _put(sample, wrapper.field, clean[0]) if report.changed_rows else sample
@@ -438,6 +483,6 @@ class FirewallIterableDataset(_Checked, IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         for index, sample in enumerate(self.dataset):
-            sample = _check_sample(self, sample, index)
+            sample = _check_sample(self, sample, index, "stream")
             if sample is not DROPPED:
                 yield sample

@@ -112,10 +112,14 @@ class StepLogger:
 
     def log(self, result: StepEvent, walltime: Optional[float] = None) -> None:
         """Writes one step: a :class:`~nanguard.StepResult`, its ``to_dict()``
-        or a line of the event log (its ``step`` is TensorBoard's step)."""
+        or a line of the event log (its ``step`` is TensorBoard's step; a data
+        event's ``check``)."""
         event = _event_json(result)
         scalars = _nanguard.tensorboard_scalars(event)  # checks the event: a ValueError naming what is wrong
-        step = int(json.loads(event)["step"])
+        logged = json.loads(event)
+        # A data event is plotted on its own axis: its check's number ("step" in a log written before).
+        data = logged.get("data") if logged.get("action") == "data" else None
+        step = int(data.get("check", logged.get("step", 0))) if isinstance(data, dict) else int(logged["step"])
         for tag, value in scalars:
             self.writer.add_scalar(tag, value, step, walltime=walltime)
         text = _nanguard.tensorboard_text(event)

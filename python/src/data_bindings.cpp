@@ -94,9 +94,13 @@ void bind_firewall(py::module_& m) {
                      .label_columns(std::move(label_columns))
                      .column_names(std::move(column_names)));
            }),
+           // The numeric defaults are the C++ options' own.
            py::arg("nonfinite") = "raise", py::arg("outliers") = "ignore", py::arg("rule") = "quantile_range",
-           py::arg("low_quantile") = 0.001, py::arg("high_quantile") = 0.999, py::arg("sigmas") = 3.0,
-           py::arg("robust_z") = 3.5, py::arg("nan_value") = 0.0,
+           py::arg("low_quantile") = nanguard::firewall_options().low_quantile(),
+           py::arg("high_quantile") = nanguard::firewall_options().high_quantile(),
+           py::arg("sigmas") = nanguard::firewall_options().sigmas(),
+           py::arg("robust_z") = nanguard::firewall_options().robust_z(),
+           py::arg("nan_value") = nanguard::firewall_options().nan_value(),
            py::arg("label_columns") = std::vector<int64_t>{}, py::arg("column_names") = std::vector<std::string>{})
       .def("fit", py::overload_cast<const at::Tensor&>(&nanguard::firewall::fit), py::arg("data"),
            py::return_value_policy::reference_internal, py::call_guard<py::gil_scoped_release>(),

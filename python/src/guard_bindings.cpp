@@ -140,6 +140,10 @@ void bind_guard_options(py::module_& m) {
   NANGUARD_GUARD_OPTION(o, event_log);
   NANGUARD_GUARD_OPTION(o, bundle_dir);
   NANGUARD_GUARD_OPTION(o, bundle_tags);
+  // The front end a finding's remedy is written for ("python", "lightning", ...).
+  o.def_property(
+      "front_end", [](const nanguard::guard_options& g) { return std::string(nanguard::to_string(g.front_end())); },
+      [](nanguard::guard_options& g, const std::string& name) { g.front_end(nanguard::front_end_from_string(name)); });
   NANGUARD_GUARD_OPTION(o, snapshot_every);
   NANGUARD_GUARD_OPTION(o, snapshot_keep);
   NANGUARD_GUARD_OPTION(o, rollback_lr_factor);
@@ -207,7 +211,8 @@ void bind_guard(py::module_& m) {
            py::arg("host"), py::arg("options"), py::keep_alive<1, 2>())
       .def("step_accumulated",
            [](nanguard::guard& g, const nanguard::guard::micro_batches& batches,
-              const std::function<at::Tensor(size_t)>& forward) {
+              const std::function<at::Tensor(size_t)>& forward, std::vector<std::string> names) {
+             g.set_batch_names(std::move(names));
              // The guard runs the step on the elements of `batches`, by
              // reference: an element's position is the index of the
              // micro-batch, which Python's forward takes.
@@ -219,20 +224,24 @@ void bind_guard(py::module_& m) {
              };
              return nanguard::to_json(g.step_accumulated(batches, fn));
            },
-           py::arg("micro_batches"), py::arg("forward"), py::call_guard<py::gil_scoped_release>(),
-           "One guarded step over the micro-batches (their tensors); forward(i) is the loss of the i-th. "
+           py::arg("micro_batches"), py::arg("forward"), py::arg("names"), py::call_guard<py::gil_scoped_release>(),
+           "One guarded step over the micro-batches (their tensors, named by `names` in findings); forward(i) is "
+           "the loss of the i-th. "
            "Returns the step event's JSON.")
       .def("begin_step", &nanguard::guard::begin_step)
       .def("cancel_step", &nanguard::guard::cancel_step)
       .def("check",
            [](nanguard::guard& g, const at::Tensor& loss, const nanguard::step_fn& replay,
-              const std::vector<at::Tensor>& batch) {
+              const std::vector<at::Tensor>& batch, std::vector<std::string> names) {
+             g.set_batch_names(std::move(names));
              nanguard::step_fn fn;
              if (replay) fn = [&](const std::vector<at::Tensor>& b) { return interruptible([&] { return replay(b); }); };
              return nanguard::to_json(g.check(loss, fn, batch));
            },
-           py::arg("loss"), py::arg("replay"), py::arg("batch"), py::call_guard<py::gil_scoped_release>(),
-           "Checks a step a framework ran; returns the step event's JSON.")
+           py::arg("loss"), py::arg("replay"), py::arg("batch"), py::arg("names"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Checks a step a framework ran (the batch's tensors named by `names` in findings); returns the step "
+           "event's JSON.")
       .def("last_event", [](const nanguard::guard& g) { return nanguard::to_json(g.last_event()); },
            "The last step's event JSON (after an abort: its bundle).")
       .def_property_readonly("last_warning", [](const nanguard::guard& g) { return g.narrator().last_warning(); },

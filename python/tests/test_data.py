@@ -45,12 +45,19 @@ def test_collate_drops_rows_from_features_and_labels(tmp_path):
     assert (collate.nan, collate.pos_inf, collate.neg_inf) == (2, 1, 1)
     assert collate.counts()["dropped"] == 4
     # One data event per batch in which the firewall found something: rows 3 | 10, 11 | 25 (the
-    # clean batch of rows 16-23 is counted in the next event's rows checked).
+    # clean batch of rows 16-23 is counted in the next event's rows checked), named as rows of
+    # their batch; flush() writes the clean rows checked since (32-39), so every row is counted.
+    collate.flush()
     ev = events(tmp_path / "data.jsonl")
-    assert [e["action"] for e in ev] == ["data"] * 3
-    assert [e["data"]["dropped"] for e in ev] == [1, 2, 1]
-    assert [e["data"]["checked"] for e in ev] == [8, 8, 16]
+    assert [e["action"] for e in ev] == ["data"] * 4
+    assert [e["data"]["dropped"] for e in ev] == [1, 2, 1, 0]
+    assert [e["data"]["checked"] for e in ev] == [8, 8, 16, 8]
+    assert [e["data"]["check"] for e in ev] == [1, 2, 4, 5]
+    assert [e["data"].get("dropped_rows") for e in ev] == [[3], [2, 3], [1], None]
+    assert all(e["data"]["row_index"] == "batch" for e in ev)
     assert all(e["data"]["source"] == "firewall_collate" for e in ev)
+    # A data event is no training step: no step number, no loss.
+    assert not any("step" in e or "loss" in e for e in ev)
 
 
 def test_collate_repairs_with_the_fitted_medians(tmp_path):
@@ -112,9 +119,12 @@ def test_counts_and_events_of_worker_processes_are_kept(tmp_path, workers):
     bad = len(BAD) + 7
     assert rows == 400 - bad
     assert (collate.checked, collate.dropped) == (400, bad)
+    collate.flush()
     ev = events(log)
     assert sum(e["data"]["dropped"] for e in ev) == bad
-    assert sorted(e["step"] for e in ev) == sorted(set(e["step"] for e in ev))  # numbered once each
+    # The clean batches count too: the workers write what they checked since their last event as they exit.
+    assert sum(e["data"]["checked"] for e in ev) == 400
+    assert sorted(e["data"]["check"] for e in ev) == sorted(set(e["data"]["check"] for e in ev))  # numbered once each
     collate.reset_counts()
     assert collate.checked == 0
 
@@ -179,7 +189,11 @@ def test_dataset_with_workers_and_the_guards_event_log(tmp_path):
     assert (ds.checked, ds.dropped) == (40, 4)
     ev = events(log)
     data = [e for e in ev if e["action"] == "data"]
-    assert len(data) == 4 and all(e["data"]["source"] == "FirewallDataset" for e in data)
+    assert all(e["data"]["source"] == "FirewallDataset" for e in data)
+    # The dropped samples by their dataset index, through the DataLoader's workers; every row counted.
+    assert sorted(r for e in data for r in e["data"].get("dropped_rows", [])) == sorted(BAD)
+    assert all(e["data"]["row_index"] == "dataset" for e in data if "dropped_rows" in e["data"])
+    assert sum(e["data"]["checked"] for e in data) == 40
     assert [e["step"] for e in ev if e["action"] != "data"] == [1, 2, 3, 4, 5]
     if CLI:
         r = subprocess.run([CLI, "report", str(log), "-o", str(tmp_path / "r.html")], capture_output=True,
@@ -187,6 +201,7 @@ def test_dataset_with_workers_and_the_guards_event_log(tmp_path):
         assert r.returncode == 0, r.stderr
         assert "FirewallDataset: " in (tmp_path / "r.html").read_text()
         assert ", 4 dropped, 0 repaired or clipped (NaN 2, +Inf 1, -Inf 1" in (tmp_path / "r.html").read_text()
+        assert "dropped dataset indices 3, 10, 11, 25" in (tmp_path / "r.html").read_text()
 
 
 def test_event_log_argument_is_checked(tmp_path):
@@ -228,3 +243,36 @@ def test_iterable_dataset_leaves_dropped_samples_out(tmp_path, workers):
     assert ids == [i for i in range(40) if i not in BAD]
     assert (ds.checked, ds.dropped, ds.nan, ds.pos_inf, ds.neg_inf) == (40, 4, 2, 1, 1)
     assert sum(e["data"]["dropped"] for e in events(tmp_path / "d.jsonl")) == 4
+
+
+@needs_cli
+def test_a_log_of_data_events_only_is_reported(tmp_path):
+    """A log with no training step (the firewall ran alone): `nanguard report`
+    shows its data events, not "No steps logged"; a log written before data
+    events had their own axis (their check as "step") still reads."""
+    x, y = dataset()
+    log = tmp_path / "data.jsonl"
+    ds = FirewallDataset(TensorDataset(x, y), nanguard.Firewall(nonfinite="drop"), event_log=log)
+    for i in range(len(ds)):
+        ds[i]
+    ds.flush()
+    with open(log, "a", encoding="utf-8") as f:
+        f.write('{"step": 9, "action": "data", "data": {"source": "old_writer", "checked": 5, "dropped": 1}}\n')
+    r = subprocess.run([CLI, "report", str(log), "-o", str(tmp_path / "r.html")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    page = (tmp_path / "r.html").read_text()
+    assert "FirewallDataset: 40 rows checked, 4 dropped" in page and "dropped dataset indices 3, 10, 11, 25" in page
+    assert "old_writer: 5 rows checked, 1 dropped" in page
+
+
+def test_robust_z_leaves_clean_normal_rows_and_drops_outliers():
+    """The default robust_z: of 100k clean N(0, 1) rows of 32 features at most
+    0.1% dropped (3.5 dropped 1.5%); a row 8 sigma out still goes."""
+    g = torch.Generator().manual_seed(3)
+    fw = nanguard.Firewall(outliers="drop", rule="robust_z").fit(torch.randn(100_000, 32, generator=g))
+    clean, report = fw.apply(torch.randn(100_000, 32, generator=g))
+    assert len(report.dropped_rows) <= 100, len(report.dropped_rows)
+    bad = torch.randn(4, 32, generator=g)
+    bad[2, 7] = 8.0
+    assert fw.apply(bad)[1].dropped_rows == [2]

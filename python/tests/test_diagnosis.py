@@ -97,3 +97,24 @@ def test_the_guard_diagnoses_with_its_history_and_says_what_it_did(tmp_path):
     assert r.remedy == f"rolled back to the snapshot of step {r.rollback_to}; lr 1.5 -> 0.75"
     line = json.loads(log.read_text().splitlines()[-1])
     assert line["remedy"] == r.remedy and line["findings"][0]["diagnosis"]["cause"] == "divergence"
+
+
+def test_the_guard_names_the_closures_arguments_and_dict_keys():
+    """A NaN in the labels: the finding names the closure's argument (``y``),
+    or the batch dict's key, not a position; the remedy is the Python one
+    (a firewall in the DataLoader), with no CSV to scan."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    y[5, 0] = float("nan")
+    g = nanguard.Guard(model, opt)
+    r = g.step(lambda x, y: F.mse_loss(model(x), y), x, y)
+    assert r.skipped and r.finding is not None
+    assert r.finding.culprit.startswith("y") and r.finding.cause == "bad_data", r.finding
+    assert "came in with y" in r.finding.evidence, r.finding.evidence
+    assert "nanguard.data.firewall_collate(" in r.finding.remedy, r.finding.remedy
+    assert "nanguard scan" not in r.finding.remedy and "C++" not in r.finding.remedy, r.finding.remedy
+    r = g.step(lambda batch: F.mse_loss(model(batch["features"]), batch["labels"]), {"features": x, "labels": y})
+    assert r.finding.culprit.startswith("labels") and r.finding.cause == "bad_data", r.finding
+    g.close()

@@ -56,13 +56,13 @@ def _ddp_run(rank, with_check):
     return out, params
 
 
-def _check_ranks(got):
+def _check_ranks(got, culprit):
     for rank, (out, _) in got.items():
         assert [o["action"] for o in out] == ["step", "skip", "skip", "step", "step"], (rank, out)
         for bad in out[1:3]:
             assert (bad["rank"], bad["bad_ranks"], bad["verdict"]) == (rank, [1], "reproduced"), (rank, bad)
             assert bad["finding"] is not None and bad["finding"]["rank"] == 1, (rank, bad)
-        assert out[1]["finding"]["culprit"] == "batch[0]", out[1]
+        assert out[1]["finding"]["culprit"] == culprit, out[1]
         assert (out[2]["finding"]["node"], out[2]["finding"]["forward_op"]) == ("SqrtBackward0", "aten::sqrt"), out[2]
         assert math.isnan(out[1]["loss"]) == (rank == 1)  # a bad step keeps each rank's own loss
         assert math.isfinite(out[2]["loss"])
@@ -72,11 +72,11 @@ def _check_ranks(got):
 
 
 def test_guard_step_over_ddp(tmp_path):
-    _check_ranks(run_ranks(_ddp_run, tmp_path, False))
+    _check_ranks(run_ranks(_ddp_run, tmp_path, False), "a")  # the closure's parameter
 
 
 def test_guard_check_over_ddp(tmp_path):
-    _check_ranks(run_ranks(_ddp_run, tmp_path, True))
+    _check_ranks(run_ranks(_ddp_run, tmp_path, True), "batch[0]")  # check(batch=[x, y]) without names
 
 
 def _ddp_accumulated(rank):

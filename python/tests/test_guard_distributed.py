@@ -31,7 +31,7 @@ def _rank_main(rank, store, results):
             y = x.sum(1, keepdim=True)
             if rank == 1 and step == 2:
                 x[3, 1] = float("nan")
-            r = guard.step(lambda a, b: F.mse_loss(model(a), b), x, y)  # tensors as arguments: named batch[i]
+            r = guard.step(lambda a, b: F.mse_loss(model(a), b), x, y)  # tensors as arguments: named a, b
             out.append((r.step, r.action, r.rank, r.nonfinite_ranks,
                         r.finding.to_dict() if r.finding is not None else None, r.loss))
         results.put((rank, out, [p.detach().tolist() for p in model.parameters()]))
@@ -56,6 +56,6 @@ def test_every_rank_skips_the_step_one_rank_saw_a_nan_in(tmp_path):
         assert [o[1] for o in out] == ["step", "skip", "step", "step"], (rank, out)
         step, _, own_rank, bad_ranks, finding, _ = out[1]
         assert (step, own_rank, bad_ranks) == (2, rank, [1])
-        assert finding is not None and finding["rank"] == 1 and finding["culprit"] == "batch[0]", finding
+        assert finding is not None and finding["rank"] == 1 and finding["culprit"] == "a", finding
         assert math.isnan(out[1][5]) == (rank == 1)  # a bad step keeps each rank's own loss
     assert got[0][1] == got[1][1], "the ranks' parameters differ: the gradients were not averaged"

@@ -67,7 +67,7 @@ def test_guard_over_fsdp2(tmp_path, policy):
         for bad in out[1:3]:
             assert (bad["rank"], bad["bad_ranks"], bad["verdict"]) == (rank, [1], "reproduced"), (rank, bad)
             assert bad["finding"]["rank"] == 1, bad
-        assert out[1]["finding"]["culprit"] == "batch[0]", out[1]
+        assert out[1]["finding"]["culprit"] == "a", out[1]
         assert (out[2]["finding"]["node"], out[2]["finding"]["forward_op"]) == ("SqrtBackward0", "aten::sqrt"), out[2]
         if rank == 0:
             assert "received from rank 1 via reduce-scatter" in out[2]["note"], out[2]

@@ -137,6 +137,11 @@ def test_a_bad_batch_is_skipped_with_gradient_accumulation(tmp_path):
     assert [l["action"] for l in lines] == ["step", "step", "skip", "step"]  # batch 5 is in step 3
     f = cb.bad_steps[0].finding
     assert f is not None and f.role == "input" and f.op == "aten::addmm", f  # the NaN came with the batch
+    # Named as training_step sees it (x of the second micro-batch is its batch[0]), with a remedy
+    # that works under Lightning: a firewall in the DataLoader, no Guard option, no CSV.
+    assert f.culprit.startswith("batch[0]") and f.cause == "bad_data", f
+    assert "collate_fn=nanguard.data.firewall_collate(" in f.remedy, f.remedy
+    assert "nanguard scan" not in f.remedy and "C++" not in f.remedy, f.remedy
     assert finite_params(model) and math.isfinite(model.losses[-1])
 
 

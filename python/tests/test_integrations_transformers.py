@@ -161,6 +161,10 @@ def test_a_bad_batch_is_skipped_with_gradient_accumulation(tmp_path):
     assert [l["action"] for l in lines].count("skip") == 1
     f = cb.bad_steps[0].finding
     assert f is not None and f.role == "input", f  # the NaN came with the batch
+    # Named by the forward's keyword, with a remedy for the Trainer's collator.
+    assert f.culprit.startswith("inputs_embeds") and f.cause == "bad_data", f
+    assert 'Trainer(data_collator=nanguard.data.firewall_collate(' in f.remedy, f.remedy
+    assert 'field="inputs_embeds"' in f.remedy and "nanguard scan" not in f.remedy, f.remedy
     assert finite_params(model) and math.isfinite(final_loss(model))
 
 

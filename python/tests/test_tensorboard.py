@@ -124,6 +124,7 @@ def test_step_logger_takes_a_dict_a_json_line_or_a_summary_writer(tmp_path):
     logger.log(event)
     logger.log(json.dumps(dict(event, step=8, loss=1.0, skipped=False, action="step", note="")))
     logger.log({"step": 2, "action": "data", "data": {"source": "firewall_collate", "checked": 16, "dropped": 1}})
+    logger.log({"action": "data", "data": {"source": "firewall_collate", "check": 5, "checked": 8, "dropped": 0}})
     logger.close()  # a writer it did not make: flushed, left open
     writer.add_scalar("mine", 1.0, 1)
     writer.close()
@@ -131,7 +132,7 @@ def test_step_logger_takes_a_dict_a_json_line_or_a_summary_writer(tmp_path):
     assert scalars["loss"] == [(7, math.inf), (8, 1.0)]
     assert scalars["loss_scale"] == [(7, 8.0), (8, 8.0)]
     assert scalars["grad_norm/w"] == [(7, 2.0), (8, 2.0)]
-    assert scalars["data/checked"] == [(2, 16.0)] and scalars["data/dropped"] == [(2, 1.0)]
+    assert scalars["data/checked"] == [(2, 16.0), (5, 8.0)] and scalars["data/dropped"] == [(2, 1.0), (5, 0.0)]
     assert "mine" in scalars
     [(step, text)] = texts["nanguard/findings"]
     assert step == 7 and "- note: non-finite loss" in text and "- loss = inf" in text

@@ -479,7 +479,8 @@
     card.appendChild(head);
     var plots = 0;
     if (!run.events) {
-      card.appendChild(el('p', 'note', 'No steps logged.'));
+      card.appendChild(el('p', 'note', 'No training steps logged.'));
+      if ((run.timeline || []).length) card.appendChild(timeline(run));  // the data firewall's events
       return { node: card, plots: 0 };
     }
     card.appendChild(el('p', 'run-summary', run.summary));

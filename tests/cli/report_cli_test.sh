@@ -130,7 +130,7 @@ case_the_report_in_a_browser() {
   grep -q 'skipped the step; loss scale 65536 -&gt; 32768' dom.html || fail "the remedy the guard applied is missing"
   grep -q 'encoder.layers.0.weight' dom.html || fail "the per-parameter grad norms are missing"
   grep -q 'Plots show [0-9]* of 100000 steps' dom.html || fail "the long run does not say it was downsampled"
-  grep -q 'No steps logged.' dom.html || fail "the empty run is not listed"
+  grep -q 'No training steps logged.' dom.html || fail "the empty run is not listed"
   grep -q '<title>report test</title>' dom.html || fail "the page title changed: the finding's module ran as script"
   grep -q "enc&lt;/script&gt;&lt;script&gt;document.title" dom.html || fail "the finding's module is not shown as text"
 

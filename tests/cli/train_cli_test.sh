@@ -119,12 +119,12 @@ case_nan_and_inf_in_the_data() {
   run 0 train --model "$M/linear_reg.pt" --data "$M/reg_nan.csv" --target y --task regress --steps 40 --batch 16 \
     --lr 0.05 --out data_off
   expect "nanguard train: recovered"
-  expect "in lin: input (batch[0])"
+  expect "in lin: input (features)"
   expect "the NaN/Inf came from the data: $M/reg_nan.csv line"
   summary data_off "
 assert s['status'] == 'recovered' and isinstance(s['final_loss'], float), s
 assert f['role'] == 'input' and f['direction'] == 'forward' and f['module'] == 'lin', f
-assert f['culprit'] == 'batch[0]', f
+assert f['culprit'] == 'features', f
 assert f['rows'] and set(f['rows']) <= {12, 42}, f
 assert s['skipped_steps'] >= 2, s"
   # A NaN in the target (line 22) reaches the loss: the summary names its line.

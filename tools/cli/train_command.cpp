@@ -322,6 +322,8 @@ guard_options make_guard_options(const train_args& a, const run_outputs& out) {
       .snapshot_every(std::clamp<int64_t>(a.steps / 10, 1, 100))
       .event_log(out.events)
       .bundle_dir(out.bundles)
+      .front_end(front_end::cli)
+      .data_file(a.data)
       .verbose(false);  // train() prints the guard's warnings between its progress lines
   if (a.trace == "always") options.trace_every_step(true).tracer(tracer_options());
   if (a.warmup > 0)
@@ -456,6 +458,7 @@ train_outcome train(const train_args& a, torch::jit::Module& model, guard& g, ba
   const step_fn fn = [&](const std::vector<at::Tensor>& bt) {
     return task_loss(forward_tensor(model, bt[0]), bt[1], a.task);
   };
+  g.set_batch_names({"features", a.target});  // findings name the target column, not batch[1]
   train_outcome o;
   progress bar(a.steps, "train", 0, a.quiet ? nullptr : stderr);
   for (int64_t step = 1; step <= a.steps && !o.aborted; ++step) {

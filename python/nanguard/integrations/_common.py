@@ -128,8 +128,9 @@ class CallbackGuard:
             out["nanguard/grad_norm"] = float(self.last.grad_norm)
         return out
 
-    def check(self, loss, replay, batch, scaler, optimizer, schedulers):
-        """Checks the step the guard began; returns its result, or None when
+    def check(self, loss, replay, named_batch, scaler, optimizer, schedulers):
+        """Checks the step the guard began (``named_batch``: the step's
+        tensors and their names); returns its result, or None when
         the framework's GradScaler skips it on its own (an overflow of the
         scaling: an Inf/NaN in the gradients of a finite loss at a scale
         above 1). A rollback lowers the ``schedulers``' base LRs with it."""
@@ -137,7 +138,8 @@ class CallbackGuard:
             self.scaler_skips += 1  # the GradScaler's own overflow: it skips the step and lowers the scale
             return None
         lr_factor = self.guard.lr_factor
-        r = self.guard.check(loss, replay=replay, batch=batch)
+        batch, names = named_batch
+        r = self.guard.check(loss, replay=replay, batch=batch, names=names)
         self.last = r
         if r.skipped:
             self.bad_steps.append(r)

@@ -53,7 +53,7 @@ from typing import Any, Optional
 
 import torch
 
-from .._guard import PathLike, Policy, batch_tensors
+from .._guard import PathLike, Policy, named_batch_tensors
 from ._common import CallbackGuard, mean_loss as _mean, require
 
 _pl = require("lightning", " (the `lightning` package: `import lightning.pytorch`)").pytorch
@@ -139,7 +139,7 @@ class NanGuard(_pl.Callback, CallbackGuard):
             self.guard.cancel_step()
             return
         CallbackGuard.check(self, loss, lambda: self._replay(trainer, pl_module, window),
-                            batch_tensors([b for b, _ in window]), _scaler(trainer), optimizer,
+                            _named_window(window), _scaler(trainer), optimizer,
                             [c.scheduler for c in trainer.lr_scheduler_configs])
         if self.log_metrics:
             for name, value in self.metrics(_scaler(trainer)).items():
@@ -170,6 +170,18 @@ class NanGuard(_pl.Callback, CallbackGuard):
     def on_exception(self, trainer: Any, pl_module: Any, exception: Any) -> None:
         """Closes the event log when training stops on an error (an abort)."""
         self.on_fit_end(trainer, pl_module)
+
+
+def _named_window(window: Any) -> Any:
+    """The tensors of the step's micro-batches and their names: as
+    ``training_step(batch, batch_idx)`` sees them (``batch[0]``, or a dict's
+    keys)."""
+    tensors, names = [], []
+    for batch, _ in window:
+        t, n = named_batch_tensors(batch, "batch")
+        tensors += t
+        names += n
+    return tensors, names
 
 
 def _scaler(trainer):

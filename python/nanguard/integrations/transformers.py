@@ -75,7 +75,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from .._guard import PathLike, Policy, batch_tensors
+from .._guard import PathLike, Policy, named_call_tensors
 from .._trace import NonFiniteError
 from ._common import CallbackGuard, mean_loss as _mean, require
 
@@ -201,12 +201,23 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
         loss = _mean(losses) if losses else 0.0
         try:
             CallbackGuard.check(self, loss, lambda: self._replay(window),
-                                batch_tensors(window),
+                                self._named_window(window),
                                 getattr(optimizer, "scaler", None), _inner(optimizer),
                                 [getattr(lr_scheduler, "scheduler", lr_scheduler)])
         except NonFiniteError:
             self._give_back_clipping(args)  # train() stops here: no on_train_end
             raise
+
+    def _named_window(self, window: Any) -> Any:
+        """The tensors of the step's micro-batches and their names: the
+        keywords and parameter names of the model's forward (``labels``,
+        ``inputs_embeds``)."""
+        tensors, names = [], []
+        for a, k in window:
+            t, n = named_call_tensors(self._model.forward, a, k)
+            tensors += t
+            names += n
+        return tensors, names
 
     def _replay(self, window):
         """The step's loss again: the model's forward on each micro-batch's
