@@ -23,12 +23,12 @@ namespace nanguard {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
 // read_block shares out pieces of at least this many bytes, when the caller
 // asks for at least kBlockMinRows rows: fewer go line by line, e.g. one row
 // at a time to map rows to lines.
 constexpr int64_t kPieceBytes = int64_t(64) << 10;
 constexpr int64_t kBlockMinRows = 256;
-constexpr double kInf = std::numeric_limits<double>::infinity();
 
 bool iequals(const char* b, const char* e, const char* word) {
   const size_t n = std::strlen(word);
@@ -314,18 +314,21 @@ csv_reader::~csv_reader() = default;
 // thread: the block is cut at newlines into pieces, each parsed on its own,
 // then their rows are taken in order up to `max_rows`. A quoted line, a
 // malformed one or the buffer's partial last line ends the block: the
-// careful path of read_rows parses it (and names its error). Returns the
-// rows taken; 0 when the block is too small to share out.
+// careful path of read_rows parses it (and names its error). A short block
+// (a chunk's last lines) is one piece: declining it would send each of its
+// lines to the careful path, and each of those back here to scan the rest
+// of the buffer again. Returns the rows taken; 0 when the first line needs
+// the careful path.
 int64_t csv_reader::read_block(std::vector<double>& out, int64_t max_rows) {
   const char* const base = buf_.data();
   const char* const p = base + begin_;
   const char* const quote = static_cast<const char*>(std::memchr(p, '"', size_t(end_ - begin_)));
   const char* const limit = quote ? quote : base + end_;
   const char* const last_newline = static_cast<const char*>(::memrchr(p, '\n', size_t(limit - p)));
-  if (last_newline == nullptr || last_newline + 1 - p < 2 * kPieceBytes) return 0;
+  if (last_newline == nullptr) return 0;
   const char* const e = last_newline + 1;
 
-  const int64_t pieces = std::min<int64_t>((e - p) / kPieceBytes, 4 * at::get_num_threads());
+  const int64_t pieces = std::clamp<int64_t>((e - p) / kPieceBytes, 1, 4 * at::get_num_threads());
   std::vector<const char*> cuts(size_t(pieces) + 1, e);
   cuts[0] = p;
   for (int64_t i = 1; i < pieces; ++i) {
@@ -390,8 +393,7 @@ int64_t csv_reader::read_rows(std::vector<double>& out, int64_t max_rows) {
                   " ends inside a quoted field; close the quote (\")");
       continue;
     }
-    // Blank lines (and a lone '\r') are skipped.
-    if (line_end == p || (line_end == p + 1 && *p == '\r')) {
+    if (is_blank(p, line_end)) {
       ++line_;
       bytes_consumed_ += line_end + 1 - p;
       begin_ = line_end + 1 - base;
