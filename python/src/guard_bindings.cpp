@@ -124,15 +124,20 @@ namespace nanguard::python {
         o.name(std::move(v));                                                                              \
       })
 
+/// A read-write property `name` of an enum guard_options field, by its name
+/// (to_string, and `from_string` for the setter, which names the valid ones).
+#define NANGUARD_GUARD_ENUM_OPTION(cls, name, from_string)                                            \
+  cls.def_property(                                                                                  \
+      #name, [](const nanguard::guard_options& o) { return std::string(nanguard::to_string(o.name())); }, \
+      [](nanguard::guard_options& o, const std::string& value) { o.name(from_string(value)); })
+
 /// GuardOptions: nanguard::guard_options, one typed property per option
 /// (python/nanguard/_guard.py fills it from Guard's keyword arguments; a
 /// misspelled property is an AttributeError, a wrong type a TypeError).
 void bind_guard_options(py::module_& m) {
   py::class_<nanguard::guard_options> o(m, "GuardOptions", "nanguard::guard_options (see nanguard.Guard).");
   o.def(py::init<>());
-  o.def_property(
-      "policy", [](const nanguard::guard_options& g) { return std::string(nanguard::to_string(g.policy())); },
-      [](nanguard::guard_options& g, const std::string& name) { g.policy(nanguard::policy_from_string(name)); });
+  NANGUARD_GUARD_ENUM_OPTION(o, policy, nanguard::policy_from_string);
   NANGUARD_GUARD_OPTION(o, max_norm);
   NANGUARD_GUARD_OPTION(o, clip_value);
   NANGUARD_GUARD_OPTION(o, replay);
@@ -141,9 +146,7 @@ void bind_guard_options(py::module_& m) {
   NANGUARD_GUARD_OPTION(o, bundle_dir);
   NANGUARD_GUARD_OPTION(o, bundle_tags);
   // The front end a finding's remedy is written for ("python", "lightning", ...).
-  o.def_property(
-      "front_end", [](const nanguard::guard_options& g) { return std::string(nanguard::to_string(g.front_end())); },
-      [](nanguard::guard_options& g, const std::string& name) { g.front_end(nanguard::front_end_from_string(name)); });
+  NANGUARD_GUARD_ENUM_OPTION(o, front_end, nanguard::front_end_from_string);
   NANGUARD_GUARD_OPTION(o, snapshot_every);
   NANGUARD_GUARD_OPTION(o, snapshot_keep);
   NANGUARD_GUARD_OPTION(o, rollback_lr_factor);
