@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/hash.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
@@ -24,6 +25,8 @@
 #include <deque>
 #include <mutex>
 #include <numeric>
+#include <string_view>
+#include <unordered_map>
 
 namespace nanguard {
 
@@ -37,9 +40,10 @@ std::string batch_name(const std::vector<std::string>& names, size_t i) {
   return i < names.size() && !names[i].empty() ? names[i] : "batch[" + std::to_string(i) + "]";
 }
 
-// The action of a bad step that policy `p` acted on.
+// The action of a bad step that policy `p` acted on (auto has chosen one of the others).
 action action_of(policy p) {
   switch (p) {
+    case policy::automatic: break;
     case policy::skip: return action::skip;
     case policy::backoff: return action::backoff;
     case policy::rollback: return action::rollback;
@@ -115,6 +119,27 @@ class user_time {
 // is the gradient of the whole batch (one micro-batch: the loss itself).
 at::Tensor share_of(const at::Tensor& loss, size_t n) { return n == 1 ? loss : loss / double(n); }
 
+// A batch's fingerprint: the shapes, dtypes and bytes of its tensors (a
+// CUDA tensor is copied to the CPU for it: only bad steps read it). None
+// for a batch with no tensor.
+std::optional<uint64_t> fingerprint(const std::vector<std::vector<at::Tensor>>& batches) {
+  size_t h = 0;
+  bool any = false;
+  for (const auto& batch : batches)
+    for (const at::Tensor& t : batch) {
+      if (!t.defined()) continue;
+      any = true;
+      const at::Tensor c = t.detach().cpu().contiguous();
+      h = c10::hash_combine(h, static_cast<size_t>(c.scalar_type()));
+      for (int64_t d : c.sizes()) h = c10::hash_combine(h, static_cast<size_t>(d));
+      if (c.layout() == at::kStrided)
+        h = c10::hash_combine(h, std::hash<std::string_view>{}(std::string_view(
+                                     static_cast<const char*>(c.data_ptr()), c.nbytes())));
+    }
+  if (!any) return std::nullopt;
+  return h;
+}
+
 // The host's traced run (its module scopes, a compiled model run eagerly),
 // begun while it lives (a replay that throws ends it too).
 class traced_run {
@@ -134,6 +159,7 @@ class traced_run {
 
 const char* to_string(policy p) {
   switch (p) {
+    case policy::automatic: return "auto";
     case policy::skip: return "skip";
     case policy::backoff: return "backoff";
     case policy::rollback: return "rollback";
@@ -172,7 +198,7 @@ struct guard::impl {
       : host(std::move(h)), options(std::move(opts)),
         scaler(options.scaler()),
         sentinel(host->named_parameters(), options.spikes()),
-        ring(*host, options.snapshot_keep()) {}
+        ring(*host, options.snapshot_keep(), 10 * options.snapshot_every()) {}
 
   std::shared_ptr<training_host> host;
   guard_options options;
@@ -190,6 +216,33 @@ struct guard::impl {
   double user_s = 0;                    // its seconds of plain-loop work (see user_time)
   bool snapshot_pending = false;
   int64_t restored_step = -1;  // the snapshot the last rollback restored
+  // Snapshots: the steps to the next (snapshot_every, or up to 10 times
+  // more when one costs more than its budget; 0: to be measured), the step
+  // of the last, what it cost and how long a step takes. The budget: 0.2%
+  // of the steps' time; a snapshot under 1 ms (a small model's) always fits.
+  int64_t snapshot_interval = 0;
+  int64_t last_snapshot = 0;
+  double snapshot_s = 0;
+  double step_s = 0;
+  static constexpr double snapshot_budget = 0.002, snapshot_always_s = 1e-3;
+  // auto: the batches that went bad (by fingerprint), how often, and the
+  // findings of the first time; one that went bad twice, or with bad data,
+  // is quarantined: skipped when it goes bad again, without a replay.
+  struct bad_batch_record {
+    int64_t first_step = 0;
+    int64_t times = 0;
+    bool quarantined = false;
+    std::vector<finding> findings;
+  };
+  std::unordered_map<uint64_t, bad_batch_record> bad_batches;
+  bool quarantined = false;  // the bad step being decided came with a quarantined batch
+  // Whether each of the last max_bad_window steps was bad (max_bad_fraction).
+  std::deque<bool> recent_bad;
+  static constexpr int64_t max_bad_window = 100, max_bad_min_steps = 20;
+  int64_t spiking = 0;  // steps in a row whose loss spiked by spike_rollback_z
+  // Finite steps since the start or the last rollback: a snapshot waits
+  // until the spike windows hold enough of them to tell a calm step.
+  int64_t steps_observed = 0;
   // Losses and grad norms of the last finite steps (a spike window of
   // them): what a bad step's diagnosis reads as the steps before.
   std::deque<double> losses, grad_norms;
@@ -675,19 +728,48 @@ struct guard::impl {
                 grad_report& report, bool locally_finite, size_t bad_batch, bool step_optimizer, step_event& e) {
     const bool finite = options.distributed() ? agree(e, report, locally_finite) && !inconsistent(e)
                                               : locally_finite;
+    bool runaway = false;
     if (finite) {
-      take(e, step_optimizer);
-      return;
+      e.spikes = sentinel.observe(e.loss, e.grad_norm);
+      ++steps_observed;
+      runaway = running_away(e);
+      if (!runaway) {
+        take(e, step_optimizer);
+        return;
+      }
+      not_taken(e);
+    } else {
+      localize(batches, fn, rng_before, report, locally_finite, bad_batch, e);
     }
-    localize(batches, fn, rng_before, report, locally_finite, bad_batch, e);
-    act(decide(e), batches[bad_batch], rng_before, e);
+    act(decide(e, runaway), batches[bad_batch], rng_before, e);
+  }
+
+  // Whether the snapshots are kept (the policies that roll back).
+  bool rolls_back() const {
+    return options.policy() == policy::rollback || options.policy() == policy::automatic;
+  }
+
+  // auto: whether the finite step `e` is the third in a row whose loss
+  // spiked by spike_rollback_z and to 10 times the median of the steps
+  // before (a converged loss has so small a spread that a rise within noise
+  // scores a high z): the run diverges, and the guard rolls back before the
+  // NaN/Inf comes (its reason says so).
+  bool running_away(step_event& e) {
+    if (options.policy() != policy::automatic || options.spike_rollback_z() <= 0) return false;
+    const bool spiked = std::any_of(e.spikes.begin(), e.spikes.end(), [&](const spike& s) {
+      return s.series == "loss" && s.z >= options.spike_rollback_z() && s.value > 10 * median_loss();
+    });
+    spiking = spiked ? spiking + 1 : 0;
+    if (spiking < 3) return false;
+    e.reason = fmt::format("loss diverging: a spike of z >= {:g} on 3 steps in a row (loss {:.6g})",
+                           options.spike_rollback_z(), e.loss);
+    return true;
   }
 
   // A finite step: unscale + clip in one write, the optimizer steps (unless
   // a framework steps it), a calm step may become the snapshot to roll
   // back to.
   void take(step_event& e, bool step_optimizer) {
-    e.spikes = sentinel.observe(e.loss, e.grad_norm);
     e.clip_coef = clip_coefficient(e.grad_norm, options.max_norm());
     sentinel.apply_factor_(scaler.inv_scale() * e.clip_coef);
     if (options.clip_value() > 0) clip_grad_value_(sentinel.parameters(), options.clip_value());
@@ -697,17 +779,70 @@ struct guard::impl {
     }
     scaler.update(false);
     bad_in_a_row = 0;
+    count_step(false);
     remember(e);
-    if (options.policy() == policy::rollback) {
-      // Only calm steps make a "last good" snapshot: a run that is already
-      // diverging (spiking) but still finite is not worth returning to.
-      snapshot_pending = snapshot_pending || step % options.snapshot_every() == 0;
-      if (snapshot_pending && e.spikes.empty()) {
-        ring.take(step);
-        snapshot_pending = false;
-      }
-    }
+    if (rolls_back()) snapshot_if_due(e);
     write(e);
+  }
+
+  // The median of the losses of the last finite steps.
+  double median_loss() const {
+    if (losses.empty()) return 0;
+    std::vector<double> v(losses.begin(), losses.end());
+    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+    return v[v.size() / 2];
+  }
+
+  // Takes the snapshot when one is due and the step is calm: no spike (auto:
+  // judged against enough steps, after a rollback too). A run that is
+  // already diverging but still finite is not worth returning to.
+  void snapshot_if_due(const step_event& e) {
+    const double seconds = seconds_since(step_started);
+    step_s = step_s == 0 ? seconds : 0.9 * step_s + 0.1 * seconds;
+    if (step - last_snapshot < options.snapshot_every()) return;
+    if (snapshot_interval == 0) snapshot_interval = measured_interval();
+    snapshot_pending = snapshot_pending || step - last_snapshot >= snapshot_interval;
+    const bool judged = options.policy() != policy::automatic || steps_observed > options.spikes().min_samples();
+    const bool calm = e.spikes.empty() && judged;
+    if (snapshot_pending && calm) snapshot();
+  }
+
+  // Copies the state into the ring, timing it.
+  void snapshot() {
+    const step_clock::time_point start = step_clock::now();
+    ring.take(step);
+    snapshot_s = seconds_since(start);
+    last_snapshot = step;
+    snapshot_interval = 0;
+    snapshot_pending = false;
+  }
+
+  // The steps from the last snapshot to the next: snapshot_every, or under
+  // auto as many as keep the last one's cost within budget against the
+  // steps' time, up to 10 x snapshot_every (the recent snapshots stay
+  // recent). Distributed: rank 0's, so that every rank snapshots the same steps.
+  int64_t measured_interval() {
+    const bool budgeted = options.policy() == policy::automatic && snapshot_s >= snapshot_always_s;
+    const double within_budget = budgeted ? std::ceil(snapshot_s / (snapshot_budget * std::max(step_s, 1e-9))) : 0;
+    const double most = 10.0 * double(options.snapshot_every());
+    int64_t interval = std::max<int64_t>(options.snapshot_every(), static_cast<int64_t>(std::min(within_budget, most)));
+    if (options.distributed()) interval = std::stoll(options.distributed()->broadcast(std::to_string(interval), 0));
+    return interval;
+  }
+
+  // max_bad_fraction's window: whether this step was bad.
+  void count_step(bool bad) {
+    recent_bad.push_back(bad);
+    if (int64_t(recent_bad.size()) > max_bad_window) recent_bad.pop_front();
+  }
+
+  // A step the optimizer does not take: its gradients go, and it is counted bad.
+  void not_taken(step_event& e) {
+    host->zero_grad();
+    e.skipped = true;
+    ++skipped;
+    ++bad_in_a_row;
+    count_step(true);
   }
 
   // A bad step: which parameters, and the replay that names the op (where
@@ -717,30 +852,102 @@ struct guard::impl {
                 const grad_report& report, bool locally_finite, size_t& bad_batch, step_event& e) {
     for (size_t i = 0; i < report.nonfinite_counts.size(); ++i)
       if (report.nonfinite_counts[i] > 0) e.nonfinite_params.push_back({sentinel.names()[i], report.nonfinite_counts[i]});
+    // auto: a quarantined batch is not replayed: its first findings stand.
+    const std::optional<uint64_t> batch_id = bad_batch_id(batches);
+    bad_batch_record* before = batch_id ? &bad_batches[*batch_id] : nullptr;
+    quarantined = before && before->quarantined;
     // Under a backward collective every rank replays (the model's
     // collectives run again) and the ranks the NaN/Inf came from trace it.
     const bool replays = collective() != backward_collective::none ? !e.nonfinite_ranks.empty() : !locally_finite;
-    if (options.replay() && !options.trace_every_step() && fn && replays)
+    if (quarantined) {
+      e.findings = before->findings;
+      add_note(e.note, fmt::format("quarantined batch (bad at step {} first, {} times now): not replayed",
+                                   before->first_step, before->times + 1));
+    } else if (options.replay() && !options.trace_every_step() && fn && replays) {
       replay(batches, fn, rng_before, bad_batch, e);
+    }
     if ((options.replay() || options.trace_every_step()) && options.distributed()) share_findings(e);
     if (collective() != backward_collective::none && locally_finite) note_received(report, e);
     if (batches.size() > 1 && !locally_finite)
       add_note(e.note, fmt::format("micro-batch {} of {}", bad_batch, batches.size()));
     const diagnosis_context h = history(e, batches[bad_batch]);
     for (finding& f : e.findings) f.diagnosis = diagnose(f, h);
-    host->zero_grad();
-    e.skipped = true;
-    ++skipped;
-    ++bad_in_a_row;
+    if (before) remember_bad(*before, e);
+    not_taken(e);
   }
 
-  // The policy for this bad step: the options', or abort after max_bad_steps in a row.
-  policy decide(step_event& e) const {
-    if (options.max_bad_steps() > 0 && bad_in_a_row >= options.max_bad_steps()) {
-      add_note(e.note, "max_bad_steps=" + std::to_string(options.max_bad_steps()) + " non-finite steps in a row");
+  // auto in one process: the fingerprint of a bad step's batch (none when
+  // the step has no batch; distributed, each rank's batch is its own, and
+  // the ranks must decide alike).
+  std::optional<uint64_t> bad_batch_id(const micro_batches& batches) const {
+    if (options.policy() != policy::automatic || options.distributed()) return std::nullopt;
+    return fingerprint(batches);
+  }
+
+  // Counts a bad step of the batch `b`; quarantines it the second time, or
+  // the first when the data itself was bad. A divergence, an overflow or a
+  // loss-scale overflow is the model's or the LR's: the batch is not blamed.
+  void remember_bad(bad_batch_record& b, step_event& e) {
+    const std::optional<nanguard::cause> c = first_cause(e);
+    if (c == cause::divergence || c == cause::overflow || c == cause::precision_range || scale_overflow(e, c)) return;
+    if (b.times++ == 0) {
+      b.first_step = e.step;
+      b.findings = e.findings;
+    }
+    if (!b.quarantined && (b.times >= 2 || c == cause::bad_data)) {
+      b.quarantined = true;
+      add_note(e.note, fmt::format("batch quarantined (bad at step {}{})", b.first_step,
+                                   b.times >= 2 ? fmt::format(" and {}", e.step) : std::string()));
+    }
+  }
+
+  // The policy for this bad step: abort when the run keeps going bad
+  // (max_bad_steps, max_bad_fraction), a rollback when it is `runaway`
+  // (running_away), else the options' (auto: by cause).
+  policy decide(step_event& e, bool runaway) const {
+    const std::string too_many = too_many_bad();
+    if (!too_many.empty()) {
+      add_note(e.note, too_many);
       return policy::abort;
     }
-    return options.policy();
+    if (runaway) return policy::rollback;
+    return options.policy() == policy::automatic ? by_cause(e) : options.policy();
+  }
+
+  // Why the run is stopped: max_bad_steps bad steps in a row, or more than
+  // max_bad_fraction of the recent ones ("" : neither).
+  std::string too_many_bad() const {
+    if (options.max_bad_steps() > 0 && bad_in_a_row >= options.max_bad_steps())
+      return fmt::format("max_bad_steps={}: {} bad step{} in a row", options.max_bad_steps(), bad_in_a_row,
+                         bad_in_a_row == 1 ? "" : "s");
+    const auto bad = std::count(recent_bad.begin(), recent_bad.end(), true);
+    const auto n = static_cast<int64_t>(recent_bad.size());
+    if (n >= max_bad_min_steps && double(bad) > options.max_bad_fraction() * double(n))
+      return fmt::format("max_bad_fraction={:g}: {} of the last {} steps were bad", options.max_bad_fraction(), bad, n);
+    return "";
+  }
+
+  // The cause of the first finding of `e` (none without one).
+  static std::optional<nanguard::cause> first_cause(const step_event& e) {
+    return e.findings.empty() ? std::nullopt : std::optional(e.findings.front().diagnosis.cause);
+  }
+
+  // Whether the loss scale made bad step `e` (first cause `c`): a finite
+  // loss whose scaled gradients overflowed, with no cause or a range one.
+  bool scale_overflow(const step_event& e, std::optional<nanguard::cause> c) const {
+    return scaler.enabled() && std::isfinite(e.loss) &&
+           (!c || c == cause::precision_range || c == cause::overflow);
+  }
+
+  // auto: the action for the diagnosed cause (docs/guard.md's decision table).
+  policy by_cause(const step_event& e) const {
+    const std::optional<nanguard::cause> c = first_cause(e);
+    if (quarantined || c == cause::bad_data) return policy::skip;  // the data's fault: the model is fine
+    if (scale_overflow(e, c)) return policy::backoff;
+    if (c == cause::divergence || c == cause::overflow) return policy::rollback;
+    if (c == cause::precision_range) return scaler.enabled() ? policy::backoff : policy::skip;
+    // Skipping does not help when the run itself keeps going bad.
+    return bad_in_a_row >= 3 ? policy::rollback : policy::skip;
   }
 
   // Applies `p` and records the event. The loss scaler backs off on every
@@ -750,6 +957,7 @@ struct guard::impl {
     e.action = action_of(p);
     switch (p) {
       case policy::abort: abort_step(batch, rng_before, e);
+      case policy::automatic:  // decide() has chosen
       case policy::skip: break;
       case policy::backoff:
         if (!scaler.enabled()) add_note(e.note, "loss scaling is disabled: the step was skipped");
@@ -783,6 +991,7 @@ struct guard::impl {
     else apply_schedule();
     ++rollbacks;
     sentinel.reset_spikes();  // the windows hold the divergence
+    spiking = steps_observed = 0;
     snapshot_pending = false;
   }
 
@@ -855,6 +1064,12 @@ guard::guard(std::shared_ptr<training_host> host, guard_options options) {
               "; e.g. 0.5 halves the LR on every rollback");
   TORCH_CHECK(o.max_bad_steps() >= 0, "nanguard::guard_options: max_bad_steps must be >= 0 but is ",
               o.max_bad_steps(), "; 0 never aborts on its own");
+  TORCH_CHECK(o.max_bad_fraction() > 0 && o.max_bad_fraction() <= 1,
+              "nanguard::guard_options: max_bad_fraction must be in (0, 1] but is ", o.max_bad_fraction(),
+              "; 1 never aborts on its own, 0.5 aborts when most recent steps are bad");
+  TORCH_CHECK(o.spike_rollback_z() >= 0 && std::isfinite(o.spike_rollback_z()),
+              "nanguard::guard_options: spike_rollback_z must be finite and >= 0 but is ", o.spike_rollback_z(),
+              "; 0 turns the spike rollback off, 100 is the default");
   TORCH_CHECK(!host->lrs().empty(),
               "nanguard::guard: the optimizer has no param groups; make it with model->parameters()");
   impl_ = std::make_unique<impl>(std::move(host), std::move(options));
@@ -862,7 +1077,7 @@ guard::guard(std::shared_ptr<training_host> host, guard_options options) {
   if (s.options.schedule()) s.schedule.emplace(*s.options.schedule());
   if (!s.options.event_log().empty())
     s.log = std::make_unique<event_log>(s.options.event_log(), s.options.truncate_event_log());
-  if (s.options.policy() == policy::rollback) s.ring.take(0);
+  if (s.rolls_back()) s.snapshot();  // the snapshot of step 0
   if (s.options.distributed()) {
     // A collective: every rank builds its guard, over the same model (ranks
     // that each hold a shard of it have as many parameters, not as many elements).

@@ -15,27 +15,48 @@ namespace {
 
 double l2(const at::Tensor& t) { return t.to(at::kDouble).norm().item<double>(); }
 
-void check_capacity(int64_t capacity) {
+void check_sizes(int64_t capacity, int64_t far_every) {
   TORCH_CHECK(capacity >= 1, "nanguard::snapshot_ring: capacity must be >= 1 but is ", capacity,
               "; keep at least one snapshot");
+  TORCH_CHECK(far_every >= 0, "nanguard::snapshot_ring: far_every must be >= 0 but is ", far_every,
+              "; 0 keeps no older snapshots");
 }
 
 }  // namespace
 
-snapshot_ring::snapshot_ring(training_host& host, int64_t capacity) : host_(host), capacity_(capacity) {
-  check_capacity(capacity);
+snapshot_ring::snapshot_ring(training_host& host, int64_t capacity, int64_t far_every)
+    : host_(host), capacity_(capacity), far_every_(far_every) {
+  check_sizes(capacity, far_every);
 }
 
-snapshot_ring::snapshot_ring(torch::nn::Module& module, torch::optim::Optimizer& optimizer, int64_t capacity)
-    : own_host_(std::make_unique<module_host>(module, optimizer)), host_(*own_host_), capacity_(capacity) {
-  check_capacity(capacity);
+snapshot_ring::snapshot_ring(torch::nn::Module& module, torch::optim::Optimizer& optimizer, int64_t capacity,
+                             int64_t far_every)
+    : own_host_(std::make_unique<module_host>(module, optimizer)), host_(*own_host_), capacity_(capacity),
+      far_every_(far_every) {
+  check_sizes(capacity, far_every);
 }
 
 snapshot_ring::~snapshot_ring() = default;
 
 void snapshot_ring::take(int64_t step) {
-  ring_.emplace_back(step, host_.save());
-  while (int64_t(ring_.size()) > capacity_) ring_.pop_front();
+  TORCH_CHECK(ring_.empty() || step > ring_.back().step, "nanguard::snapshot_ring::take: step ", step,
+              " is not after the newest snapshot's (", ring_.back().step, ")");
+  const auto last_far = std::find_if(ring_.rbegin(), ring_.rend(), [](const snapshot& s) { return s.far; });
+  const bool far = far_every_ > 0 && (last_far == ring_.rend() || step / far_every_ > last_far->step / far_every_);
+  ring_.push_back({step, host_.save(), far});
+  prune();
+}
+
+// Keeps the `capacity` newest snapshots and the `capacity` newest far ones.
+void snapshot_ring::prune() {
+  int64_t newer = 0, newer_far = 0;
+  for (auto it = ring_.end(); it != ring_.begin();) {
+    --it;
+    const bool keep = newer < capacity_ || (it->far && newer_far < capacity_);
+    ++newer;
+    newer_far += it->far;
+    if (!keep) it = ring_.erase(it);
+  }
 }
 
 int64_t snapshot_ring::restore() {
@@ -43,16 +64,22 @@ int64_t snapshot_ring::restore() {
               "take(step) first (the guard takes one every snapshot_every steps)");
   // Learning rates are not part of the snapshot: keep the current ones.
   const std::vector<double> lrs = host_.lrs();
-  host_.restore(*ring_.back().second);
+  host_.restore(*ring_.back().state);
   host_.set_lrs(lrs);
-  return ring_.back().first;
+  return ring_.back().step;
 }
 
 void snapshot_ring::drop_newest() {
   if (!ring_.empty()) ring_.pop_back();
 }
 
-int64_t snapshot_ring::newest_step() const { return ring_.empty() ? -1 : ring_.back().first; }
+int64_t snapshot_ring::newest_step() const { return ring_.empty() ? -1 : ring_.back().step; }
+
+std::vector<int64_t> snapshot_ring::steps() const {
+  std::vector<int64_t> out;
+  for (const snapshot& s : ring_) out.push_back(s.step);
+  return out;
+}
 
 std::vector<param_change> snapshot_ring::diff() const {
   TORCH_CHECK(!ring_.empty(), "nanguard::snapshot_ring::diff: no snapshot was taken yet; call take(step) first");
@@ -60,7 +87,7 @@ std::vector<param_change> snapshot_ring::diff() const {
   std::map<std::string, at::Tensor> now;
   for (auto& [name, p] : host_.named_parameters()) now.emplace(name, p);
   std::vector<param_change> out;
-  for (const auto& [name, then] : ring_.back().second->parameters) {
+  for (const auto& [name, then] : ring_.back().state->parameters) {
     const auto it = now.find(name);
     if (it == now.end()) continue;
     param_change c;

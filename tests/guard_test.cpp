@@ -362,11 +362,11 @@ TEST(guard, a_second_divergence_from_the_restored_snapshot_goes_one_further_back
   const auto good = [&](const std::vector<at::Tensor>& b) { return model->forward(b[0]).pow(2).mean(); };
   const auto bad = [&](const std::vector<at::Tensor>& b) { return good(b) * NAN; };
   const std::vector<at::Tensor> batch{torch::ones({4, 2})};
-  for (int i = 0; i < 3; ++i) g.step(batch, good);  // snapshots of steps 1, 2, 3 kept
+  for (int i = 0; i < 3; ++i) g.step(batch, good);  // snapshots of steps 1, 2, 3 kept, and of step 0
   EXPECT_EQ(3, g.step(batch, bad).rollback_to);
   EXPECT_EQ(2, g.step(batch, bad).rollback_to) << "step 3's snapshot led straight back to a NaN";
   EXPECT_EQ(1, g.step(batch, bad).rollback_to);
-  EXPECT_EQ(1, g.step(batch, bad).rollback_to) << "the oldest snapshot is kept";
+  EXPECT_EQ(0, g.step(batch, bad).rollback_to) << "the older snapshot of step 0 is kept besides the 3 newest";
   g.step(batch, good);  // snapshot of step 8
   EXPECT_EQ(8, g.step(batch, bad).rollback_to);
 }
@@ -433,7 +433,7 @@ TEST(guard, loss_spike_is_logged_as_a_warning) {
 TEST(guard, policies_read_back_from_their_names) {
   for (policy p : nanguard::all_policies) EXPECT_EQ(p, nanguard::policy_from_string(nanguard::to_string(p)));
   EXPECT_EQ(nanguard::test::error_of([] { nanguard::policy_from_string("sometimes"); }),
-            "nanguard::policy_from_string: policy must be one of 'skip', 'backoff', 'rollback', 'abort' but is "
+            "nanguard::policy_from_string: policy must be one of 'auto', 'skip', 'backoff', 'rollback', 'abort' but is "
             "'sometimes'");
 }
 
@@ -550,7 +550,7 @@ TEST(guard, a_step_keeps_every_note_it_gathers) {
   guard g(r.model, opt, guard_options().max_bad_steps(1).bundle_dir("").replay(false));
   EXPECT_THROW(g.step_accumulated({rows(r, 0, 16), rows(r, 16, 32), rows(r, 32, 48), rows(r, 48, 64)}, r.loss_fn()),
                nanguard::nonfinite_error);
-  EXPECT_EQ("micro-batch 2 of 4; max_bad_steps=1 non-finite steps in a row", g.last_event().note)
+  EXPECT_EQ("micro-batch 2 of 4; max_bad_steps=1: 1 bad step in a row", g.last_event().note)
       << "the abort's note replaced the micro-batch's";
 }
 

@@ -106,3 +106,22 @@ TEST(snapshot, restore_without_a_snapshot_says_what_to_do) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(snapshot_ring, keeps_the_newest_and_one_per_far_window_besides) {
+  torch::nn::Sequential m = make();
+  torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1));
+  nanguard::snapshot_ring ring(*m, opt, /*capacity=*/2, /*far_every=*/100);
+  for (int64_t step = 0; step <= 300; step += 10) ring.take(step);
+  EXPECT_EQ((std::vector<int64_t>{200, 290, 300}), ring.steps());
+  ring.drop_newest();
+  ring.drop_newest();
+  EXPECT_EQ(200, ring.newest_step());  // a long divergence goes back further than the recent ones
+  EXPECT_THROW(ring.take(150), c10::Error);  // not after the newest
+  nanguard::snapshot_ring near_only(*m, opt, 2);
+  for (int64_t step = 0; step <= 300; step += 10) near_only.take(step);
+  EXPECT_EQ((std::vector<int64_t>{290, 300}), near_only.steps());
+}
+
+}  // namespace

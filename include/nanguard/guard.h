@@ -70,8 +70,8 @@ using bundle_tag_list = std::vector<std::pair<std::string, std::string>>;
 
 /// Options of a `guard`.
 struct guard_options {
-  /// The remedy for a non-finite step.
-  TORCH_ARG(nanguard::policy, policy) = policy::skip;
+  /// The remedy for a non-finite step; auto picks it by the diagnosed cause.
+  TORCH_ARG(nanguard::policy, policy) = policy::automatic;
   /// Clip the global grad norm to this (0: no clipping).
   TORCH_ARG(double, max_norm) = 0.0;
   /// Clamp gradient elements to ±clip_value after norm clipping (0: off).
@@ -110,18 +110,29 @@ struct guard_options {
   TORCH_ARG(std::string, data_file) = "";
   /// Save the parameters in the bundle too.
   TORCH_ARG(bool, bundle_parameters) = true;
-  /// rollback: snapshot every this many steps (and once at start); a due
-  /// snapshot waits for a step with finite values and no spike.
-  TORCH_ARG(int64_t, snapshot_every) = 100;
-  /// rollback: snapshots kept.
+  /// rollback and auto: snapshot every this many steps (and once at start),
+  /// or under auto less often (down to 10 x snapshot_every) when a snapshot
+  /// costs more than 0.2% of the steps between two (and more than 1 ms); a
+  /// due snapshot waits for a step with finite values and no spike.
+  TORCH_ARG(int64_t, snapshot_every) = 10;
+  /// rollback and auto: the newest snapshots kept, and as many older ones,
+  /// the first of each 10 x snapshot_every steps (snapshot.h).
   TORCH_ARG(int64_t, snapshot_keep) = 2;
-  /// rollback: the LR is multiplied by this on every rollback.
+  /// rollback and auto: the LR is multiplied by this on every rollback.
   TORCH_ARG(double, rollback_lr_factor) = 0.5;
-  /// rollback: false runs the offending batch again after rolling back.
+  /// rollback and auto: false runs the offending batch again after rolling back.
   TORCH_ARG(bool, rollback_skip_batch) = true;
-  /// Non-finite steps in a row after which the guard aborts whatever the
-  /// policy (0: never).
-  TORCH_ARG(int64_t, max_bad_steps) = 0;
+  /// auto: a loss spike of at least this robust z-score (and 10 times the
+  /// median loss before) on 3 steps in a row rolls back before the NaN/Inf
+  /// comes (0: off).
+  TORCH_ARG(double, spike_rollback_z) = 100.0;
+  /// Bad steps in a row after which the guard aborts, with a repro bundle,
+  /// whatever the policy (0: never).
+  TORCH_ARG(int64_t, max_bad_steps) = 20;
+  /// The guard aborts, with a repro bundle, when more than this fraction of
+  /// the last 100 steps (once there are 20) were bad, whatever the policy
+  /// (1: never).
+  TORCH_ARG(double, max_bad_fraction) = 0.5;
   /// An LR schedule the guard applies every step (times the rollback factor).
   TORCH_ARG(std::optional<schedule_options>, schedule) = std::nullopt;
   /// Tell the user what the guard does: one line on stderr for each bad
@@ -241,7 +252,7 @@ class guard {
   loss_scaler& scaler();
   /// The sentinel.
   nanguard::sentinel& sentinel();
-  /// The snapshot ring (empty unless the policy is rollback).
+  /// The snapshot ring (empty unless the policy is rollback or auto).
   snapshot_ring& snapshots();
   /// The options it was made with.
   const guard_options& options() const;

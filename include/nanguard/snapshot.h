@@ -2,8 +2,8 @@
 // for rolling a diverged run back, and a diff that ranks the parameters by
 // how far they moved since the last good snapshot (which layer diverged).
 //
-//   nanguard::snapshot_ring ring(*model, optimizer, /*capacity=*/2);
-//   if (step % 100 == 0) ring.take(step);
+//   nanguard::snapshot_ring ring(*model, optimizer, /*capacity=*/2, /*far_every=*/100);
+//   if (step % 10 == 0) ring.take(step);   // keeps the 2 newest, and 2 older ones 100 steps apart
 //   // ... training diverges ...
 //   for (auto& c : ring.diff()) std::cout << c.name << " " << c.relative << "\n";
 //   int64_t back_to = ring.restore();   // parameters and optimizer state
@@ -38,21 +38,28 @@ struct param_change {
   bool finite = true;        ///< whether the parameter is finite now
 };
 
-/// A ring of the last `capacity` snapshots of a model and its optimizer.
+/// A ring of the last `capacity` snapshots of a model and its optimizer and,
+/// with `far_every` > 0, `capacity` older ones besides: the first snapshot
+/// taken in each window of `far_every` steps is kept until `capacity` newer
+/// such ones replace it, so a divergence that outlasts the recent snapshots
+/// can go further back than them without going back to the start.
 ///
 /// NOTE: copies live in memory (one copy of parameters, buffers and
-/// optimizer state per snapshot).
+/// optimizer state per snapshot: at most 2 x capacity of them).
 class snapshot_ring {
  public:
-  /// Watches what `host` saves (training_host.h). REQUIRES: capacity >= 1;
-  /// the host outlives the ring.
-  explicit snapshot_ring(training_host& host, int64_t capacity = 2);
+  /// Watches what `host` saves (training_host.h). REQUIRES: capacity >= 1,
+  /// far_every >= 0; the host outlives the ring.
+  explicit snapshot_ring(training_host& host, int64_t capacity = 2, int64_t far_every = 0);
   /// Watches `module` (parameters and buffers) and `optimizer` (its state).
-  /// REQUIRES: capacity >= 1; both outlive the ring.
-  snapshot_ring(torch::nn::Module& module, torch::optim::Optimizer& optimizer, int64_t capacity = 2);
+  /// REQUIRES: capacity >= 1, far_every >= 0; both outlive the ring.
+  snapshot_ring(torch::nn::Module& module, torch::optim::Optimizer& optimizer, int64_t capacity = 2,
+                int64_t far_every = 0);
   ~snapshot_ring();
 
-  /// Copies the current state, tagged with `step`; drops the oldest when full.
+  /// Copies the current state, tagged with `step` (larger than the newest's);
+  /// drops the snapshots neither among the `capacity` newest nor among the
+  /// `capacity` newest far ones.
   void take(int64_t step);
   /// Restores the newest snapshot in place (parameters keep their identity;
   /// the learning rates stay as they are); returns its step. Throws
@@ -69,12 +76,22 @@ class snapshot_ring {
   bool empty() const { return ring_.empty(); }
   /// Step of the newest snapshot; -1 when empty.
   int64_t newest_step() const;
+  /// The steps of the snapshots held, oldest first.
+  std::vector<int64_t> steps() const;
 
  private:
+  struct snapshot {
+    int64_t step;
+    std::shared_ptr<const saved_state> state;
+    bool far;  // the first taken in its window of far_every steps
+  };
+  void prune();
+
   std::unique_ptr<training_host> own_host_;  // the module_host of the Module constructor
   training_host& host_;
   int64_t capacity_;
-  std::deque<std::pair<int64_t, std::shared_ptr<const saved_state>>> ring_;  // (step, state)
+  int64_t far_every_;
+  std::deque<snapshot> ring_;  // oldest first
 };
 
 }  // namespace nanguard

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 #: The guard's policies, from the C++ ``nanguard::policy``.
 POLICIES = _nanguard.POLICIES
 #: A policy's name (``POLICIES``, checked against it by the tests).
-Policy = Literal["skip", "backoff", "rollback", "abort"]
+Policy = Literal["auto", "skip", "backoff", "rollback", "abort"]
 #: A step's action: "step" (healthy) or the policy that acted ("data": the firewall dropped the batch).
 Action = Literal["step", "skip", "backoff", "rollback", "abort", "data"]
 #: A replay's verdict ("": no replay).
@@ -353,7 +353,11 @@ class Guard:
         model: the module whose parameters the optimizer steps.
         optimizer: a first-order ``torch.optim`` optimizer over (some of)
             ``model``'s parameters.
-        policy: what a bad step gets: ``"skip"`` (drop it; an enabled loss
+        policy: what a bad step gets: ``"auto"`` (the action for the
+            diagnosed cause: bad data is skipped and its batch quarantined,
+            a divergence or an overflow rolls back, a loss-scale overflow
+            backs off, another cause is skipped; docs/guard.md's decision
+            table), ``"skip"`` (drop it; an enabled loss
             scaler still backs off), ``"backoff"`` (drop it and back off the
             loss scale), ``"rollback"`` (restore the last snapshot of model
             and optimizer and multiply the LR by ``rollback_lr_factor``) or
@@ -370,11 +374,19 @@ class Guard:
             findings come from the step itself.
         event_log: a JSONL file, one C++ step event per step (``nanguard
             report`` and :func:`nanguard.report` turn it into HTML).
-        snapshot_every: rollback: snapshot every this many steps, before the
-            optimizer steps on parameters just checked finite.
-        snapshot_keep: rollback: the snapshots kept.
-        rollback_lr_factor: rollback: the LR is multiplied by this each time.
-        max_bad_steps: > 0 aborts after that many bad steps in a row.
+        snapshot_every: rollback and auto: snapshot every this many steps
+            (auto: less often when a snapshot costs more than 0.2% of the
+            steps between), before the optimizer steps on parameters just
+            checked finite.
+        snapshot_keep: rollback and auto: the newest snapshots kept, and as
+            many older ones, one per 10 x snapshot_every steps.
+        rollback_lr_factor: rollback and auto: the LR is multiplied by this each time.
+        spike_rollback_z: auto: a loss spike of at least this robust
+            z-score (and 10x the median loss before) on 3 steps in a row
+            rolls back before the NaN (0: off).
+        max_bad_steps: aborts after that many bad steps in a row (0: never).
+        max_bad_fraction: aborts when more than this fraction of the last
+            100 steps (once there are 20) were bad (1: never).
         bundle_dir: where an abort writes its bundle (``nanguard inspect``
             and :func:`nanguard.inspect` read it); its batch is the tensors
             passed to :meth:`step` as arguments.
@@ -412,11 +424,12 @@ class Guard:
     """
 
     @keyword_options("nanguard.Guard")
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, policy: Policy = "skip",
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, policy: Policy = "auto",
                  max_norm: float = 0.0, clip_value: float = 0.0,
                  loss_scale: Union[bool, LossScaleOptions] = False, replay: bool = True,
-                 trace_every_step: bool = False, event_log: Optional[PathLike] = None, snapshot_every: int = 100,
-                 snapshot_keep: int = 2, rollback_lr_factor: float = 0.5, max_bad_steps: int = 0,
+                 trace_every_step: bool = False, event_log: Optional[PathLike] = None, snapshot_every: int = 10,
+                 snapshot_keep: int = 2, rollback_lr_factor: float = 0.5, spike_rollback_z: float = 100.0,
+                 max_bad_steps: int = 20, max_bad_fraction: float = 0.5,
                  bundle_dir: Optional[PathLike] = None, spike_window: int = 50, spike_threshold: float = 8.0,
                  bundle_tags: Optional[Mapping[str, object]] = None, log_top_norms: int = 5,
                  schedule: Union[_nanguard.WarmupCosine, ScheduleOptions, None] = None,
@@ -459,6 +472,8 @@ class Guard:
         options.snapshot_keep = _int64("snapshot_keep", snapshot_keep)
         options.rollback_lr_factor = float(rollback_lr_factor)
         options.max_bad_steps = _int64("max_bad_steps", max_bad_steps)
+        options.max_bad_fraction = float(max_bad_fraction)
+        options.spike_rollback_z = float(spike_rollback_z)
         options.spike_window = _int64("spike_window", spike_window)
         options.spike_threshold = float(spike_threshold)
         options.scaler = _loss_scaler(loss_scale)

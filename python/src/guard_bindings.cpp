@@ -151,6 +151,8 @@ void bind_guard_options(py::module_& m) {
   NANGUARD_GUARD_OPTION(o, snapshot_keep);
   NANGUARD_GUARD_OPTION(o, rollback_lr_factor);
   NANGUARD_GUARD_OPTION(o, max_bad_steps);
+  NANGUARD_GUARD_OPTION(o, max_bad_fraction);
+  NANGUARD_GUARD_OPTION(o, spike_rollback_z);
   NANGUARD_GUARD_OPTION(o, verbose);
   NANGUARD_GUARD_OPTION(o, distributed);
   // A tracer on every step costs what nanguard.trace does: not inside kernels.

@@ -167,10 +167,10 @@ def test_loss_scaler_backs_off():
 def test_the_enum_names_come_from_cpp():
     """POLICIES, the actions and the verdicts are the C++ enums' names; an
     unknown policy is refused by C++'s policy_from_string, listing them."""
-    assert nanguard.POLICIES == ("skip", "backoff", "rollback", "abort")
+    assert nanguard.POLICIES == ("auto", "skip", "backoff", "rollback", "abort")
     assert nanguard._nanguard.ACTIONS == ("step", "skip", "backoff", "rollback", "abort", "data")
     assert nanguard._nanguard.VERDICTS == ("", "reproduced", "not reproduced", "replay failed", "compiled only")
-    with pytest.raises(ValueError, match="policy must be one of 'skip', 'backoff', 'rollback', 'abort' but is 'ignore'"):
+    with pytest.raises(ValueError, match="policy must be one of 'auto', 'skip', 'backoff', 'rollback', 'abort' but is 'ignore'"):
         nanguard._nanguard.policy_from_string("ignore")
 
 

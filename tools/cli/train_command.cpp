@@ -60,7 +60,7 @@ struct train_args {
   std::string optimizer = "adamw";
   double clip = 0.0;
   int64_t warmup = 0;
-  std::string policy = "skip";
+  std::string policy = "auto";
   std::string firewall = "off";
   std::string trace = "on-failure";
   uint64_t seed = 0;
@@ -613,8 +613,9 @@ command add_train_command(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--clip", a->clip, "clip the global grad norm to this (0: off)")->capture_default_str();
   sub->add_option("--warmup", a->warmup, "steps of linear LR warmup")->capture_default_str();
-  sub->add_option("--policy", a->policy, "on a non-finite step: skip, backoff (as skip: fp32 training runs without a loss scaler), "
-                  "rollback (restore + halve LR) or abort (bundle, exit 3)")
+  sub->add_option("--policy", a->policy, "on a non-finite step: auto (by the diagnosed cause: skip bad data, roll back a divergence), skip, "
+                  "backoff (as skip: fp32 training runs without a loss scaler), rollback (restore + halve LR) or "
+                  "abort (bundle, exit 3); any policy aborts after 20 bad steps in a row or half the last 100")
       ->check(CLI::IsMember(policy_names()))
       ->capture_default_str();
   sub->add_option("--firewall", a->firewall, "NaN/Inf in a batch: off, drop the rows, or repair (impute the median)")

@@ -65,7 +65,7 @@ class NanGuard(_pl.Callback, CallbackGuard):
         trainer = lightning.pytorch.Trainer(
             callbacks=[NanGuard(policy="rollback", event_log="events.jsonl")])
 
-    ``policy``: "skip", "rollback", "backoff" or "abort" (as
+    ``policy``: "auto" (the default), "skip", "rollback", "backoff" or "abort" (as
     :class:`nanguard.Guard`). ``event_log``: the JSONL event log
     (``nanguard report`` reads it); ``bundle_dir``: where an abort writes the
     repro bundle (``nanguard inspect`` reads it). ``max_norm`` (default 0:
@@ -88,7 +88,7 @@ class NanGuard(_pl.Callback, CallbackGuard):
     GradScaler skipped on its own.
     """
 
-    def __init__(self, *, policy: Policy = "skip", event_log: Optional[PathLike] = None,
+    def __init__(self, *, policy: Policy = "auto", event_log: Optional[PathLike] = None,
                  bundle_dir: Optional[PathLike] = None, max_norm: float = 0.0, log_metrics: bool = True,
                  **guard_options: Any) -> None:
         CallbackGuard.__init__(self, "NanGuard", "Lightning's (Trainer(precision='16-mixed'))", policy, event_log,

@@ -89,7 +89,7 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
         Trainer(model=model, args=args, train_dataset=ds,
                 callbacks=[NanGuardCallback(policy="rollback", event_log="events.jsonl")])
 
-    ``policy``: "skip", "rollback", "backoff" or "abort" (as
+    ``policy``: "auto" (the default), "skip", "rollback", "backoff" or "abort" (as
     :class:`nanguard.Guard`; an abort raises :class:`nanguard.NonFiniteError`
     out of ``trainer.train()``). ``event_log``: the JSONL event log
     (``nanguard report`` reads it); ``bundle_dir``: where an abort writes the
@@ -110,7 +110,7 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
     Trainer's GradScaler skipped on its own.
     """
 
-    def __init__(self, *, policy: Policy = "skip", event_log: Optional[PathLike] = None,
+    def __init__(self, *, policy: Policy = "auto", event_log: Optional[PathLike] = None,
                  bundle_dir: Optional[PathLike] = None, max_norm: float = 0.0, log_metrics: bool = True,
                  **guard_options: Any) -> None:
         CallbackGuard.__init__(self, "NanGuardCallback", "the Trainer's (TrainingArguments(fp16=True))", policy,
