@@ -5,10 +5,11 @@
 // replay (or a tracer on every step, --trace always) names the op that made
 // a NaN/Inf. Writes DIR/events.jsonl, DIR/summary.json, DIR/report.html and
 // DIR/bundles/ (policy abort), into a DIR locked for the run and cleared of a
-// previous run's outputs first (run_dir.h). Exit code 0 when the run
-// finished (finite or recovered), 3 when it stopped on a non-finite value
-// (--policy abort) or ended non-finite (the optimizer took none of its last
-// steps/10, 1 to 10).
+// previous run's outputs first (run_dir.h). Its status is run_status's
+// (run_summary.h), as `nanguard report` shows it. Exit code 0 when the run
+// ended finite (finite, recovered or unrecovered: it ended taking steps at a
+// finite loss), 3 when it stopped on a non-finite value (--policy abort) or
+// ended non-finite (the optimizer took none of its last steps/10, 1 to 10).
 #include "commands.h"
 #include "data_common.h"
 #include "progress.h"
@@ -23,6 +24,7 @@
 #include <nanguard/firewall.h>
 #include <nanguard/guard.h>
 #include <nanguard/report.h>
+#include <nanguard/run_summary.h>
 #include <nanguard/schedule.h>
 #include <nanguard/tracer.h>
 
@@ -418,25 +420,17 @@ class batch_source {
 // What the training loop saw.
 struct train_outcome {
   int64_t steps_run = 0;
-  int64_t last_taken_step = 0;   // the last step the optimizer took (0: none)
-  double last_taken_loss = NAN;  // its loss
-  bool guard_acted = false;
   bool aborted = false;
   std::string bundle_path;              // the abort's bundle
   std::optional<step_event> first_bad;  // the first step the guard acted on or the tracer found something in
   std::vector<int64_t> first_rows;      // the CSV lines of its rows holding a NaN/Inf
 
-  // Counts step `step`, run on `bt`.
-  void record(int64_t step, const step_event& e, const batch& bt) {
+  // Counts the step of event `e`, run on `bt`.
+  void record(const step_event& e, const batch& bt) {
     ++steps_run;
-    guard_acted |= e.skipped;
     if ((e.skipped || !e.findings.empty()) && !first_bad) {
       first_bad = e;
       first_rows = nonfinite_lines(bt);
-    }
-    if (!e.skipped) {
-      last_taken_step = step;
-      last_taken_loss = e.loss;
     }
   }
 };
@@ -465,7 +459,7 @@ train_outcome train(const train_args& a, torch::jit::Module& model, guard& g, ba
     const batch bt = batches.next();
     g.set_bundle_tags(bundle_tags(a, bt));
     const auto [e, aborted] = guarded_step(g, {bt.x.to(device), bt.y.to(device)}, fn);
-    o.record(step, e, bt);
+    o.record(e, bt);
     bar.note(g.narrator().last_warning());
     if (aborted) {
       o.aborted = true;
@@ -477,27 +471,23 @@ train_outcome train(const train_args& a, torch::jit::Module& model, guard& g, ba
   return o;
 }
 
-// Ended non-finite: aborted, or the optimizer could take none of the last
-// few steps (a lone skipped batch of bad data at the end is not that).
-bool ended_finite(const train_args& a, const train_outcome& o) {
-  const int64_t window = std::clamp<int64_t>(a.steps / 10, 1, 10);
-  return !o.aborted && o.steps_run - o.last_taken_step < window && o.last_taken_step > 0;
-}
+// How the run ended, by the rule `nanguard report` shows (run_status): "finite",
+// "recovered" (below its first loss, not on its initial weights),
+// "unrecovered" or "nonfinite", from the step events the guard's narrator saw.
+std::string status_of(const guard& g) { return run_status(g.narrator().summary()); }
 
-// "nonfinite", "recovered" or "finite". Recovered only when the guard acted:
-// a finding on a step that stayed finite (--trace always) is shown, but
-// nothing was recovered from.
-std::string run_status(const train_args& a, const train_outcome& o) {
-  return !ended_finite(a, o) ? "nonfinite" : o.guard_acted ? "recovered" : "finite";
-}
+// Whether a run of `status` ended taking steps at a finite loss (recovered
+// or not): it exits 0 and has a final loss.
+bool ended_finite(const std::string& status) { return status != "nonfinite" && status != "empty"; }
 
 // DIR/summary.json's content.
 json summary_json(const train_args& a, const train_outcome& o, const guard& g, const batch_source& batches,
                   const run_outputs& out) {
+  const std::string status = status_of(g);
   json s;
-  s["status"] = run_status(a, o);
+  s["status"] = status;
   s["steps"] = o.steps_run;
-  s["final_loss"] = ended_finite(a, o) ? json(o.last_taken_loss) : json(nullptr);
+  s["final_loss"] = ended_finite(status) ? json(g.narrator().summary().final_loss) : json(nullptr);
   s["first_nonfinite"] = o.first_bad ? first_json(*o.first_bad, o.first_rows) : json(nullptr);
   s["data"] = {{"rows", batches.data_rows()},
                {"rows_dropped", batches.dropped_lines()},
@@ -544,15 +534,24 @@ void print_first_nonfinite(const train_args& a, const train_outcome& o) {
                fmt::join(o.first_rows, ", "));
 }
 
+// Why a run that ended finite after bad steps is not recovered (run_status).
+std::string why_unrecovered(const run_summary& s) {
+  if (s.ended_on_snapshot == 0) return "it ended on its initial weights (rolled back to step 0)";
+  return fmt::format("the loss ended at {:.6g} (step {}), not below its first, {:.6g} (step {})", s.final_loss,
+                     s.final_step, s.first_loss, s.first_step);
+}
+
 // The console's account of the run.
 void print_summary(const train_args& a, const train_outcome& o, const guard& g, const batch_source& batches,
                    const run_outputs& out) {
-  const std::string status = run_status(a, o);
+  const std::string status = status_of(g);
+  const run_summary& s = g.narrator().summary();
   fmt::print("nanguard train: {}\n", status == "nonfinite" ? "NON-FINITE" : status);
   fmt::print("  steps: {} of {}{}{}; final loss {}\n", o.steps_run, a.steps,
              g.skipped() ? fmt::format(", {} skipped", g.skipped()) : "",
              g.rollbacks() ? fmt::format(", {} rollbacks (LR x{:.4g})", g.rollbacks(), g.lr_factor()) : "",
-             ended_finite(a, o) ? fmt::format("{:.6g}", o.last_taken_loss) : "not finite");
+             ended_finite(status) ? fmt::format("{:.6g}", s.final_loss) : "not finite");
+  if (status == "unrecovered") fmt::print("  not recovered: {}\n", why_unrecovered(s));
   if (o.first_bad) print_first_nonfinite(a, o);
   if (a.firewall != "off")
     fmt::print("  data firewall ({}): {} rows dropped, {} rows repaired\n", a.firewall, batches.dropped_lines(),
@@ -582,7 +581,7 @@ int run_train(const train_args& a) {
   const train_outcome o = train(a, model, g, batches);
   write_outputs(a, summary_json(a, o, g, batches, out), out);
   print_summary(a, o, g, batches, out);
-  return ended_finite(a, o) ? exit_ok : exit_nonfinite;
+  return ended_finite(status_of(g)) ? exit_ok : exit_nonfinite;
 }
 
 // The names --policy takes: the guard's policies.
@@ -632,7 +631,7 @@ command add_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   sub->add_flag("--quiet", a->quiet, "no progress and no warning line per bad step on stderr (the summary stays)");
-  sub->footer(exit_codes("the run finished finite or recovered",
+  sub->footer(exit_codes("the run ended finite (summary.json's status finite, recovered or unrecovered)",
                          "it stopped on a NaN/Inf (--policy abort) or ended non-finite (none of its last steps/10, "
                          "1 to 10, could be taken)") +
               "\n--out is locked while the run lasts: a second run into it exits 2 and names the first.");
