@@ -507,6 +507,10 @@ void tracer::judge_by_outputs(const std::vector<at::Tensor>& outputs) {
   if (!detail::defer_event(*state_, deferred_check(deferred_check::kind::leaf))) detail::judge_all(*state_);
 }
 
+bool tracer::awaits_judgement() const {
+  return detail::holds_deferred(*state_) || detail::any_open_chain(*state_);
+}
+
 const std::vector<finding>& tracer::findings() const {
   settle(*state_);
   return state_->findings;

@@ -184,6 +184,11 @@ void settle_when_full(tracer_state& st) {
   settle(st);
 }
 
+bool holds_deferred(tracer_state& st) {
+  std::lock_guard<std::mutex> lock(st.deferred_mutex);
+  return !st.pending.empty();
+}
+
 void forget_deferred(tracer_state& st) {
   std::lock_guard<std::mutex> lock(st.deferred_mutex);
   drop_pending(st);

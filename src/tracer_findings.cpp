@@ -456,6 +456,14 @@ void judge_all(tracer_state& st) {
   publish(st);
 }
 
+bool any_open_chain(tracer_state& st) {
+  std::lock_guard<std::mutex> lock(st.mutex);
+  return std::any_of(st.records.begin(), st.records.end(), [&](const finding_record& r) {
+    const finding_record& origin = st.records[r.origin];
+    return !origin.judged || !origin.reached;
+  });
+}
+
 std::optional<taint> taint_of(tracer_state& st, const at::Tensor& t) {
   std::lock_guard<std::mutex> lock(st.mutex);
   const taint* known = st.reported.find(t);

@@ -88,6 +88,36 @@ TEST(tracer, a_healthy_forward_only_pass_judged_by_its_outputs_has_no_finding) {
   EXPECT_FALSE(t.found()) << first_of(t);
 }
 
+// A pass that leaves nothing to judge needs no judge_by_outputs (nanguard.trace
+// then skips collecting the outputs); a chain judged but not reached still
+// may be (an output could carry it), one judged and reached is shown for good.
+TEST(tracer, awaits_judgement_while_a_chain_may_still_change) {
+  torch::manual_seed(0);
+  torch::NoGradGuard no_grad;
+  causal_lm model(/*log_in_mlp=*/false);
+  model->eval();
+  torch::nn::Linear lin(4, 8);
+  at::Tensor batch = torch::randn({8, 4});
+  {
+    nanguard::tracer t(traced());
+    lin(batch);
+    EXPECT_FALSE(t.found());  // (on the deferred path: the checks are read)
+    EXPECT_FALSE(t.awaits_judgement()) << "a healthy pass";
+    const at::Tensor logits = model->forward(torch::randint(0, 32, {2, 6}));
+    EXPECT_TRUE(t.awaits_judgement()) << "the causal mask's chain is unjudged";
+    t.judge_by_outputs({logits});
+    EXPECT_FALSE(t.found()) << first_of(t);
+    EXPECT_TRUE(t.awaits_judgement()) << "the mask's chain was absorbed: judged, not reached";
+  }
+  batch[3][2] = INFINITY;
+  nanguard::tracer t(traced());
+  const at::Tensor out = lin(batch);
+  EXPECT_TRUE(t.awaits_judgement()) << "the batch's chain is unjudged";
+  t.judge_by_outputs({out});
+  EXPECT_TRUE(t.found());
+  EXPECT_FALSE(t.awaits_judgement()) << "the batch's chain reached the output: shown for good";
+}
+
 // +inf in the batch is bad data, not a mask: the NaN a layer norm makes of
 // it later belongs to the data's chain, which reaches the outputs.
 TEST(tracer, a_nan_made_from_an_infinity_in_the_data_belongs_to_the_data) {

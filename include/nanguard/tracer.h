@@ -151,6 +151,12 @@ class tracer {
   /// backward pass after it still makes a chain that reaches the loss or a
   /// gradient a finding. `nanguard.trace(model)` calls it after each forward.
   void judge_by_outputs(const std::vector<at::Tensor>& outputs);
+  /// False when judge_by_outputs() would change nothing, so that the caller
+  /// need not collect the outputs: no chain is recorded that is unjudged or
+  /// has not yet reached the loss, a gradient or the outputs, and no check
+  /// waits on the deferred path. A healthy pass on the CPU leaves it false;
+  /// an absorbed chain (a causal mask's -inf) keeps it true.
+  bool awaits_judgement() const;
 
   /// Findings so far, first first.
   const std::vector<finding>& findings() const;

@@ -137,6 +137,10 @@ class Tracer:
         ...
     def active(self) -> bool:
         ...
+    def awaits_judgement(self) -> bool:
+        """
+        False when judge_by_outputs would change nothing (a healthy pass): the outputs need not be collected.
+        """
     def clear(self) -> None:
         ...
     def close(self) -> None:

@@ -286,11 +286,12 @@ class Trace:
     def _hook_outputs(self, model: torch.nn.Module) -> Any:
         """After each forward of ``model``, the tracer judges what was found by
         what reaches its outputs (``tracer::judge_by_outputs``): in a pass with
-        no backward nothing else does. Returns the hook's handle."""
+        no backward nothing else does. A pass that left nothing to judge (a
+        healthy one) skips collecting the outputs. Returns the hook's handle."""
         model = _compile.original_module(model)
 
         def judge(module: torch.nn.Module, args: Any, output: Any) -> None:
-            if module is model and self._tracer is not None:
+            if module is model and self._tracer is not None and self._tracer.awaits_judgement():
                 leaves = torch.utils._pytree.tree_leaves(output)
                 self._tracer.judge_by_outputs([t for t in leaves if isinstance(t, torch.Tensor)])
 
@@ -384,10 +385,11 @@ def trace(model: Optional[torch.nn.Module] = None, max_findings: int = 1, raise_
 
     With ``model`` (an ``nn.Module``) findings name its modules (by forward
     hooks that open nanguard scopes; no per-tensor work in Python) and its
-    parameters, and each forward of ``model`` hands its outputs to the
-    tracer: a pass with no backward (evaluation, ``torch.no_grad()``) is
-    judged by what reaches them, so that a causal mask's intended ``-inf``
-    is no finding there either. A ``torch.jit.ScriptModule`` takes no hooks
+    parameters, and each forward of ``model`` that left something to judge
+    (not a healthy one) hands its outputs to the tracer: a pass with no
+    backward (evaluation, ``torch.no_grad()``) is judged by what reaches
+    them, so that a causal mask's intended ``-inf`` is no finding there
+    either. A ``torch.jit.ScriptModule`` takes no hooks
     of its own: TorchScript names its modules. The tracer observes the
     thread that enters the block.
 

@@ -119,6 +119,8 @@ void bind_tracer(py::module_& m) {
       .def("judge_by_outputs", [](py_tracer& t, const std::vector<at::Tensor>& outputs) {
         t.get().judge_by_outputs(outputs);
       }, py::arg("outputs"), "The traced model returned these tensors: judges every chain by whether it reaches them.")
+      .def("awaits_judgement", [](py_tracer& t) { return t.get().awaits_judgement(); },
+           "False when judge_by_outputs would change nothing (a healthy pass): the outputs need not be collected.")
       .def("found", [](py_tracer& t) { return t.get().found(); })
       .def("findings_json", [](py_tracer& t) {
         std::vector<std::string> out;

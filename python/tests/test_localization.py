@@ -171,6 +171,28 @@ def test_a_healthy_step_reports_nothing(case, backward):
     assert t.findings == [], [str(f) for f in t.findings]
 
 
+def test_outputs_are_collected_only_when_something_awaits_judgement(monkeypatch):
+    """A forward that left nothing to judge (a healthy one) does not hand its
+    outputs to the tracer (#40: py_trace_ratio); one that made an Inf does."""
+    handed = []
+    judge = nanguard._nanguard.Tracer.judge_by_outputs
+
+    def counted(tracer, outputs):
+        handed.append(len(outputs))
+        judge(tracer, outputs)
+
+    monkeypatch.setattr(nanguard._nanguard.Tracer, "judge_by_outputs", counted)
+    x = torch.rand(4, 6) + 0.5
+    with nanguard.trace(Step(lambda v: (v * 2, {"half": v / 2}))) as t:
+        t.model(x)
+        t.model(x)
+    assert handed == [] and t.findings == [], [str(f) for f in t.findings]
+    with nanguard.trace(Step(lambda v: (torch.log(v - v), v))) as t:
+        t.model(x)
+    assert handed == [2], handed
+    assert [(f.op, f.role) for f in t.findings] == [("aten::log", "producer")], [str(f) for f in t.findings]
+
+
 class ScriptedMask(nn.Module):
     """A padding row written by index assignment: TorchScript runs it as a
     copy_ of a constant tensor."""

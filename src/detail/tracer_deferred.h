@@ -47,6 +47,9 @@ void settle(tracer_state& st);
 /// through its checks.
 void settle_when_full(tracer_state& st);
 
+/// True while checks wait on the record, unread.
+bool holds_deferred(tracer_state& st);
+
 /// Drops what the record holds, unread.
 void forget_deferred(tracer_state& st);
 

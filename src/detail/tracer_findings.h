@@ -39,6 +39,11 @@ void reach_from_output(tracer_state& st, const at::Tensor& out);
 /// A leaf received its gradient: every chain recorded so far is judged.
 void judge_all(tracer_state& st);
 
+/// True when a chain recorded so far is unjudged or has not reached the
+/// loss, a gradient or the outputs: judging or reaching it may change the
+/// findings. (A chain both judged and reached is shown for good.)
+bool any_open_chain(tracer_state& st);
+
 /// What the tracer knows of a gradient (or of the tensor it views).
 std::optional<taint> taint_of(tracer_state& st, const at::Tensor& t);
 
