@@ -15,8 +15,8 @@ A step is timed by the first callback of the list, from the framework's
 step-start hook to its step-end hook (Lightning on_train_batch_start ->
 on_train_batch_end; Trainer on_step_begin -> on_step_end): forward,
 backward, the callbacks' work, clipping and optimizer.step(). The guarded
-variant adds NanGuard / NanGuardCallback(policy="rollback", event_log=...)
-(snapshots every 100 steps, as by default). Each round fits S steps with
+variant adds NanGuard / NanGuardCallback(event_log=...) with its defaults
+(policy auto: snapshots every 10 steps, or less often as their cost allows). Each round fits S steps with
 each variant in turn on the same model (the order alternates), after a
 warm-up fit of each.
 
@@ -137,7 +137,7 @@ def bench_lightning(rounds, steps, tmp):
 
     def run(guarded):
         timer = Timer()
-        guard = guard_class(policy="rollback", event_log=event_log(tmp, "l.jsonl"))
+        guard = guard_class(event_log=event_log(tmp, "l.jsonl"))
         cbs = [timer] + ([guard] if guarded else [])
         pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                    enable_progress_bar=False, enable_model_summary=False, callbacks=cbs).fit(model, loader)
@@ -174,7 +174,7 @@ def bench_transformers(rounds, steps, tmp):
 
     def run(guarded):
         timer = Timer()
-        guard = guard_class(policy="rollback", event_log=event_log(tmp, "t.jsonl"))
+        guard = guard_class(event_log=event_log(tmp, "t.jsonl"))
         cbs = [timer] + ([guard] if guarded else [])
         args = transformers.TrainingArguments(output_dir=os.path.join(tmp, "out"), max_steps=steps,
                                               per_device_train_batch_size=16, use_cpu=True, report_to=[],
