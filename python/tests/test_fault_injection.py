@@ -118,6 +118,19 @@ def assert_recovered_from_bad_data(model, w0, guard, messages, clean):
     assert messages[-1] == summary["text"] and messages[-1].startswith(f"nanguard: {summary['steps']} steps")
 
 
+def assert_converged_after_rollbacks(model, w0, guard, messages, data):
+    """Finite, below half the initial loss, not on the initial weights,
+    after at least 4 rollbacks (3.0 halved towards a stable LR), a warning
+    per bad step and the summary."""
+    initial = loss_on(Regressor(), data.x, data.y)
+    final = loss_on(model, data.x, data.y)
+    assert math.isfinite(final) and final < 0.5 * initial, (final, initial)
+    assert not torch.equal(model.lin.weight.detach(), w0)
+    s = guard.summary()
+    assert s["rolled_back"] >= 4, s
+    assert len(messages) == s["not_taken"] + 1 and messages[-1] == s["text"], messages
+
+
 def test_plain_loop_defaults_quarantine_a_bad_sample_recurring_every_epoch():
     clean = Data()
     model, w0, guard, messages = plain_run(clean.with_bad_row(float("nan")))
@@ -138,13 +151,7 @@ def test_plain_loop_defaults_skip_a_batch_whose_log_is_of_zero_and_keep_the_lr()
 def test_plain_loop_defaults_roll_a_divergent_lr_back_until_it_converges():
     data = Data(scale=3.0)  # SGD is stable below an LR of about 0.08
     model, w0, guard, messages = plain_run(data, epochs=40, lr=3.0, optimizer="sgd")
-    initial = loss_on(Regressor(), data.x, data.y)
-    final = loss_on(model, data.x, data.y)
-    assert math.isfinite(final) and final < 0.5 * initial, (final, initial)
-    assert not torch.equal(model.lin.weight.detach(), w0)
-    s = guard.summary()
-    assert s["rolled_back"] >= 4, s
-    assert len(messages) == s["not_taken"] + 1 and messages[-1] == s["text"]
+    assert_converged_after_rollbacks(model, w0, guard, messages, data)
 
 
 def test_plain_loop_defaults_back_the_loss_scale_off_on_a_float16_overflow():
@@ -253,12 +260,7 @@ def test_lightning_defaults_roll_a_divergent_lr_back_until_it_converges():
     data = Data(scale=3.0)
     callback = NanGuard()
     model, w0, messages = lightning_run(data, epochs=40, lr=3.0, optimizer="sgd", callbacks=[callback])
-    initial = loss_on(Regressor(), data.x, data.y)
-    final = loss_on(model, data.x, data.y)
-    assert math.isfinite(final) and final < 0.5 * initial, (final, initial)
-    assert not torch.equal(model.lin.weight.detach(), w0)
-    s = callback.guard.summary()
-    assert s["rolled_back"] >= 4 and len(messages) == s["not_taken"] + 1
+    assert_converged_after_rollbacks(model, w0, callback.guard, messages, data)
 
 
 # -- Hugging Face's Trainer ----------------------------------------------------------------------
@@ -319,9 +321,4 @@ def test_transformers_defaults_roll_a_divergent_lr_back_until_it_converges(tmp_p
     callback = NanGuardCallback()
     model, w0, messages = transformers_run(data, tmp_path, epochs=40, lr=3.0, optimizer="sgd", callbacks=[callback],
                                            max_grad_norm=0.0)
-    initial = loss_on(Regressor(), data.x, data.y)
-    final = loss_on(model, data.x, data.y)
-    assert math.isfinite(final) and final < 0.5 * initial, (final, initial)
-    assert not torch.equal(model.lin.weight.detach(), w0)
-    s = callback.guard.summary()
-    assert s["rolled_back"] >= 4 and len(messages) == s["not_taken"] + 1
+    assert_converged_after_rollbacks(model, w0, callback.guard, messages, data)
