@@ -168,8 +168,13 @@ assert s['data']['rows_dropped'] == 2 and s['data']['rows_repaired'] == 0, s['da
 # an LR that blows up: SGD on large features diverges to Inf
 case_an_lr_that_blows_up() {
   run 3 train --model "$M/linear_reg.pt" --data "$M/big.csv" --target y --task regress --steps 150 --batch 16 \
-    --optimizer sgd --lr 0.05 --out blowup_skip
+    --optimizer sgd --lr 0.05 --policy skip --out blowup_skip
   summary blowup_skip "assert s['status'] == 'nonfinite' and f is not None and s['skipped_steps'] > 0, s"
+  # The default, auto: the divergence is rolled back with the LR cut, and the run recovers.
+  run 0 train --model "$M/linear_reg.pt" --data "$M/big.csv" --target y --task regress --steps 150 --batch 16 \
+    --optimizer sgd --lr 0.05 --out blowup_auto
+  expect "nanguard train: recovered"
+  summary blowup_auto "assert s['status'] == 'recovered' and s['policy'] == 'auto' and s['rollbacks'] >= 1, s"
   run 0 train --model "$M/linear_reg.pt" --data "$M/big.csv" --target y --task regress --steps 150 --batch 16 \
     --optimizer sgd --lr 0.05 --policy rollback --out rollback
   expect "nanguard train: recovered"
