@@ -1,9 +1,11 @@
 #include "nanguard/csv.h"
 
 #include "detail/chunked_parallel.h"
+#include "detail/short_decimal.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
@@ -13,7 +15,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string_view>
 #include <unordered_map>
@@ -107,17 +111,22 @@ bool is_blank(const char* p, const char* line_end) {
 // Parses an unquoted line [p, line_end) into `row` (ncols values); false when
 // it needs the careful path of csv_reader::read_rows (a quote, a ragged row,
 // a cell that is not a number), which parses it again and names the error.
-// Most cells are plain numbers: one from_chars that stops at the delimiter,
-// with no separate scan for the delimiter and no trimming.
+// Most cells are short plain numbers: parse_short_decimal stops at the
+// delimiter, with no separate scan for it and no trimming; other numbers
+// take from_chars, other cells parse_cell.
+// REQUIRES: *line_end is the line's '\n' (parse_short_decimal's end mark).
 bool parse_plain_line(const char* p, const char* line_end, char delim, int64_t ncols, double* row) {
   for (int64_t c = 0; c < ncols; ++c) {
     double v;
-    const auto r = std::from_chars(p, line_end, v);
-    const char* q = r.ptr;
-    if (r.ec != std::errc() || (q != line_end && *q != delim)) {
-      q = p;
-      while (q < line_end && *q != delim) ++q;
-      if (*p == '"' || !parse_cell(p, q, v)) return false;
+    const char* q = detail::parse_short_decimal(p, v);
+    if (q == nullptr || (q != line_end && *q != delim)) {
+      const auto r = std::from_chars(p, line_end, v);
+      q = r.ptr;
+      if (r.ec != std::errc() || (q != line_end && *q != delim)) {
+        q = p;
+        while (q < line_end && *q != delim) ++q;
+        if (*p == '"' || !parse_cell(p, q, v)) return false;
+      }
     }
     row[c] = v;
     if (c + 1 == ncols) return q == line_end;
@@ -129,11 +138,10 @@ bool parse_plain_line(const char* p, const char* line_end, char delim, int64_t n
 
 }  // namespace
 
-// The rows of one piece of a block of complete, unquoted lines, parsed on
-// one thread. A piece stops early at its row limit or at a line that needs
-// the careful path.
+// What one piece of a block of complete, unquoted lines gave, parsed on one
+// thread straight into its place in the reader's output. A piece stops
+// early at its row limit or at a line that needs the careful path.
 struct detail::csv_piece {
-  std::vector<double> values;
   int64_t rows = 0;
   int64_t lines = 0;            // lines consumed, blank ones included
   const char* stop = nullptr;   // first byte not consumed
@@ -141,35 +149,20 @@ struct detail::csv_piece {
 
 namespace {
 
-void parse_piece(const char* p, const char* e, char delim, int64_t ncols, int64_t max_rows, detail::csv_piece& out) {
-  out.values.clear();
+// Parses the lines of [p, e) into `rows`, ncols values a row, up to max_rows.
+void parse_piece(const char* p, const char* e, char delim, int64_t ncols, int64_t max_rows, double* rows,
+                 detail::csv_piece& out) {
   out.rows = out.lines = 0;
   while (p < e && out.rows < max_rows) {
     const char* const line_end = static_cast<const char*>(std::memchr(p, '\n', size_t(e - p)));
     if (!is_blank(p, line_end)) {
-      const size_t mark = out.values.size();
-      out.values.resize(mark + size_t(ncols));
-      if (!parse_plain_line(p, line_end, delim, ncols, out.values.data() + mark)) {
-        out.values.resize(mark);
-        break;
-      }
+      if (!parse_plain_line(p, line_end, delim, ncols, rows + out.rows * ncols)) break;
       ++out.rows;
     }
     ++out.lines;
     p = line_end + 1;
   }
   out.stop = p;
-}
-
-// Past the first `rows` rows from p (blank lines skipped); adds the lines to `lines`.
-const char* skip_rows(const char* p, const char* e, int64_t rows, int64_t& lines) {
-  while (rows > 0) {
-    const char* const line_end = static_cast<const char*>(std::memchr(p, '\n', size_t(e - p)));
-    rows -= !is_blank(p, line_end);
-    ++lines;
-    p = line_end + 1;
-  }
-  return p;
 }
 
 // Reads a quoted field starting at the opening quote *p. On success moves p
@@ -311,8 +304,10 @@ bool csv_reader::fill() {
 csv_reader::~csv_reader() = default;
 
 // Parses the complete, unquoted lines at the start of the buffer on every
-// thread: the block is cut at newlines into pieces, each parsed on its own,
-// then their rows are taken in order up to `max_rows`. A quoted line, a
+// thread: the block is cut at newlines into pieces, each parsed on its own
+// straight into `out`, where its rows start after as many rows as the
+// pieces before it have lines (a blank line leaves a gap, closed after).
+// Pieces that start past `max_rows` are not parsed. A quoted line, a
 // malformed one or the buffer's partial last line ends the block: the
 // careful path of read_rows parses it (and names its error). A short block
 // (a chunk's last lines) is one piece: declining it would send each of its
@@ -330,33 +325,44 @@ int64_t csv_reader::read_block(std::vector<double>& out, int64_t max_rows) {
 
   const int64_t pieces = std::clamp<int64_t>((e - p) / kPieceBytes, 1, 4 * at::get_num_threads());
   std::vector<const char*> cuts(size_t(pieces) + 1, e);
+  std::vector<int64_t> first_row(size_t(pieces) + 1, 0);  // at most one row a line
   cuts[0] = p;
   for (int64_t i = 1; i < pieces; ++i) {
     const char* const mid = std::max(cuts[size_t(i - 1)], p + (e - p) * i / pieces);
     cuts[size_t(i)] = mid == e ? e : static_cast<const char*>(std::memchr(mid, '\n', size_t(e - mid))) + 1;
   }
+  for (int64_t i = 0; i < pieces; ++i)
+    first_row[size_t(i + 1)] = first_row[size_t(i)] + std::count(cuts[size_t(i)], cuts[size_t(i + 1)], '\n');
   if (pieces_.size() < size_t(pieces)) pieces_.resize(size_t(pieces));
   const int64_t ncols = int64_t(columns_.size());
+  const size_t mark = out.size();
+  out.resize(mark + size_t(std::min(first_row[size_t(pieces)], max_rows) * ncols));
+  double* const rows_out = out.data() + mark;
   detail::for_each_chunk(pieces, [&](int64_t i) {
-    parse_piece(cuts[size_t(i)], cuts[size_t(i + 1)], options_.delimiter(), ncols, max_rows, pieces_[size_t(i)]);
+    const int64_t first = first_row[size_t(i)];
+    if (first < max_rows) {
+      parse_piece(cuts[size_t(i)], cuts[size_t(i + 1)], options_.delimiter(), ncols, max_rows - first,
+                  rows_out + first * ncols, pieces_[size_t(i)]);
+    }
   });
 
+  // A piece's rows are all taken: it stopped at the rows left after the
+  // lines before it, no fewer than the rows left after the rows before it.
   int64_t rows = 0;
   int64_t lines = 0;
   const char* stop = p;
-  for (int64_t i = 0; i < pieces; ++i) {
+  for (int64_t i = 0; i < pieces && first_row[size_t(i)] < max_rows; ++i) {
     const detail::csv_piece& piece = pieces_[size_t(i)];
-    const int64_t take = std::min(piece.rows, max_rows - rows);
-    out.insert(out.end(), piece.values.begin(), piece.values.begin() + take * ncols);
-    rows += take;
-    if (take < piece.rows) {
-      stop = skip_rows(cuts[size_t(i)], cuts[size_t(i + 1)], take, lines);
-      break;
+    if (rows < first_row[size_t(i)] && piece.rows > 0) {
+      std::memmove(rows_out + rows * ncols, rows_out + first_row[size_t(i)] * ncols,
+                   size_t(piece.rows * ncols) * sizeof(double));
     }
+    rows += piece.rows;
     lines += piece.lines;
     stop = piece.stop;
-    if (stop != cuts[size_t(i + 1)]) break;  // a line for the careful path
+    if (stop != cuts[size_t(i + 1)]) break;  // its row limit, or a line for the careful path
   }
+  out.resize(mark + size_t(rows * ncols));
   line_ += lines;
   bytes_consumed_ += stop - p;
   begin_ = stop - base;
@@ -481,16 +487,48 @@ at::Tensor csv_reader::next_batch(int64_t max_rows) {
   return t;
 }
 
+namespace {
+
+// The rows as a [rows, ncols] float64 tensor that takes over `values`'
+// memory: no copy of the table, no second table's worth of fresh pages.
+// The storage stays resizable: a resize_ that grows it allocates anew from
+// the CPU allocator and frees the vector.
+at::Tensor adopt_rows(std::vector<double>&& values, int64_t rows, int64_t ncols) {
+  if (values.empty()) return at::empty({rows, ncols}, at::kDouble);
+  auto owner = std::make_unique<std::vector<double>>(std::move(values));
+  at::Tensor t = at::for_blob(owner->data(), {rows, ncols})
+                     .context(owner.get(), [](void* o) { delete static_cast<std::vector<double>*>(o); })
+                     .resizeable_storage()
+                     .allocator(c10::GetCPUAllocator())
+                     .options(at::kDouble)
+                     .make_tensor();
+  owner.release();  // the tensor's storage deletes it
+  return t;
+}
+
+}  // namespace
+
 csv_table read_csv(const std::string& path, csv_options options) {
   csv_reader in(path, options);
+  const int64_t ncols = int64_t(in.columns().size());
   std::vector<double> values;
-  int64_t rows = 0;
-  while (int64_t n = in.read_rows(values, int64_t(1) << 16)) rows += n;
+  // The first rows line by line (fewer than read_block takes: exactly these
+  // are parsed), to size the table from their bytes per row: a vector grown
+  // by doubling copies its rows and touches fresh pages each time.
+  int64_t rows = in.read_rows(values, kBlockMinRows - 1);
+  std::error_code no_size;  // a pipe: the vector grows
+  const auto file_bytes = int64_t(std::filesystem::file_size(path, no_size));
+  if (rows > 0 && !no_size) {
+    const double bytes_per_row = double(in.bytes_read()) / double(rows);
+    const double rest = std::max(0.0, double(file_bytes - in.bytes_read()) / bytes_per_row);
+    values.reserve(values.size() + size_t(1.0625 * rest + 1) * size_t(ncols));
+  }
+  // The rest in one call: read_block then hands out every row its pieces
+  // parse (a row limit would leave some to parse again in the next call).
+  rows += in.read_rows(values, std::numeric_limits<int64_t>::max());
   csv_table t;
   t.columns = in.columns();
-  t.data = at::empty({rows, int64_t(t.columns.size())}, at::kDouble);
-  if (!values.empty())
-    std::memcpy(t.data.data_ptr<double>(), values.data(), values.size() * sizeof(double));
+  t.data = adopt_rows(std::move(values), rows, ncols);
   return t;
 }
 

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -62,6 +64,53 @@ TEST(csv, reads_missing_value_tokens_as_nan_and_inf) {
   EXPECT_EQ(at2(t.data, 3, 1), kInf);
   EXPECT_EQ(at2(t.data, 3, 2), kInf);   // overflow reads as inf, like strtod
   EXPECT_EQ(at2(t.data, 3, 3), -kInf);
+}
+
+// Every number reads as strtod reads it, bit for bit (-0.0, subnormals, the
+// limits of the short-number fast path and past them), in parallel pieces
+// and line by line alike.
+TEST(csv, numbers_read_bit_for_bit_as_strtod_reads_them) {
+  const std::vector<std::string> cells = {
+      "-0", "0", "-0.0", "+1.5", "0.1257302", "-1.265421e-05", "1e-400", "1e400", "-1e400",
+      "4.9406564584124654e-324", "2.2250738585072009e-308", "1.7976931348623157e308",
+      "9007199254740992", "9007199254740993", "123456789012345678901234567890", "1e22", "1e23",
+      "1e-22", "1e-23", "-.5", "7.", "1E0005", "Infinity", "-inf", "+inf"};
+  const size_t n = cells.size();
+  std::string text;
+  for (size_t j = 0; j < n; ++j) text += (j ? ",c" : "c") + std::to_string(j);
+  text += "\n";
+  constexpr int64_t kRows = 1000;  // enough for read_block's pieces
+  for (int64_t i = 0; i < kRows; ++i) {
+    for (size_t j = 0; j < n; ++j) text += (j ? "," : "") + cells[(size_t(i) + j) % n];
+    text += "\n";
+  }
+  const std::string p = fixture("strtod.csv", text);
+  const auto same_bits = [](double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; };
+  const at::Tensor all = nanguard::read_csv(p).data.contiguous();
+  nanguard::csv_reader one_by_one(p);
+  ASSERT_EQ(all.size(0), kRows);
+  for (int64_t i = 0; i < kRows; ++i) {
+    const at::Tensor row = one_by_one.next_batch(1);
+    for (size_t j = 0; j < n; ++j) {
+      const std::string& cell = cells[(size_t(i) + j) % n];
+      const double expected = std::strtod(cell.c_str(), nullptr);
+      ASSERT_TRUE(same_bits(all.data_ptr<double>()[i * int64_t(n) + int64_t(j)], expected)) << cell;
+      ASSERT_TRUE(same_bits(row.data_ptr<double>()[j], expected)) << cell;
+    }
+  }
+}
+
+// read_csv's table takes over the memory its rows were parsed into; the
+// tensor is an ordinary one all the same: it can grow.
+TEST(csv, read_csv_table_is_an_ordinary_tensor) {
+  std::string text = "a,b\n";
+  for (int i = 0; i < 600; ++i) text += std::to_string(i) + ",0.5\n";
+  at::Tensor t = nanguard::read_csv(fixture("adopted.csv", text)).data;
+  ASSERT_EQ(t.sizes(), (at::IntArrayRef{600, 2}));
+  EXPECT_EQ(at2(t, 599, 0), 599.0);
+  t.resize_({1200, 2});
+  EXPECT_EQ(at2(t, 599, 0), 599.0);
+  EXPECT_EQ(at2(t, 599, 1), 0.5);
 }
 
 TEST(csv, understands_quoted_fields_crlf_and_no_final_newline) {
