@@ -127,7 +127,8 @@ bool is_blank(const char* p, const char* line_end) {
 // Most cells are short plain numbers: parse_short_decimal stops at the
 // delimiter, with no separate scan for it and no trimming; other numbers
 // take from_chars, other cells parse_cell.
-// REQUIRES: *line_end is the line's '\n' (parse_short_decimal's end mark).
+// REQUIRES: *line_end is the line's '\n' (parse_short_decimal's end mark),
+// and buf_'s padding follows it.
 bool parse_plain_line(const char* p, const char* line_end, char delim, int64_t ncols, double* row) {
   for (int64_t c = 0; c < ncols; ++c) {
     double v;
@@ -296,8 +297,10 @@ bool csv_reader::fill() {
   if (begin_ > 0 && tail > 0) std::memmove(buf_.data(), buf_.data() + begin_, size_t(tail));
   begin_ = 0;
   end_ = tail;
-  if (end_ + 1 >= int64_t(buf_.size())) buf_.resize(buf_.size() * 2);
-  const size_t want = buf_.size() - size_t(end_) - 1;  // room for a final '\n'
+  // Room for a final '\n', and past it the bytes parse_short_decimal may read.
+  constexpr int64_t kSpare = 1 + detail::kShortDecimalPadding;
+  if (end_ + kSpare >= int64_t(buf_.size())) buf_.resize(buf_.size() * 2);
+  const size_t want = buf_.size() - size_t(end_ + kSpare);
   const size_t got = std::fread(buf_.data() + end_, 1, want, file_.get());
   if (got == 0) {
     TORCH_CHECK(!std::ferror(file_.get()), "nanguard::read_csv: error reading '", name_, "': ",
