@@ -5,13 +5,19 @@ with %.7g (about 20 MB). Each round reads it once with every reader, in a
 rotated order; the ratios pair the reads of the same round. Prints
 `key: value` lines:
 
-    nanguard_mb_per_s, pandas_mb_per_s, pyarrow_mb_per_s   best round
+    nanguard_mb_per_s, nanguard_one_thread_mb_per_s, pandas_mb_per_s,
+    pyarrow_mb_per_s     best round
     csv_vs_pandas        median of pandas' time / nanguard's (95% interval)
+    csv_one_thread_vs_pandas  the same with nanguard on one thread: speed per core
     csv_vs_pyarrow       the same against pyarrow (when it is installed)
 
 pandas reads with its C engine, one thread, as a user calls it; pyarrow with
 its default threads. nanguard and pyarrow use two threads (torch's and
-pyarrow's setting). NANGUARD_BENCH_ROUNDS sets the rounds (default 15).
+pyarrow's setting); nanguard_one_thread one. On a busy machine the
+two-thread reader gets more of the cores than one-thread pandas, which
+flatters csv_vs_pandas; csv_one_thread_vs_pandas, one thread against one,
+less so.
+NANGUARD_BENCH_ROUNDS sets the rounds (default 15).
 """
 import os
 import sys
@@ -47,7 +53,16 @@ def readers(path):
     """{name: read} of the readers installed."""
     import pandas
 
+    def one_thread():
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return nanguard.data.read_csv(path)[1].shape[0]
+        finally:
+            torch.set_num_threads(threads)
+
     out = {"nanguard": lambda: nanguard.data.read_csv(path)[1].shape[0],
+           "nanguard_one_thread": one_thread,
            "pandas": lambda: len(pandas.read_csv(path, engine="c"))}
     try:
         import pyarrow
@@ -73,6 +88,8 @@ def main():
         if other in seconds:
             median, low, high = paired_ratio(seconds[other], seconds["nanguard"])
             print(f"csv_vs_{other}: {median:.2f} ({low:.2f}-{high:.2f})")
+    median, low, high = paired_ratio(seconds["pandas"], seconds["nanguard_one_thread"])
+    print(f"csv_one_thread_vs_pandas: {median:.2f} ({low:.2f}-{high:.2f})")
 
 
 if __name__ == "__main__":
