@@ -1,6 +1,7 @@
 #include "nanguard/csv.h"
 
 #include "detail/chunked_parallel.h"
+#include "detail/default_init_allocator.h"
 #include "detail/short_decimal.h"
 
 #include <ATen/ATen.h>
@@ -226,14 +227,15 @@ csv_reader::csv_reader(std::string path, csv_options options)
   file_.reset(std::fopen(path_.c_str(), "rb"));
   TORCH_CHECK(file_ != nullptr, "nanguard::read_csv: cannot open '", name_, "': ",
               std::strerror(errno), "; check the path");
-  buf_.resize(size_t(options_.chunk_bytes()));
+  buf_size_ = options_.chunk_bytes();
+  buf_.reset(new char[size_t(buf_size_)]);  // not zeroed: fill writes what is read
   // The header: the first non-blank record, fields kept as strings.
   while (true) {
     if (begin_ == end_ && !fill()) {
       TORCH_CHECK(false, "nanguard::read_csv: '", name_, "' is empty; expected a header row with "
                   "the column names, then one row per sample");
     }
-    const char* const base = buf_.data();
+    const char* const base = buf_.get();
     const char* p = base + begin_;
     const char* const e = base + end_;
     // Skip a UTF-8 byte order mark.
@@ -294,27 +296,33 @@ bool csv_reader::fill() {
   if (eof_) return false;
   // Keep the unparsed tail; grow when one record fills the whole buffer.
   const int64_t tail = end_ - begin_;
-  if (begin_ > 0 && tail > 0) std::memmove(buf_.data(), buf_.data() + begin_, size_t(tail));
+  if (begin_ > 0 && tail > 0) std::memmove(buf_.get(), buf_.get() + begin_, size_t(tail));
   begin_ = 0;
   end_ = tail;
   // Room for a final '\n', and past it the bytes parse_short_decimal may read.
   constexpr int64_t kSpare = 1 + detail::kShortDecimalPadding;
-  if (end_ + kSpare >= int64_t(buf_.size())) buf_.resize(buf_.size() * 2);
-  const size_t want = buf_.size() - size_t(end_ + kSpare);
-  const size_t got = std::fread(buf_.data() + end_, 1, want, file_.get());
+  if (end_ + kSpare >= buf_size_) {
+    std::unique_ptr<char[]> larger(new char[size_t(2 * buf_size_)]);
+    std::memcpy(larger.get(), buf_.get(), size_t(end_));
+    buf_ = std::move(larger);
+    buf_size_ *= 2;
+  }
+  const size_t got = std::fread(buf_.get() + end_, 1, size_t(buf_size_ - end_ - kSpare), file_.get());
+  bool more = got > 0;
   if (got == 0) {
     TORCH_CHECK(!std::ferror(file_.get()), "nanguard::read_csv: error reading '", name_, "': ",
                 std::strerror(errno));
     eof_ = true;
-    if (end_ > 0 && buf_[size_t(end_ - 1)] != '\n') {
+    more = end_ > 0 && buf_[size_t(end_ - 1)] != '\n';
+    if (more) {
       buf_[size_t(end_++)] = '\n';  // the last line needs no newline in the file
       bytes_consumed_ -= 1;         // ... and the added one is not a byte of it
-      return true;
     }
-    return false;
   }
   end_ += int64_t(got);
-  return true;
+  // Zeros, not bytes never written: parse_short_decimal reads (and ignores) them.
+  std::memset(buf_.get() + end_, 0, size_t(detail::kShortDecimalPadding));
+  return more;
 }
 
 csv_reader::~csv_reader() = default;
@@ -330,8 +338,9 @@ csv_reader::~csv_reader() = default;
 // lines to the careful path, and each of those back here to scan the rest
 // of the buffer again. Returns the rows taken; 0 when the first line needs
 // the careful path.
-int64_t csv_reader::read_block(std::vector<double>& out, int64_t max_rows) {
-  const char* const base = buf_.data();
+template <typename Rows>
+int64_t csv_reader::read_block(Rows& out, int64_t max_rows) {
+  const char* const base = buf_.get();
   const char* const p = base + begin_;
   const char* const quote = static_cast<const char*>(std::memchr(p, '"', size_t(end_ - begin_)));
   const char* const limit = quote ? quote : base + end_;
@@ -393,7 +402,10 @@ void csv_reader::fail_cell(const char* begin, const char* end, int64_t column) c
               "columns take numbers and, for a missing value, an empty cell, NA, NaN, null or inf");
 }
 
-int64_t csv_reader::read_rows(std::vector<double>& out, int64_t max_rows) {
+int64_t csv_reader::read_rows(std::vector<double>& out, int64_t max_rows) { return read_rows_into(out, max_rows); }
+
+template <typename Rows>
+int64_t csv_reader::read_rows_into(Rows& out, int64_t max_rows) {
   TORCH_CHECK(max_rows >= 0, "nanguard::csv_reader::read_rows: max_rows must be >= 0 but is ",
               max_rows);
   const int64_t ncols = int64_t(columns_.size());
@@ -406,7 +418,7 @@ int64_t csv_reader::read_rows(std::vector<double>& out, int64_t max_rows) {
       rows += taken;
       if (taken > 0) continue;
     }
-    const char* const base = buf_.data();
+    const char* const base = buf_.get();
     const char* p = base + begin_;
     const char* const e = base + end_;
     const char* line_end = static_cast<const char*>(std::memchr(p, '\n', size_t(e - p)));
@@ -509,11 +521,11 @@ namespace {
 // memory: no copy of the table, no second table's worth of fresh pages.
 // The storage stays resizable: a resize_ that grows it allocates anew from
 // the CPU allocator and frees the vector.
-at::Tensor adopt_rows(std::vector<double>&& values, int64_t rows, int64_t ncols) {
+at::Tensor adopt_rows(detail::uninitialized_doubles&& values, int64_t rows, int64_t ncols) {
   if (values.empty()) return at::empty({rows, ncols}, at::kDouble);
-  auto owner = std::make_unique<std::vector<double>>(std::move(values));
+  auto owner = std::make_unique<detail::uninitialized_doubles>(std::move(values));
   at::Tensor t = at::for_blob(owner->data(), {rows, ncols})
-                     .context(owner.get(), [](void* o) { delete static_cast<std::vector<double>*>(o); })
+                     .context(owner.get(), [](void* o) { delete static_cast<detail::uninitialized_doubles*>(o); })
                      .resizeable_storage()
                      .allocator(c10::GetCPUAllocator())
                      .options(at::kDouble)
@@ -527,11 +539,11 @@ at::Tensor adopt_rows(std::vector<double>&& values, int64_t rows, int64_t ncols)
 csv_table read_csv(const std::string& path, csv_options options) {
   csv_reader in(path, options);
   const int64_t ncols = int64_t(in.columns().size());
-  std::vector<double> values;
+  detail::uninitialized_doubles values;  // every value is written: no zeroing first
   // The first rows line by line (fewer than read_block takes: exactly these
   // are parsed), to size the table from their bytes per row: a vector grown
   // by doubling copies its rows and touches fresh pages each time.
-  int64_t rows = in.read_rows(values, kBlockMinRows - 1);
+  int64_t rows = in.read_rows_into(values, kBlockMinRows - 1);
   std::error_code no_size;  // a pipe: the vector grows
   const auto file_bytes = int64_t(std::filesystem::file_size(path, no_size));
   if (rows > 0 && !no_size) {
@@ -541,7 +553,7 @@ csv_table read_csv(const std::string& path, csv_options options) {
   }
   // The rest in one call: read_block then hands out every row its pieces
   // parse (a row limit would leave some to parse again in the next call).
-  rows += in.read_rows(values, std::numeric_limits<int64_t>::max());
+  rows += in.read_rows_into(values, std::numeric_limits<int64_t>::max());
   csv_table t;
   t.columns = in.columns();
   t.data = adopt_rows(std::move(values), rows, ncols);

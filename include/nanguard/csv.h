@@ -31,6 +31,8 @@ namespace detail {
 struct csv_piece;
 }  // namespace detail
 
+struct csv_table;
+
 /// Options of `csv_reader` and `read_csv`.
 struct csv_options {
   /// The field separator.
@@ -85,7 +87,13 @@ class csv_reader {
 
  private:
   bool fill();  // reads more of the file; false at EOF with nothing new
-  int64_t read_block(std::vector<double>& out, int64_t max_rows);
+  // read_rows and read_block into a std::vector<double> or read_csv's
+  // detail::uninitialized_doubles (csv.cpp).
+  template <typename Rows>
+  int64_t read_rows_into(Rows& out, int64_t max_rows);
+  template <typename Rows>
+  int64_t read_block(Rows& out, int64_t max_rows);
+  friend csv_table read_csv(const std::string& path, csv_options options);
   [[noreturn]] void fail_cell(const char* begin, const char* end, int64_t column) const;
 
   std::string path_;
@@ -93,7 +101,8 @@ class csv_reader {
   csv_options options_;
   // Closed however the reader ends, also when its constructor throws.
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> file_{nullptr, std::fclose};
-  std::vector<char> buf_;
+  std::unique_ptr<char[]> buf_;
+  int64_t buf_size_ = 0;
   int64_t begin_ = 0;  // first unparsed byte in buf_
   int64_t end_ = 0;    // one past the last valid byte in buf_
   bool eof_ = false;
