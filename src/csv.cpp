@@ -551,8 +551,8 @@ csv_table read_csv(const std::string& path, csv_options options) {
     const double rest = std::max(0.0, double(file_bytes - in.bytes_read()) / bytes_per_row);
     values.reserve(values.size() + size_t(1.0625 * rest + 1) * size_t(ncols));
   }
-  // The rest in one call: read_block then hands out every row its pieces
-  // parse (a row limit would leave some to parse again in the next call).
+  // The rest in one call: each call of read_block first scans the rest of
+  // the buffer for a quote.
   rows += in.read_rows_into(values, std::numeric_limits<int64_t>::max());
   csv_table t;
   t.columns = in.columns();
