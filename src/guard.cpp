@@ -55,8 +55,9 @@ action action_of(policy p) {
 // What the guard did about a bad step: skipped or rolled back, and how the
 // LR and the loss scale changed.
 std::string applied_remedy(const step_event& e, double lr_after, double scale_after) {
-  std::string r = e.action == action::rollback ? fmt::format("rolled back to the snapshot of step {}", e.rollback_to)
-                                         : "skipped the step";
+  std::string r = e.action != action::rollback ? "skipped the step"
+                  : e.rollback_to == 0          ? "rolled back to the snapshot of step 0 (the initial weights)"
+                                                : fmt::format("rolled back to the snapshot of step {}", e.rollback_to);
   if (lr_after != e.lr) r += fmt::format("; lr {:.6g} -> {:.6g}", e.lr, lr_after);
   if (scale_after != e.scale) r += fmt::format("; loss scale {:.6g} -> {:.6g}", e.scale, scale_after);
   return r;
