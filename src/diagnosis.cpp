@@ -66,32 +66,18 @@ std::string clip_and_lower_lr(front_end e) {
   return fmt::format("clip the gradients and lower the LR or warm up longer ({})", how);
 }
 
-// The rollback policy, as the front end chooses it.
-std::string rollback_policy(front_end e) {
-  switch (e) {
-    case front_end::unknown: return "C++ `guard_options().policy(policy::rollback)`, Python `policy=\"rollback\"`";
-    case front_end::cpp: return "`guard_options().policy(policy::rollback)`";
-    case front_end::python: return "`nanguard.Guard(model, opt, policy=\"rollback\")`";
-    case front_end::lightning: return "`NanGuard(policy=\"rollback\")`";
-    case front_end::transformers: return "`NanGuardCallback(policy=\"rollback\")`";
-    case front_end::cli: return "`--policy rollback`";
-  }
-  return "";
-}
-
 // Keeping float16's overflow out, as the front end can.
 std::string loss_scaling(front_end e) {
   switch (e) {
     case front_end::unknown:
-      return "dynamic loss scaling (C++ `guard_options().scaler(loss_scaler_options().enabled(true))"
-             ".policy(policy::backoff)`, Python `nanguard.Guard(model, opt, loss_scale=True, policy=\"backoff\")`), "
-             "bfloat16 instead of float16";
+      return "dynamic loss scaling (C++ `guard_options().scaler(loss_scaler_options().enabled(true))`, Python "
+             "`nanguard.Guard(model, opt, loss_scale=True)`), bfloat16 instead of float16";
     case front_end::cpp:
-      return "dynamic loss scaling (`guard_options().scaler(loss_scaler_options().enabled(true))"
-             ".policy(policy::backoff)`), bfloat16 instead of float16 (`torch::kBFloat16`)";
+      return "dynamic loss scaling (`guard_options().scaler(loss_scaler_options().enabled(true))`), bfloat16 "
+             "instead of float16 (`torch::kBFloat16`)";
     case front_end::python:
-      return "dynamic loss scaling (`nanguard.Guard(model, opt, loss_scale=True, policy=\"backoff\")`), bfloat16 "
-             "instead of float16 (`torch.autocast(\"cuda\", dtype=torch.bfloat16)`)";
+      return "dynamic loss scaling (`nanguard.Guard(model, opt, loss_scale=True)`), bfloat16 instead of float16 "
+             "(`torch.autocast(\"cuda\", dtype=torch.bfloat16)`)";
     case front_end::lightning:
       return "bfloat16, which has float32's range (`Trainer(precision=\"bf16-mixed\")`), or float16 with "
              "Lightning's loss scaling (`Trainer(precision=\"16-mixed\")`, not \"16-true\")";
@@ -186,8 +172,9 @@ std::string remedy_for(cause c, const finding& f, const diagnosis_context& ctx) 
                          code(e, module + "->to(torch::kFloat)", module + ".float()"));
     }
     case cause::divergence:
-      return clip_and_lower_lr(e) + "; the rollback policy restores the last good snapshot and multiplies the LR "
-             "by rollback_lr_factor (" + rollback_policy(e) + ")";
+      // (The guard's default policy, auto, already rolls a divergence back and cuts the LR: the fix is the user's.)
+      return clip_and_lower_lr(e) + "; until then the guard's default policy (auto) rolls a divergence back to "
+             "the last calm snapshot and halves the LR";
     case cause::bad_data: return data_firewall(e, f.culprit, ctx.data_file);
     case cause::masked_infinity_reduced:
       return "mask with a large finite negative value instead of -inf (" +

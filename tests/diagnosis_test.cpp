@@ -313,7 +313,7 @@ TEST(diagnosis, an_overflow_after_a_grad_norm_spike_is_divergence) {
   EXPECT_TRUE(has(d.evidence, "the grad norm rose to 2e+04 in the steps before (median 1")) << d.evidence;
   EXPECT_TRUE(has(d.evidence, "at lr 0.5; then aten::addmm made 8 +Inf")) << d.evidence;
   EXPECT_TRUE(has(d.remedy, "guard_options().max_norm(1.0)")) << d.remedy;
-  EXPECT_TRUE(has(d.remedy, "policy::rollback")) << d.remedy;
+  EXPECT_TRUE(has(d.remedy, "default policy (auto) rolls a divergence back")) << d.remedy;
 }
 
 TEST(diagnosis, steady_growth_over_a_few_steps_is_divergence) {
@@ -402,7 +402,8 @@ TEST(diagnosis, remedies_are_the_one_liners_of_the_front_end) {
   EXPECT_TRUE(has(hf, "TrainingArguments(bf16=True)")) << hf;
   EXPECT_FALSE(has(hf, "loss_scale=True")) << hf;
   const std::string py = diagnose_for(fp16, front_end::python).remedy;
-  EXPECT_TRUE(has(py, "nanguard.Guard(model, opt, loss_scale=True, policy=\"backoff\")")) << py;
+  EXPECT_TRUE(has(py, "nanguard.Guard(model, opt, loss_scale=True)")) << py;
+  EXPECT_FALSE(has(py, "policy=")) << "auto backs off on its own: " << py;
   EXPECT_FALSE(has(py, "loss_scaler_options")) << py;
   const std::string cpp = diagnose_for(fp16, front_end::cpp).remedy;
   EXPECT_TRUE(has(cpp, "loss_scaler_options().enabled(true)")) << cpp;
@@ -425,7 +426,8 @@ TEST(diagnosis, remedies_are_the_one_liners_of_the_front_end) {
   growing.front_end = front_end::lightning;
   const std::string diverged = nanguard::diagnose(overflowed_addmm(), growing).remedy;
   EXPECT_TRUE(has(diverged, "Trainer(gradient_clip_val=1.0)")) << diverged;
-  EXPECT_TRUE(has(diverged, "NanGuard(policy=\"rollback\")")) << diverged;
+  EXPECT_TRUE(has(diverged, "the guard's default policy (auto) rolls a divergence back")) << diverged;
+  EXPECT_FALSE(has(diverged, "policy=")) << "auto rolls back on its own: " << diverged;
 }
 
 TEST(diagnosis, a_view_of_a_named_batch_tensor_is_bad_data) {
