@@ -3,6 +3,8 @@
 #include "nanguard/finding.h"
 #include "nanguard/sentinel.h"
 
+#include "detail/median.h"
+
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
@@ -572,12 +574,6 @@ diagnosis diagnose_propagator(const finding& f) {
 
 // ------------------------------------------------------------ history
 
-double median(std::vector<double> v) {
-  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
-
 // A spike in the last few values of a series against those before them,
 // scored as the sentinel scores its spikes (robust z); "" when none.
 std::string spike_in(const std::vector<double>& series, const char* name) {
@@ -592,7 +588,7 @@ std::string spike_in(const std::vector<double>& series, const char* name) {
   }
   if (z <= defaults.threshold()) return "";
   return fmt::format("the {} rose to {} in the steps before (median {}, robust z {})", name, num(value),
-                     num(median({series.begin(), series.end() - recent})), num(z));
+                     num(detail::median({series.begin(), series.end() - recent})), num(z));
 }
 
 // Steady growth at the end of a series, too short for a spike's window: at

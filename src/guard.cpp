@@ -7,6 +7,7 @@
 
 #include "detail/enum_from_string.h"
 #include "detail/generator_states.h"
+#include "detail/median.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -758,7 +759,8 @@ struct guard::impl {
   bool running_away(step_event& e) {
     if (options.policy() != policy::automatic || options.spike_rollback_z() <= 0) return false;
     const bool spiked = std::any_of(e.spikes.begin(), e.spikes.end(), [&](const spike& s) {
-      return s.series == "loss" && s.z >= options.spike_rollback_z() && s.value > 10 * median_loss();
+      return s.series == "loss" && s.z >= options.spike_rollback_z() &&
+             s.value > 10 * detail::median({losses.begin(), losses.end()});
     });
     spiking = spiked ? spiking + 1 : 0;
     if (spiking < 3) return false;
@@ -784,14 +786,6 @@ struct guard::impl {
     remember(e);
     if (rolls_back()) snapshot_if_due(e);
     write(e);
-  }
-
-  // The median of the losses of the last finite steps.
-  double median_loss() const {
-    if (losses.empty()) return 0;
-    std::vector<double> v(losses.begin(), losses.end());
-    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-    return v[v.size() / 2];
   }
 
   // Takes the snapshot when one is due and the step is calm: no spike (auto:
