@@ -237,7 +237,6 @@ struct guard::impl {
     std::vector<finding> findings;
   };
   std::unordered_map<uint64_t, bad_batch_record> bad_batches;
-  bool quarantined = false;  // the bad step being decided came with a quarantined batch
   // Whether each of the last max_bad_window steps was bad (max_bad_fraction).
   std::deque<bool> recent_bad;
   static constexpr int64_t max_bad_window = 100, max_bad_min_steps = 20;
@@ -730,7 +729,7 @@ struct guard::impl {
                 grad_report& report, bool locally_finite, size_t bad_batch, bool step_optimizer, step_event& e) {
     const bool finite = options.distributed() ? agree(e, report, locally_finite) && !inconsistent(e)
                                               : locally_finite;
-    bool runaway = false;
+    bool runaway = false, quarantined = false;
     if (finite) {
       e.spikes = sentinel.observe(e.loss, e.grad_norm);
       ++steps_observed;
@@ -741,9 +740,9 @@ struct guard::impl {
       }
       not_taken(e);
     } else {
-      localize(batches, fn, rng_before, report, locally_finite, bad_batch, e);
+      quarantined = localize(batches, fn, rng_before, report, locally_finite, bad_batch, e);
     }
-    act(decide(e, runaway), batches[bad_batch], rng_before, e);
+    act(decide(e, runaway, quarantined), batches[bad_batch], rng_before, e);
   }
 
   // Whether the snapshots are kept (the policies that roll back).
@@ -842,15 +841,15 @@ struct guard::impl {
 
   // A bad step: which parameters, and the replay that names the op (where
   // the problem was seen; distributed, its finding reaches every rank).
-  // Nothing is stepped.
-  void localize(const micro_batches& batches, const step_fn& fn, const detail::generator_states& rng_before,
+  // Nothing is stepped. Returns whether its batch was quarantined (auto).
+  bool localize(const micro_batches& batches, const step_fn& fn, const detail::generator_states& rng_before,
                 const grad_report& report, bool locally_finite, size_t& bad_batch, step_event& e) {
     for (size_t i = 0; i < report.nonfinite_counts.size(); ++i)
       if (report.nonfinite_counts[i] > 0) e.nonfinite_params.push_back({sentinel.names()[i], report.nonfinite_counts[i]});
     // auto: a quarantined batch is not replayed: its first findings stand.
     const std::optional<uint64_t> batch_id = bad_batch_id(batches);
     bad_batch_record* before = batch_id ? &bad_batches[*batch_id] : nullptr;
-    quarantined = before && before->quarantined;
+    const bool quarantined = before && before->quarantined;
     // Under a backward collective every rank replays (the model's
     // collectives run again) and the ranks the NaN/Inf came from trace it.
     const bool replays = collective() != backward_collective::none ? !e.nonfinite_ranks.empty() : !locally_finite;
@@ -869,6 +868,7 @@ struct guard::impl {
     for (finding& f : e.findings) f.diagnosis = diagnose(f, h);
     if (before) remember_bad(*before, e);
     not_taken(e);
+    return quarantined;
   }
 
   // auto in one process: the fingerprint of a bad step's batch (none when
@@ -898,15 +898,16 @@ struct guard::impl {
 
   // The policy for this bad step: abort when the run keeps going bad
   // (max_bad_steps, max_bad_fraction), a rollback when it is `runaway`
-  // (running_away), else the options' (auto: by cause).
-  policy decide(step_event& e, bool runaway) const {
+  // (running_away), else the options' (auto: by cause; `quarantined`: its
+  // batch was).
+  policy decide(step_event& e, bool runaway, bool quarantined) const {
     const std::string too_many = too_many_bad();
     if (!too_many.empty()) {
       add_note(e.note, too_many);
       return policy::abort;
     }
     if (runaway) return policy::rollback;
-    return options.policy() == policy::automatic ? by_cause(e) : options.policy();
+    return options.policy() == policy::automatic ? by_cause(e, quarantined) : options.policy();
   }
 
   // Why the run is stopped: max_bad_steps bad steps in a row, or more than
@@ -935,7 +936,7 @@ struct guard::impl {
   }
 
   // auto: the action for the diagnosed cause (docs/guard.md's decision table).
-  policy by_cause(const step_event& e) const {
+  policy by_cause(const step_event& e, bool quarantined) const {
     const std::optional<nanguard::cause> c = first_cause(e);
     if (quarantined || c == cause::bad_data) return policy::skip;  // the data's fault: the model is fine
     if (scale_overflow(e, c)) return policy::backoff;
