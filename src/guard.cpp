@@ -349,13 +349,14 @@ struct guard::impl {
   // Runs the step again from the same RNG state, under the tracer; fills the
   // event's findings and verdict, and `bad_batch` with the micro-batch in
   // which the tracer found the first. Leaves gradients zeroed and the RNG
-  // where the original step left it.
-  void replay(const micro_batches& batches, const step_fn& fn, const detail::generator_states& rng_before,
+  // where the original step left it. Returns whether this rank's own loss
+  // or gradients (before a backward collective) were not finite in it.
+  bool replay(const micro_batches& batches, const step_fn& fn, const detail::generator_states& rng_before,
               size_t& bad_batch, step_event& e) {
     const detail::generator_states rng_after = detail::capture_generators();
     host->zero_grad();
     detail::restore_generators(rng_before);
-    bool reproduced = false, failed = false;
+    bool reproduced = false, failed = false, own_bad = false;
     try {
       tracer t(tracer_options(options.tracer()).keep_inputs(true));  // the bundle's culprit inputs
       prepare(t, batches, e.step);
@@ -365,7 +366,9 @@ struct guard::impl {
       const bool collective_replay = collective() != backward_collective::none;
       try {
         for (size_t i = 0; i < batches.size(); ++i) {
-          if ((!replay_forward_backward(batches[i], fn, batches.size(), t) || t.found()) && !reproduced) {
+          const bool loss_ok = replay_forward_backward(batches[i], fn, batches.size(), t);
+          own_bad = own_bad || !loss_ok;
+          if ((!loss_ok || t.found()) && !reproduced) {
             reproduced = true;
             bad_batch = i;
             if (!collective_replay) break;
@@ -374,6 +377,7 @@ struct guard::impl {
         tracer_pause pause(t);
         // This rank's own gradients: a collective's others may hold what another rank sent.
         const bool own_finite = host->backward_done();
+        own_bad = own_bad || !own_finite;
         if (!reproduced)
           reproduced = collective_replay ? !own_finite : !sentinel.inspect_grads(scaler.inv_scale()).finite();
       } catch (const nonfinite_error& ex) {
@@ -394,6 +398,7 @@ struct guard::impl {
     if (!failed && !reproduced && collective() == backward_collective::none) bisect_compiled(batches, fn, rng_before, e);
     host->zero_grad();
     detail::restore_generators(rng_after);
+    return own_bad;
   }
 
   // A compiled model whose eager replay stayed finite: the host runs the
@@ -498,9 +503,8 @@ struct guard::impl {
       return false;
     }
     if (!std::isfinite(c.sumsq)) {
+      // Every rank's loss was finite: the replay tells whose own gradients were not (name_origin).
       e.reason = "non-finite gradients after the " + std::string(to_string(collective()));
-      add_note(e.note, fmt::format("the gradients are not finite after the model's {} although every rank's own "
-                                   "were (overflow in the {})", to_string(collective()), to_string(collective())));
       return false;
     }
     e.loss = c.loss_sum / static_cast<double>(d.world_size());  // the spike windows see the same loss everywhere
@@ -562,8 +566,33 @@ struct guard::impl {
     e.note = note;
   }
 
-  // Under a backward collective, on a rank whose own gradients were finite
-  // but whose reduced ones are not: says where the NaN/Inf came from.
+  // Under a backward collective, a bad step whose losses were all finite:
+  // the second consensus, of what this rank's replay saw of its own loss and
+  // gradients (`own_bad`), names the ranks the NaN/Inf came from; none
+  // means the collective itself overflowed. Without a replay nobody knows.
+  void name_origin(std::optional<bool> own_bad, step_event& e) {
+    const std::string c = to_string(collective());
+    if (!own_bad) {
+      add_note(e.note, fmt::format("every rank's loss was finite: the NaN/Inf came from a rank's own gradients or "
+                                   "the model's {}; a replay (replay on, and guard.check's replay=) names the rank",
+                                   c));
+      return;
+    }
+    e.nonfinite_ranks = options.distributed()->agree(*own_bad, 0.0, 0.0, step).nonfinite_ranks;
+    if (e.nonfinite_ranks.empty())
+      add_note(e.note, fmt::format("the gradients are not finite after the model's {} although every rank's own "
+                                   "were in the replay (overflow in the {})", c, c));
+    else
+      e.reason = "non-finite gradients on rank(s) " + rank_list(e.nonfinite_ranks);
+  }
+
+  // Whether the NaN/Inf of bad step `e` came from this rank (single process: yes).
+  bool is_origin(const step_event& e) const {
+    return e.rank < 0 || std::find(e.nonfinite_ranks.begin(), e.nonfinite_ranks.end(), e.rank) != e.nonfinite_ranks.end();
+  }
+
+  // Under a backward collective, on a rank the NaN/Inf did not come from
+  // but whose reduced gradients hold it: says where it came from.
   void note_received(const grad_report& report, step_event& e) const {
     if (report.finite() || e.nonfinite_ranks.empty()) return;
     add_note(e.note, fmt::format("this rank's own gradients were finite: the NaN/Inf was received from rank {} via "
@@ -576,7 +605,8 @@ struct guard::impl {
   bool inconsistent(step_event& e) {
     distributed& d = *options.distributed();
     const int64_t k = d.options().check_every();
-    if (k <= 0 || step % k != 0 || !d.options().average_gradients()) return false;
+    if (k <= 0 || step % k != 0 || !d.options().average_gradients() || collective() != backward_collective::none)
+      return false;
     const std::vector<int64_t> differ = d.check_consistency(sentinel.parameters());
     if (differ.empty()) return false;
     e.reason = "gradient checksum differs on rank(s) " + rank_list(differ);
@@ -655,7 +685,8 @@ struct guard::impl {
   // The end of a step's measurement, after its backward: the live trace's
   // findings, then the sentinel's pass when every loss was finite; returns
   // whether all of it was finite here (under a backward collective: this
-  // rank's own gradients, before the collective, as the host tells).
+  // rank's loss, and in a traced run its own gradients before the
+  // collective, as the host tells; the consensus learns the rest).
   bool measured(bool losses_finite, grad_report& report, step_event& e) {
     finish_trace(e);
     const bool own_finite = host->backward_done();
@@ -850,18 +881,21 @@ struct guard::impl {
     const std::optional<uint64_t> batch_id = bad_batch_id(batches);
     bad_batch_record* before = batch_id ? &bad_batches[*batch_id] : nullptr;
     const bool quarantined = before && before->quarantined;
-    // Under a backward collective every rank replays (the model's
-    // collectives run again) and the ranks the NaN/Inf came from trace it.
-    const bool replays = collective() != backward_collective::none ? !e.nonfinite_ranks.empty() : !locally_finite;
+    // Under a backward collective the step is bad on every rank, and every
+    // rank replays it (the model's collectives run again).
+    const bool collective_step = collective() != backward_collective::none;
+    std::optional<bool> own_bad;  // in the replay: this rank's own loss or gradients were not finite
     if (quarantined) {
       e.findings = before->findings;
       add_note(e.note, fmt::format("quarantined batch (bad at step {} first, {} times now): not replayed",
                                    before->first_step, before->times + 1));
-    } else if (options.replay() && !options.trace_every_step() && fn && replays) {
-      replay(batches, fn, rng_before, bad_batch, e);
+    } else if (options.replay() && !options.trace_every_step() && fn && (collective_step || !locally_finite)) {
+      own_bad = replay(batches, fn, rng_before, bad_batch, e);
     }
+    if (collective_step && e.nonfinite_ranks.empty())
+      name_origin(options.trace_every_step() ? std::optional<bool>(!locally_finite) : own_bad, e);
     if ((options.replay() || options.trace_every_step()) && options.distributed()) share_findings(e);
-    if (collective() != backward_collective::none && locally_finite) note_received(report, e);
+    if (collective_step && !is_origin(e)) note_received(report, e);
     if (batches.size() > 1 && !locally_finite)
       add_note(e.note, fmt::format("micro-batch {} of {}", bad_batch, batches.size()));
     const diagnosis_context h = history(e, batches[bad_batch]);

@@ -91,6 +91,7 @@ struct distributed_options {
   TORCH_ARG(double, bucket_mb) = 25.0;
   /// Every this many steps, after averaging, compare a checksum of the
   /// gradients across ranks and name the ranks that differ (0: never).
+  /// Ignored, as average_gradients is, under a backward collective.
   TORCH_ARG(int64_t, check_every) = 0;
 };
 

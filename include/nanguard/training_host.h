@@ -71,9 +71,12 @@ class training_host {
   /// Called after each backward the guard runs or checks, before it reads
   /// the gradients. A host whose model reduces its gradients in backward
   /// (distributed_options::backward) makes them readable here (FSDP2: each
-  /// local shard's gradient) and returns whether this rank's own gradients
-  /// were finite before that collective: a NaN/Inf it received from another
-  /// rank does not make this rank its origin. The default: true.
+  /// local shard's gradient) and, in a traced run, returns whether this
+  /// rank's own gradients were finite before that collective: a NaN/Inf it
+  /// received from another rank does not make this rank its origin. (Only
+  /// in a traced run: watching them costs a pass over every gradient, and on
+  /// a healthy step the reduced gradients being finite says that every
+  /// rank's own were.) The default: true.
   virtual bool backward_done() { return true; }
   /// Readies the model for a traced run (a replay, or a step under
   /// trace_every_step) and returns what undoes it: opens its module scopes

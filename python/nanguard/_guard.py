@@ -66,10 +66,9 @@ def _warn_user(message: str) -> None:
     warnings.warn(message, NanGuardWarning, stacklevel=level)
 
 
-def _end_run(host: Any, core: Any, verbose: bool) -> Dict[str, Any]:
-    """Closes a guard's host (its hooks, its process group) and, when the
-    run had a bad step, warns its summary; returns the summary."""
-    host.close()
+def _end_run(core: Any, verbose: bool) -> Dict[str, Any]:
+    """Ends a guard's run: when it had a bad step, warns its summary;
+    returns the summary."""
     summary = core.summary()
     if verbose and summary["not_taken"] > 0:
         _warn_user(summary["text"])
@@ -493,7 +492,7 @@ class Guard:
         self._core: Optional[_nanguard.GuardCore] = _nanguard.GuardCore(self._host, options)
         self._verbose = bool(verbose) and getattr(options.distributed, "rank", 0) == 0
         # On close(), or when collected.
-        self._end = weakref.finalize(self, _end_run, self._host, self._core, self._verbose)
+        self._end = weakref.finalize(self, _end_run, self._core, self._verbose)
         self._summary: Optional[Dict[str, Any]] = None  # after close(): the run's
         _open_guards.add(self)
 
@@ -653,9 +652,8 @@ class Guard:
         return self._core.summary()
 
     def close(self) -> None:
-        """Closes the event log (and the TensorBoard logger it made), removes
-        the guard's hooks from the model and lets go of the process group
-        (distributed); the guard steps no more. When a step was not taken it
+        """Closes the event log (and the TensorBoard logger it made) and lets
+        go of the process group (distributed); the guard steps no more. When a step was not taken it
         warns the run's summary (verbose). Garbage collection and the
         interpreter's exit close a guard too."""
         if self._core is not None:

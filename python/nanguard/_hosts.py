@@ -60,24 +60,33 @@ class ModuleHost(_nanguard.TrainingHost):
     def bisect_compiled(self, step_finite):
         return _compile.bisect(step_finite)
 
-    def close(self):
-        """Lets go of what the host hooked into the model."""
-
 
 class _OwnGradients:
-    """Whether this rank's own gradients stayed finite since the last look:
-    a hook on each of ``tensors`` reads the gradient this rank's backward
-    computes for it, before it is accumulated (after a reduced micro-batch,
-    ``.grad`` holds what the other ranks sent too) and before the model's
-    backward collective sends it."""
+    """Whether this rank's own gradients stayed finite in a traced run (a
+    replay): a hook on each watched tensor reads the gradient this rank's
+    backward computes for it, before it is accumulated (after a reduced
+    micro-batch, ``.grad`` holds what the other ranks sent too) and before
+    the model's backward collective sends it. Only in a traced run: on a
+    healthy step the reduced gradients being finite says every rank's own
+    were, and the hooks would cost a pass over every gradient."""
 
     def __init__(self):
         self.finite = True
         self._handles = []
 
-    def watch(self, tensors):
-        for t in tensors:
-            self._handles.append(t.register_hook(self._read))
+    def watch_during(self, begin_run, tensors):
+        """Begins a traced run (``begin_run()``, which returns what ends
+        it) with ``tensors`` watched; returns what ends both."""
+        end_run = begin_run()
+        self._handles = [t.register_hook(self._read) for t in tensors]
+
+        def end():
+            for h in self._handles:
+                h.remove()
+            self._handles = []
+            end_run()
+
+        return end
 
     def _read(self, grad):
         if self.finite and _nanguard.has_nonfinite(grad.detach()):
@@ -88,47 +97,39 @@ class _OwnGradients:
         finite, self.finite = self.finite, True
         return finite
 
-    def remove(self):
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
 
 class DataParallelHost(ModuleHost):
     """The module a ``DistributedDataParallel`` wraps (its parameters and
     state dict named as there): after backward the parameters hold the
-    gradients DDP's all-reduce averaged, and a hook on each says whether
-    this rank's own were finite before it."""
+    gradients DDP's all-reduce averaged; in a traced run a hook on each says
+    whether this rank's own were finite before it."""
 
     def __init__(self, module, optimizer):
         super().__init__(module, optimizer, _trainable(module))
         self._own = _OwnGradients()
-        self._own.watch([p for _, p in self.named])
+
+    def begin_traced_run(self):
+        return self._own.watch_during(super().begin_traced_run, [p for _, p in self.named])
 
     def backward_done(self):
         return self._own.take()
-
-    def close(self):
-        self._own.remove()
 
 
 class ShardedHost(ModuleHost):
     """An FSDP2 (``fully_shard``) model: the guard reads each parameter's
     local shard and, after backward, the local shard of its gradient (the
-    reduce-scatter's output); hooks on FSDP's unsharded parameters say
-    whether this rank's own gradients were finite before the reduce-scatter."""
+    reduce-scatter's output); in a traced run hooks on FSDP's unsharded
+    parameters say whether this rank's own gradients were finite before the
+    reduce-scatter."""
 
     def __init__(self, model, optimizer):
         self.sharded = _trainable(model)
         # Aliases of the local shards: the C++ guard reads them and their .grad.
         super().__init__(model, optimizer, [(n, p.to_local().detach()) for n, p in self.sharded])
         self._own = _OwnGradients()
-        # FSDP makes its unsharded parameters at the first forward: hook them then.
-        self._first_forward = model.register_forward_hook(self._watch_unsharded)
 
-    def _watch_unsharded(self, *_):
-        self._first_forward.remove()
-        self._own.watch(_unsharded_parameters(self.model))
+    def begin_traced_run(self):
+        return self._own.watch_during(super().begin_traced_run, _unsharded_parameters(self.model))
 
     def zero_grad(self):
         super().zero_grad()
@@ -139,10 +140,6 @@ class ShardedHost(ModuleHost):
         for (_, p), (_, local) in zip(self.sharded, self.named):
             local.grad = None if p.grad is None else p.grad.to_local()
         return self._own.take()
-
-    def close(self):
-        self._first_forward.remove()
-        self._own.remove()
 
 
 def host_for(compiled, optimizer, distributed):
@@ -197,14 +194,15 @@ def _mesh_group(dtensors):
 def _unsharded_parameters(model):
     """FSDP2's unsharded parameters of every fully_shard module in ``model``:
     their gradients are this rank's own, before the reduce-scatter. (FSDP2
-    has no public handle on them; these are its FSDPParam objects.)"""
+    has no public handle on them; these are its FSDPParam objects. It makes
+    them at the first forward: none before.)"""
     from torch.distributed.fsdp import FSDPModule
     out = []
     for m in model.modules():
         if isinstance(m, FSDPModule):
             group = m._get_fsdp_state()._fsdp_param_group
             out += [fp._unsharded_param for fp in (group.fsdp_params if group is not None else [])
-                    if fp.sharded_param.requires_grad]
+                    if fp.sharded_param.requires_grad and hasattr(fp, "_unsharded_param")]
     return out
 
 

@@ -35,11 +35,11 @@ guard.
 
 DDP (``strategy="ddp"``): every rank runs the callback, and the guard
 runs on DDP's process group (as ``nanguard.Guard`` over a
-DistributedDataParallel model): hooks on the parameters tell which rank's
-own gradients were not finite before DDP's all-reduce, every rank takes the
-same decision, each replays its own micro-batches without syncing
-(``no_sync``) while the rank the NaN/Inf came from traces them, and every
-rank's result names that rank, its op and its verdict. Rank 0 writes
+DistributedDataParallel model): every rank takes the same decision and
+replays its own micro-batches without syncing (``no_sync``) under the
+tracer, the rank whose own loss or gradients (hooks on the parameters
+during the replay) were not finite is the origin, and every rank's result
+names that rank, its op and its verdict. Rank 0 writes
 ``event_log`` and ``bundle_dir``; rank N writes ``<stem>.rankN<suffix>``
 beside them.
 

@@ -37,11 +37,11 @@ skip: it skips the step and lowers its scale, and nanguard leaves it to it
 
 Distributed (DDP): every rank runs the callback, and the guard runs on
 the default process group (as ``nanguard.Guard`` over a
-DistributedDataParallel model): hooks on the parameters tell which rank's
-own gradients were not finite before DDP's all-reduce, every rank takes the
-same action, each replays its own micro-batches while the rank the NaN/Inf
-came from traces them, and every rank's result names that rank, its op and
-its verdict; rank 0 writes ``event_log`` and ``bundle_dir``, rank N
+DistributedDataParallel model): every rank takes the same action and
+replays its own micro-batches under the tracer, the rank whose own loss or
+gradients (hooks on the parameters during the replay, before DDP's
+all-reduce) were not finite is the origin, and every rank's result names
+that rank, its op and its verdict; rank 0 writes ``event_log`` and ``bundle_dir``, rank N
 ``<stem>.rankN<suffix>`` beside them.
 
 Clipping: the Trainer would clip by ``max_grad_norm`` (default 1.0) before
