@@ -119,32 +119,26 @@ class StepResult:
     note: str = ""
     rank: int = -1
     nonfinite_ranks: List[int] = field(default_factory=list)
-    _event: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    _event: Optional[_nanguard.StepEvent] = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def from_event(cls, event_json: str) -> "StepResult":
-        """The result of the C++ step event ``event_json``."""
-        e = json.loads(event_json)
-        bad = [(p["name"], int(p["nonfinite"])) for p in e.get("nonfinite_params", [])]
-        findings = e.get("findings", [])
-        # float() reads the log's "nan", "inf", "-inf" too
-        return cls(step=int(e["step"]), loss=float(e["loss"]), grad_norm=float(e["grad_norm"]), action=e["action"],
-                   skipped=bool(e["skipped"]), scale=float(e["scale"]), lr=float(e["lr"]), reason=e.get("reason", ""),
+    def from_event(cls, event: _nanguard.StepEvent) -> "StepResult":
+        """The result of the C++ step event ``event``."""
+        bad = event.nonfinite_params
+        findings = event.findings_json
+        return cls(step=event.step, loss=event.loss, grad_norm=event.grad_norm, action=cast(Action, event.action),
+                   skipped=event.skipped, scale=event.scale, lr=event.lr, reason=event.reason,
                    first_nonfinite_param=bad[0][0] if bad else "",
-                   finding=Finding.from_json(json.dumps(findings[0])) if findings else None,
-                   verdict=e.get("verdict", ""),
-                   spikes=[(s["series"], float(s["value"]), float(s["z"])) for s in e.get("spikes", [])],
-                   nonfinite_params=bad,
-                   top_norms=[(t["name"], float(t["norm"])) for t in e.get("top_norms", [])],
-                   clip_coef=float(e.get("clip_coef", 1.0)), bundle=e.get("bundle", ""),
-                   rollback_to=int(e.get("rollback_to", -1)), remedy=e.get("remedy", ""), note=e.get("note", ""),
-                   rank=int(e.get("rank", -1)), nonfinite_ranks=[int(r) for r in e.get("nonfinite_ranks", [])],
-                   _event=e)
+                   finding=Finding.from_json(findings[0]) if findings else None,
+                   verdict=cast(Verdict, event.verdict), spikes=event.spikes, nonfinite_params=bad,
+                   top_norms=event.top_norms, clip_coef=event.clip_coef, bundle=event.bundle,
+                   rollback_to=event.rollback_to, remedy=event.remedy, note=event.note, rank=event.rank,
+                   nonfinite_ranks=event.nonfinite_ranks, _event=event)
 
     def to_dict(self) -> Dict[str, Any]:
         """The event as the event log holds it (``nanguard::step_event``; NaN
         and Inf as "nan", "inf", "-inf")."""
-        return dict(self._event)
+        return {} if self._event is None else cast(Dict[str, Any], json.loads(self._event.to_json()))
 
 
 class LossScaleOptions(TypedDict, total=False):
@@ -288,11 +282,9 @@ def named_call_tensors(fn: Callable[..., Any], args: Sequence[Any],
     arguments named by ``fn``'s parameters where its signature says them
     (``x``, ``y``), keyword arguments by their keywords, what they hold as
     in :func:`named_batch_tensors`."""
-    try:
-        params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    except (TypeError, ValueError):  # a builtin or a C extension: no signature
-        params = []
+    # Read only for positional arguments: inspect.signature costs more than
+    # the rest, and a Trainer calls model(**inputs), by keywords, every step.
+    params = _positional_parameters(fn) if args else []
     tensors: List[torch.Tensor] = []
     names: List[str] = []
     for i, a in enumerate(args):
@@ -304,6 +296,16 @@ def named_call_tensors(fn: Callable[..., Any], args: Sequence[Any],
         tensors += t
         names += n
     return tensors, names
+
+
+def _positional_parameters(fn: Callable[..., Any]) -> List[inspect.Parameter]:
+    """The parameters of ``fn`` that positional arguments fill, in order
+    (none for a builtin or a C extension: no signature)."""
+    try:
+        return [p for p in inspect.signature(fn).parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        return []
 
 
 class Guard:
@@ -583,7 +585,7 @@ class Guard:
         forward = None if replay is None else (lambda _batch: _trainable_loss(replay()))
         return self._run(lambda core: core.check(loss, forward, list(batch), [str(n) for n in names]))
 
-    def _run(self, call: Callable[[_nanguard.GuardCore], str]) -> StepResult:
+    def _run(self, call: Callable[[_nanguard.GuardCore], _nanguard.StepEvent]) -> StepResult:
         """A StepResult of ``call(core)``; the guard's abort as NonFiniteError."""
         try:
             result = StepResult.from_event(call(self._active()))

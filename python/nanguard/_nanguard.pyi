@@ -247,6 +247,88 @@ class LossScaler:
     @property
     def enabled(self) -> bool:
         ...
+class StepEvent:
+    """
+    nanguard::step_event: what one guarded step did (nanguard.StepResult).
+    """
+    def __getstate__(self) -> str:
+        ...
+    def __setstate__(self, arg0: str) -> None:
+        ...
+    def to_json(self) -> str:
+        """
+        The event log's line (JSON).
+        """
+    @property
+    def action(self) -> str:
+        ...
+    @property
+    def bundle(self) -> str:
+        ...
+    @property
+    def clip_coef(self) -> float:
+        ...
+    @property
+    def findings_json(self) -> list[str]:
+        """
+        Each finding of the replay as its JSON (nanguard::to_json).
+        """
+    @property
+    def grad_norm(self) -> float:
+        ...
+    @property
+    def loss(self) -> float:
+        ...
+    @property
+    def lr(self) -> float:
+        ...
+    @property
+    def nonfinite_params(self) -> list[tuple[str, int]]:
+        """
+        [(name, NaN/Inf count)]
+        """
+    @property
+    def nonfinite_ranks(self) -> list[int]:
+        ...
+    @property
+    def note(self) -> str:
+        ...
+    @property
+    def rank(self) -> int:
+        ...
+    @property
+    def reason(self) -> str:
+        ...
+    @property
+    def remedy(self) -> str:
+        ...
+    @property
+    def rollback_to(self) -> int:
+        ...
+    @property
+    def scale(self) -> float:
+        ...
+    @property
+    def skipped(self) -> bool:
+        ...
+    @property
+    def spikes(self) -> list[tuple[str, float, float]]:
+        """
+        [(series, value, z)]
+        """
+    @property
+    def step(self) -> int:
+        ...
+    @property
+    def top_norms(self) -> list[tuple[str, float]]:
+        """
+        [(name, norm)], largest first
+        """
+    @property
+    def verdict(self) -> str:
+        """
+        The replay's verdict ("": no replay).
+        """
 class EventLog:
     """
     nanguard::event_log: the guard's JSONL event log.
@@ -457,21 +539,21 @@ class GuardCore:
         ...
     def cancel_step(self) -> None:
         ...
-    def check(self, loss: torch.Tensor, replay: collections.abc.Callable[[collections.abc.Sequence[torch.Tensor]], torch.Tensor], batch: collections.abc.Sequence[torch.Tensor], names: collections.abc.Sequence[str]) -> str:
+    def check(self, loss: torch.Tensor, replay: collections.abc.Callable[[collections.abc.Sequence[torch.Tensor]], torch.Tensor], batch: collections.abc.Sequence[torch.Tensor], names: collections.abc.Sequence[str]) -> StepEvent:
         """
-        Checks a step a framework ran; returns the step event's JSON.
+        Checks a step a framework ran (the batch's tensors named by `names` in findings); returns its StepEvent.
         """
-    def last_event(self) -> str:
+    def last_event(self) -> StepEvent:
         """
-        The last step's event JSON (after an abort: its bundle).
+        The last step's StepEvent (after an abort: its bundle).
         """
     def summary(self) -> dict[str, typing.Any]:
         """
         What the run did so far (nanguard::run_summary), its line as "text".
         """
-    def step_accumulated(self, micro_batches: collections.abc.Sequence[collections.abc.Sequence[torch.Tensor]], forward: collections.abc.Callable[[typing.SupportsInt], torch.Tensor], names: collections.abc.Sequence[str]) -> str:
+    def step_accumulated(self, micro_batches: collections.abc.Sequence[collections.abc.Sequence[torch.Tensor]], forward: collections.abc.Callable[[typing.SupportsInt], torch.Tensor], names: collections.abc.Sequence[str]) -> StepEvent:
         """
-        One guarded step over the micro-batches (their tensors); forward(i) is the loss of the i-th. Returns the step event's JSON.
+        One guarded step over the micro-batches (their tensors, named by `names` in findings); forward(i) is the loss of the i-th. Returns its StepEvent.
         """
     @property
     def last_warning(self) -> str:

@@ -227,12 +227,11 @@ void bind_guard(py::module_& m) {
                                      "nanguard: the guard ran a step on a batch it was not given");
                return interruptible([&] { return forward(static_cast<size_t>(&batch - batches.data())); });
              };
-             return nanguard::to_json(g.step_accumulated(batches, fn));
+             return g.step_accumulated(batches, fn);
            },
            py::arg("micro_batches"), py::arg("forward"), py::arg("names"), py::call_guard<py::gil_scoped_release>(),
            "One guarded step over the micro-batches (their tensors, named by `names` in findings); forward(i) is "
-           "the loss of the i-th. "
-           "Returns the step event's JSON.")
+           "the loss of the i-th. Returns its StepEvent.")
       .def("begin_step", &nanguard::guard::begin_step)
       .def("cancel_step", &nanguard::guard::cancel_step)
       .def("check",
@@ -241,14 +240,14 @@ void bind_guard(py::module_& m) {
              g.set_batch_names(std::move(names));
              nanguard::step_fn fn;
              if (replay) fn = [&](const std::vector<at::Tensor>& b) { return interruptible([&] { return replay(b); }); };
-             return nanguard::to_json(g.check(loss, fn, batch));
+             return g.check(loss, fn, batch);
            },
            py::arg("loss"), py::arg("replay"), py::arg("batch"), py::arg("names"),
            py::call_guard<py::gil_scoped_release>(),
-           "Checks a step a framework ran (the batch's tensors named by `names` in findings); returns the step "
-           "event's JSON.")
-      .def("last_event", [](const nanguard::guard& g) { return nanguard::to_json(g.last_event()); },
-           "The last step's event JSON (after an abort: its bundle).")
+           "Checks a step a framework ran (the batch's tensors named by `names` in findings); returns its "
+           "StepEvent.")
+      .def("last_event", [](const nanguard::guard& g) { return g.last_event(); },
+           "The last step's StepEvent (after an abort: its bundle).")
       .def_property_readonly("last_warning", [](const nanguard::guard& g) { return g.narrator().last_warning(); },
                              "The last step's warning line (\"\" when the optimizer took it).")
       .def("summary", [](const nanguard::guard& g) { return summary_dict(g.narrator().summary()); },

@@ -97,3 +97,22 @@ def test_step_accumulated_of_nothing_is_a_clear_error():
     g = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(ValueError, match="micro_batches is empty"):
         g.step_accumulated(lambda: None, [])
+
+
+def test_a_call_by_keywords_is_named_without_reading_the_signature(monkeypatch):
+    """A Trainer calls model(**inputs) every step: the call's tensors are
+    named by their keywords, and the function's signature (costly, for each
+    micro-batch) is read only to name positional arguments."""
+    from nanguard import _guard
+
+    def forward(inputs, labels=None):
+        return inputs
+
+    x, y = data()
+    read = []
+    signature = _guard.inspect.signature
+    monkeypatch.setattr(_guard.inspect, "signature", lambda fn: read.append(fn) or signature(fn))
+    tensors, names = _guard.named_call_tensors(forward, (), {"inputs": x, "labels": y})
+    assert names == ["inputs", "labels"] and tensors[0] is x and tensors[1] is y and read == []
+    tensors, names = _guard.named_call_tensors(forward, (x,), {"labels": y})
+    assert names == ["inputs", "labels"] and tensors[0] is x and read == [forward]

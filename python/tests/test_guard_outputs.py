@@ -3,6 +3,7 @@ report`, `inspect` and `replay` read them (this build's command, from the
 NANGUARD_CLI environment variable that CTest sets)."""
 import json
 import os
+import pickle
 import subprocess
 
 import pytest
@@ -56,6 +57,33 @@ def test_the_event_log_is_the_cpp_schema(tmp_path):
     assert 0 < lines[0]["clip_coef"] <= 1
     assert lines[1]["loss"] == "nan" and results[1].reason == "non-finite loss"
     assert lines[1]["findings"][0]["op"] == "aten::addmm" and lines[1]["findings"][0]["role"] == "input"
+
+
+def test_a_step_result_holds_its_event_log_line(tmp_path):
+    """A StepResult's fields are read from the C++ step event as it is (no
+    JSON on the way): the values of the event log's line, which to_dict()
+    is; it pickles (a NonFiniteError's result crosses processes)."""
+    x, y = data()
+    bad = x.clone()
+    bad[5, 1] = float("nan")
+    model = Net()
+    log = tmp_path / "events.jsonl"
+    with nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), max_norm=1.0, event_log=log,
+                        log_top_norms=2) as g:
+        results = [g.step(loss_fn(model), x, y), g.step(loss_fn(model), bad, y)]
+    lines = [json.loads(l) for l in log.read_text().splitlines()]
+    for r, line in zip(results, lines):
+        assert r.to_dict() == line
+        assert pickle.loads(pickle.dumps(r)).to_dict() == line
+        assert (r.step, r.action, r.skipped, r.reason, r.verdict, r.rank, r.rollback_to) == (
+            line["step"], line["action"], line["skipped"], line.get("reason", ""), line.get("verdict", ""),
+            line.get("rank", -1), line.get("rollback_to", -1))
+        for key in ("loss", "grad_norm", "clip_coef", "scale", "lr"):
+            assert str(getattr(r, key)) == str(float(line[key])), key  # "nan" too
+        assert r.top_norms == [(t["name"], t["norm"]) for t in line["top_norms"]]
+        assert r.nonfinite_params == [(p["name"], p["nonfinite"]) for p in line["nonfinite_params"]]
+        assert ([json.loads(r.finding.to_json())] if r.finding else []) == line["findings"]
+    assert results[1].finding is not None and results[1].verdict == "reproduced"
 
 
 @needs_cli
