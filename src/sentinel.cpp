@@ -20,12 +20,50 @@ namespace {
 // Elements per work item of the fused pass: big gradients split, so two
 // threads share even one large matrix; small ones are one item each.
 constexpr int64_t kItem = int64_t(1) << 16;
+// Gradients of fewer elements in all are read (and scaled) on the calling
+// thread: waking a worker (OMP_WAIT_POLICY=passive, tens of microseconds on
+// 2 cores) costs more than it saves (a 2-layer BERT's 171k: 17 us on one
+// thread, 35 us on two).
+constexpr int64_t kParallelElements = int64_t(1) << 18;
 
 struct work_item {
   int64_t param;
   int64_t start;
   int64_t len;
 };
+
+// Whether the fused kernels read (and scale) gradient `g`: a contiguous
+// float32/float64 CPU one.
+bool fused(const at::Tensor& g) {
+  return g.layout() == at::kStrided && g.is_cpu() && g.is_contiguous() &&
+         (g.scalar_type() == at::kFloat || g.scalar_type() == at::kDouble);
+}
+
+// Appends the work items of gradient `param`, of `numel` elements.
+void add_items(std::vector<work_item>& items, int64_t param, int64_t numel) {
+  for (int64_t s = 0; s < numel; s += kItem) items.push_back({param, s, std::min(kItem, numel - s)});
+}
+
+// fn(k) for each of `items` (`elements` in all): on at::parallel_for's
+// threads when they are worth waking.
+template <typename F>
+void for_each_item(const std::vector<work_item>& items, int64_t elements, const F& fn) {
+  const int64_t n = int64_t(items.size());
+  if (elements < kParallelElements) {
+    for (int64_t k = 0; k < n; ++k) fn(k);
+    return;
+  }
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) fn(k);
+  });
+}
+
+// x[0, n) *= factor: what at::mul_ writes (a float32 tensor is multiplied
+// by the factor as a float32).
+template <typename T>
+void scale(T* x, int64_t n, T factor) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= factor;
+}
 
 double median_of(std::vector<double>& v) {
   const size_t mid = v.size() / 2;
@@ -111,6 +149,7 @@ grad_report sentinel::inspect_grads(double inv_scale) const {
   // anything else (float16, bfloat16, strided, other devices) through one
   // census_many: on CUDA, many gradients per launch and one host sync.
   std::vector<work_item> items;
+  int64_t elements = 0;
   std::vector<at::Tensor> grads(n);
   std::vector<at::Tensor> others;
   std::vector<int64_t> other_params;
@@ -118,27 +157,22 @@ grad_report sentinel::inspect_grads(double inv_scale) const {
     const at::Tensor& g = params_[i].grad();
     if (!g.defined() || g.numel() == 0) continue;
     grads[i] = g;
-    const bool strided = g.layout() == at::kStrided;
-    const bool fast = strided && g.is_cpu() && g.is_contiguous() &&
-                      (g.scalar_type() == at::kFloat || g.scalar_type() == at::kDouble);
-    if (!fast) {
+    if (!fused(g)) {
       // Sparse gradients (Embedding(sparse=true)) are measured by their values.
+      const bool strided = g.layout() == at::kStrided;
       others.push_back(strided ? g : g.is_sparse() ? g.coalesce().values() : g.to_dense());
       other_params.push_back(i);
       continue;
     }
-    for (int64_t s = 0; s < g.numel(); s += kItem)
-      items.push_back({i, s, std::min(kItem, g.numel() - s)});
+    add_items(items, i, g.numel());
+    elements += g.numel();
   }
   std::vector<detail::sumsq_partial> parts(items.size());
-  at::parallel_for(0, int64_t(items.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t k = begin; k < end; ++k) {
-      const work_item& w = items[k];
-      const at::Tensor& g = grads[w.param];
-      parts[k] = g.scalar_type() == at::kFloat
-                     ? detail::sumsq_f32(g.data_ptr<float>() + w.start, w.len)
-                     : detail::sumsq_f64(g.data_ptr<double>() + w.start, w.len);
-    }
+  for_each_item(items, elements, [&](int64_t k) {
+    const work_item& w = items[k];
+    const at::Tensor& g = grads[w.param];
+    parts[k] = g.scalar_type() == at::kFloat ? detail::sumsq_f32(g.data_ptr<float>() + w.start, w.len)
+                                             : detail::sumsq_f64(g.data_ptr<double>() + w.start, w.len);
   });
   for (size_t k = 0; k < items.size(); ++k) {
     sumsq[items[k].param] += parts[k].sumsq;
@@ -167,15 +201,37 @@ grad_report sentinel::inspect_grads(double inv_scale) const {
 void sentinel::apply_factor_(double factor) const {
   if (factor == 1.0) return;
   at::NoGradGuard no_grad;
-  // One multi-tensor write for the dense gradients: on CUDA, a few launches
-  // for all of them instead of one per parameter.
+  // The gradients the fused pass reads are scaled by plain loops over the
+  // same work items (at::mul_ costs microseconds of dispatch per tensor:
+  // most of the write for a model of many small parameters), their
+  // versions bumped as mul_ does. The other dense ones by one multi-tensor
+  // write: on CUDA, a few launches for all of them.
+  std::vector<work_item> items;
+  int64_t elements = 0;
+  std::vector<at::Tensor> grads(params_.size());
   std::vector<at::Tensor> dense;
-  for (const at::Tensor& p : params_) {
-    at::Tensor g = p.grad();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor g = params_[i].grad();
     if (!g.defined()) continue;
-    if (g.layout() == at::kStrided) dense.push_back(g);
-    else g.mul_(factor);
+    if (fused(g)) {
+      g.unsafeGetTensorImpl()->bump_version();
+      add_items(items, int64_t(i), g.numel());
+      elements += g.numel();
+      grads[i] = g;
+    } else if (g.layout() == at::kStrided) {
+      dense.push_back(g);
+    } else {
+      g.mul_(factor);
+    }
   }
+  for_each_item(items, elements, [&](int64_t k) {
+    const work_item& w = items[k];
+    const at::Tensor& g = grads[w.param];
+    if (g.scalar_type() == at::kFloat)
+      scale(g.data_ptr<float>() + w.start, w.len, static_cast<float>(factor));
+    else
+      scale(g.data_ptr<double>() + w.start, w.len, factor);
+  });
   if (!dense.empty()) at::_foreach_mul_(dense, factor);
 }
 

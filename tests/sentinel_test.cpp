@@ -96,6 +96,35 @@ TEST(sentinel, reports_unscaled_norms_and_applies_one_factor) {
   EXPECT_NEAR(unscaled, s.inspect_grads().total_norm, 1e-6 * unscaled);
 }
 
+TEST(sentinel, applies_a_factor_bit_for_bit_as_a_multi_tensor_mul) {
+  // What at::_foreach_mul_ writes, for every dtype, on the calling thread
+  // and (with a gradient big enough) on several; each gradient's version
+  // bumped as an in-place write bumps it.
+  for (auto t : {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf}) {
+    for (bool big : {false, true}) {
+      auto p = params_with_grads(t);
+      if (big) {
+        at::Tensor w = torch::zeros({(1 << 18) + 3}, at::TensorOptions(t).requires_grad(true));
+        w.mutable_grad() = torch::randn({(1 << 18) + 3}, t);
+        p.emplace_back("big", w);
+      }
+      std::vector<at::Tensor> want;
+      std::vector<int64_t> versions;
+      for (const auto& [name, w] : p) {
+        want.push_back(w.grad().defined() ? w.grad().clone() : at::Tensor());
+        versions.push_back(w.grad().defined() ? w.grad()._version() : 0);
+        if (want.back().defined()) at::_foreach_mul_(want.back(), 1.0 / 3);
+      }
+      sentinel(p).apply_factor_(1.0 / 3);
+      for (size_t i = 0; i < p.size(); ++i) {
+        if (!want[i].defined()) continue;
+        EXPECT_TRUE(torch::equal(want[i], p[i].second.grad())) << p[i].first << " " << t << " big " << big;
+        EXPECT_GT(p[i].second.grad()._version(), versions[i]) << p[i].first << " " << t;
+      }
+    }
+  }
+}
+
 TEST(sentinel, checks_the_loss) {
   const sentinel s({});
   double v = 0;
