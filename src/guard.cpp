@@ -216,6 +216,7 @@ struct guard::impl {
   double lr_factor = 1.0;
   step_clock::time_point step_started;  // of the step being run
   double user_s = 0;                    // its seconds of plain-loop work (see user_time)
+  step_clock::time_point begun;         // when begin_step() returned: the user's forward and backward run until check()
   bool snapshot_pending = false;
   int64_t restored_step = -1;  // the snapshot the last rollback restored
   // Snapshots: the steps to the next (snapshot_every, or up to 10 times
@@ -1173,6 +1174,7 @@ void guard::begin_step() {
   s.started_rng = detail::capture_generators();
   s.started_gradients = s.gradient_marks();
   s.start_trace({});
+  s.begun = step_clock::now();
 }
 
 void guard::cancel_step() {
@@ -1188,6 +1190,7 @@ step_event guard::check(const at::Tensor& loss, const step_fn& replay, const std
   const one_step_at_a_time running(s.running, "check");
   TORCH_CHECK(s.started, "nanguard::guard::check: no step was begun; call begin_step() before the step's "
               "first forward");
+  s.user_s += seconds_since(s.begun);  // the framework's forward and backward: not the guard's time
   step_event e = std::move(*s.started);
   grad_report report;
   const bool loss_finite = s.sentinel.check_loss(loss, &e.loss);

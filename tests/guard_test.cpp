@@ -135,6 +135,21 @@ TEST(guard, times_its_own_work_but_not_the_users) {
   EXPECT_LT(e.guard_ms, step_ms - 25.0) << "the forward's 30 ms counted as the guard's";
 }
 
+TEST(guard, times_its_own_work_in_a_step_a_framework_runs) {
+  regression r;
+  torch::optim::SGD opt(r.model->parameters(), 0.1);
+  guard g(r.model, opt, guard_options().max_norm(1.0));
+  const auto t0 = std::chrono::steady_clock::now();
+  g.begin_step();
+  ::usleep(30000);  // the framework's forward, between begin_step and check: not the guard's time
+  at::Tensor loss = r.loss_fn()({r.x, r.y});
+  loss.backward();
+  const step_event e = g.check(loss);
+  const double step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GT(e.guard_ms, 0.0);
+  EXPECT_LT(e.guard_ms, step_ms - 25.0) << "the framework's 30 ms counted as the guard's";
+}
+
 TEST(guard, abort_writes_a_bundle_that_names_the_producer) {
   regression r;
   torch::optim::SGD opt(r.model->parameters(), torch::optim::SGDOptions(0.1));

@@ -127,7 +127,8 @@ struct step_event {
   std::string note;             ///< free text: an error, or on rollback the parameters that moved most
   /// Milliseconds the guard itself spent on this step: all of guard::step
   /// but the user's forward, the backward and the optimizer step (which a
-  /// plain loop runs too) and this event's own log line.
+  /// plain loop runs too) and this event's own log line; for a step a
+  /// framework runs, begin_step() and check() without what runs between.
   double guard_ms = 0;
   /// A data event's counts (action "data"); empty for a training step.
   std::optional<data_counts> data;
