@@ -645,7 +645,9 @@ struct guard::impl {
     const named_tensors own = host->named_parameters();
     const at::NoGradGuard no_grad;
     for (const auto& [name, value] : saved) {
-      const auto it = std::find_if(own.begin(), own.end(), [&](const auto& p) { return p.first == name; });
+      // Captured by name: a lambda capturing a structured binding is C++20 (clang 14 refuses it).
+      const auto it =
+          std::find_if(own.begin(), own.end(), [&wanted = name](const auto& p) { return p.first == wanted; });
       TORCH_CHECK(it != own.end(), "nanguard::guard::replay: the bundle's parameter '", name,
                   "' is not in the model; replay with the model the bundle was written from");
       TORCH_CHECK(it->second.sizes().equals(value.sizes()), "nanguard::guard::replay: the bundle's parameter '",

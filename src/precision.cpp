@@ -41,7 +41,6 @@ using detail::is_inplace;
 
 namespace {
 
-constexpr double bf16_max = 3.3895313892515355e38;
 // Exponent histograms of backward magnitudes: bin b holds |x| in [2^(b+kMinExp), 2^(b+kMinExp+1)).
 constexpr int kMinExp = -160;
 constexpr int kBins = 300;
