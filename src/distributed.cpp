@@ -21,6 +21,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 
 namespace nanguard {
 
@@ -88,6 +89,14 @@ bool process_exited(long pid) {
   const size_t paren = line.rfind(')');  // "pid (comm) state ..."
   return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z';
 }
+
+// A killed rank's connections close while the kernel is still tearing its
+// process down, before it shows as exited: the survivor's collective can fail
+// on that reset first. So a failure looks again for this long before it says
+// that no rank has exited (under load, as in make test-sanitize, the first
+// look came too early now and then).
+constexpr std::chrono::seconds kExitGrace{1};
+constexpr std::chrono::milliseconds kExitPoll{10};
 
 // The store key a rank records its host and process id under.
 std::string identity_key(int64_t rank) { return "nanguard/rank/" + std::to_string(rank); }
@@ -229,11 +238,18 @@ std::string distributed::exited_ranks() const {
   const impl& s = *impl_;
   const auto who = identities(s.store.get(), s.world);
   if (!who) return "";
+  std::vector<int64_t> neighbours;  // the other ranks on this host, whose processes can be looked at
+  for (int64_t r = 0; r < s.world; ++r)
+    if (r != s.rank && (*who)[static_cast<size_t>(r)].host == s.host) neighbours.push_back(r);
+  const auto deadline = std::chrono::steady_clock::now() + kExitGrace;
   std::vector<std::string> exited;
-  for (int64_t r = 0; r < s.world; ++r) {
-    const identity& w = (*who)[static_cast<size_t>(r)];
-    if (r != s.rank && w.host == s.host && process_exited(w.pid))
-      exited.push_back(fmt::format("rank {}{} has exited", r, w.in_parentheses()));
+  while (!neighbours.empty()) {
+    for (const int64_t r : neighbours) {
+      const identity& w = (*who)[static_cast<size_t>(r)];
+      if (process_exited(w.pid)) exited.push_back(fmt::format("rank {}{} has exited", r, w.in_parentheses()));
+    }
+    if (!exited.empty() || std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(kExitPoll);
   }
   return fmt::format("{}", fmt::join(exited, ", "));
 }

@@ -9,8 +9,10 @@
 #include "nanguard/tracer.h"
 
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/torch.h>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -91,6 +93,36 @@ TEST(distributed, averaging_zeroes_missing_grads_and_calls_the_hook) {
   EXPECT_TRUE(b.grad().eq(0).all().item<bool>());
   EXPECT_EQ(a.grad()[0].item<float>(), 7.0f);
   EXPECT_TRUE(d->check_consistency({a, b}).empty());
+}
+
+// A killed rank's connections close before its process shows as exited, so
+// a survivor's collective can fail first: exited_ranks() looks again for a
+// while. Rank 1 here is a child process of this host that exits 0.2 s after
+// the first look (what rank 1's own `distributed` would record is written
+// for it).
+TEST(distributed, exited_ranks_waits_for_a_dying_rank_of_this_host) {
+  auto store = c10::make_intrusive<c10d::FileStore>(fresh_store("exited"), 2);
+  const nanguard::distributed d(c10::make_intrusive<c10d::ProcessGroup>(store, 0, 2));
+  int go[2];
+  ASSERT_EQ(::pipe(go), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(go[1]);
+    char c;
+    while (::read(go[0], &c, 1) < 0) {}  // until the parent closes its end
+    ::usleep(200000);
+    ::_exit(0);
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string record = std::string(host) + " " + std::to_string(child);
+  store->set("nanguard/rank/1", std::vector<uint8_t>(record.begin(), record.end()));
+  ::close(go[1]);
+  const std::string exited = d.exited_ranks();
+  ::close(go[0]);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_EQ(exited, "rank 1 (host " + std::string(host) + ", pid " + std::to_string(child) + ") has exited");
 }
 
 TEST(distributed, checksum_sees_one_bit) {

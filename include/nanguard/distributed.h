@@ -169,6 +169,9 @@ class distributed {
   /// The other ranks that have exited (on this host: each rank records its
   /// host and process id in the process group's store when it makes its
   /// `distributed`), as "rank 1 (host h, pid 42) has exited"; empty when none is known to.
+  /// Called after a collective failed: when no rank of this host has exited
+  /// yet, it looks again for up to a second, as a killed rank's connections
+  /// close before its process shows as exited.
   std::string exited_ranks() const;
 
   /// Throws rank_failure for `what` (e.g. "the consensus all-reduce of step
