@@ -42,7 +42,8 @@ test: build
 	ctest --test-dir $(BUILD) --output-on-failure --timeout 900
 
 # Every test under AddressSanitizer (leaks included) and UndefinedBehavior-
-# Sanitizer, in its own build tree: about 20 minutes on 2 cores with -j2. The
+# Sanitizer, in its own build tree: on 2 cores shared with other builds (load
+# average 4), the first build took 73 minutes and the tests (ctest -j2) 17. The
 # packaging test is left out (its consumer is built without the sanitizers);
 # vptr and container-overflow checks are off (LibTorch is not built for
 # them: vectors it fills would look overflowed).
@@ -58,8 +59,10 @@ test-sanitize: setup
 
 # The readers of user files (CSV, event log, bundle) under libFuzzer with
 # AddressSanitizer (leaks included) and UndefinedBehaviorSanitizer, each for
-# FUZZ_SECONDS, in its own clang build tree. What a run finds goes to
-# build-fuzz/findings/; kept in fuzz/regressions/, the test suite replays it.
+# FUZZ_SECONDS (two at a time: 2 x FUZZ_SECONDS in all), in its own clang
+# build tree (its first build: about 7 minutes on 2 shared cores). What a run
+# finds goes to build-fuzz/findings/; kept in fuzz/regressions/, the test
+# suite replays it.
 FUZZ_SECONDS ?= 300
 FUZZ_FLAGS := -fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer -fno-sanitize=vptr
 fuzz: setup
