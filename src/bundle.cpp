@@ -190,8 +190,13 @@ bundle read_bundle(const std::string& dir) {
   b.scale = json_field<double>(meta, "scale", 1.0, where);
   b.loss = json_field<double>(meta, "loss", 0.0, where);
   const std::string policy = json_field<std::string>(meta, "policy", "", where);
-  if (!policy.empty()) b.policy = policy_from_string(policy);
-  b.verdict = verdict_from_string(json_field<std::string>(meta, "verdict", "", where));
+  const std::string verdict = json_field<std::string>(meta, "verdict", "", where);
+  try {  // an unknown name is an error naming the file as well
+    if (!policy.empty()) b.policy = policy_from_string(policy);
+    b.verdict = verdict_from_string(verdict);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, where, ": ", e.what_without_backtrace());
+  }
   const json versions = json_field<json::object_t>(meta, "versions", {}, where);
   b.nanguard_version = json_field<std::string>(versions, "nanguard", "", where);
   b.torch_version = json_field<std::string>(versions, "torch", "", where);
