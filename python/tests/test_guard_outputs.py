@@ -41,7 +41,9 @@ def loss_fn(model):
     return lambda x, y: F.cross_entropy(model(x), y)
 
 
-def test_the_event_log_is_the_cpp_schema(tmp_path):
+def logged_steps(tmp_path, nan_at):
+    """Guard steps with an event log, the batch of the steps in ``nan_at``
+    (1-based) with a NaN: their results and the log's lines."""
     x, y = data()
     bad = x.clone()
     bad[5, 1] = float("nan")
@@ -49,8 +51,12 @@ def test_the_event_log_is_the_cpp_schema(tmp_path):
     log = tmp_path / "events.jsonl"
     with nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), max_norm=1.0, event_log=log,
                         log_top_norms=2) as g:
-        results = [g.step(loss_fn(model), x, y), g.step(loss_fn(model), bad, y), g.step(loss_fn(model), x, y)]
-    lines = [json.loads(l) for l in log.read_text().splitlines()]
+        results = [g.step(loss_fn(model), bad if step in nan_at else x, y) for step in range(1, 4)]
+    return results, [json.loads(l) for l in log.read_text().splitlines()]
+
+
+def test_the_event_log_is_the_cpp_schema(tmp_path):
+    results, lines = logged_steps(tmp_path, nan_at=(2,))
     assert [l["step"] for l in lines] == [1, 2, 3] == [r.step for r in results]
     assert [l["action"] for l in lines] == ["step", "skip", "step"]
     assert len(lines[0]["top_norms"]) == 2 and lines[0]["top_norms"][0]["norm"] >= lines[0]["top_norms"][1]["norm"]
@@ -63,15 +69,7 @@ def test_a_step_result_holds_its_event_log_line(tmp_path):
     """A StepResult's fields are read from the C++ step event as it is (no
     JSON on the way): the values of the event log's line, which to_dict()
     is; it pickles (a NonFiniteError's result crosses processes)."""
-    x, y = data()
-    bad = x.clone()
-    bad[5, 1] = float("nan")
-    model = Net()
-    log = tmp_path / "events.jsonl"
-    with nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), max_norm=1.0, event_log=log,
-                        log_top_norms=2) as g:
-        results = [g.step(loss_fn(model), x, y), g.step(loss_fn(model), bad, y)]
-    lines = [json.loads(l) for l in log.read_text().splitlines()]
+    results, lines = logged_steps(tmp_path, nan_at=(2,))
     for r, line in zip(results, lines):
         assert r.to_dict() == line
         assert pickle.loads(pickle.dumps(r)).to_dict() == line
