@@ -567,19 +567,21 @@ struct guard::impl {
     e.note = note;
   }
 
-  // Under a backward collective, a bad step whose losses were all finite:
-  // the second consensus, of what this rank's replay saw of its own loss and
-  // gradients (`own_bad`), names the ranks the NaN/Inf came from; none
-  // means the collective itself overflowed. Without a replay nobody knows.
+  // Under a backward collective, a bad step whose first consensus named no
+  // rank: the second consensus, of what this rank's replay saw of its own
+  // loss and gradients (`own_bad`), names the ranks the NaN/Inf came from;
+  // none means the collective itself overflowed. Under trace_every_step the
+  // first consensus carried every rank's own gradients already: none of them
+  // was bad. Without either nobody knows.
   void name_origin(std::optional<bool> own_bad, step_event& e) {
     const std::string c = to_string(collective());
-    if (!own_bad) {
+    if (!own_bad && !options.trace_every_step()) {
       add_note(e.note, fmt::format("every rank's loss was finite: the NaN/Inf came from a rank's own gradients or "
                                    "the model's {}; a replay (replay on, and guard.check's replay=) names the rank",
                                    c));
       return;
     }
-    e.nonfinite_ranks = options.distributed()->agree(*own_bad, 0.0, 0.0, step).nonfinite_ranks;
+    if (own_bad) e.nonfinite_ranks = options.distributed()->agree(*own_bad, 0.0, 0.0, step).nonfinite_ranks;
     if (e.nonfinite_ranks.empty())
       add_note(e.note, fmt::format("the gradients are not finite after the model's {} although every rank's own "
                                    "were in the replay (overflow in the {})", c, c));
@@ -895,8 +897,7 @@ struct guard::impl {
     } else if (options.replay() && !options.trace_every_step() && fn && (collective_step || !locally_finite)) {
       own_bad = replay(batches, fn, rng_before, bad_batch, e);
     }
-    if (collective_step && e.nonfinite_ranks.empty())
-      name_origin(options.trace_every_step() ? std::optional<bool>(!locally_finite) : own_bad, e);
+    if (collective_step && e.nonfinite_ranks.empty()) name_origin(own_bad, e);
     if ((options.replay() || options.trace_every_step()) && options.distributed()) share_findings(e);
     if (collective_step && !is_origin(e)) note_received(report, e);
     if (batches.size() > 1 && !locally_finite)
