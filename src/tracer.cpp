@@ -182,7 +182,7 @@ void record_written_inputs(tracer_state& st, const op_traits& traits, c10::Array
     }
     const value_range before = scan_range(st, in, ctx.op, scanned::old_values);
     ctx.nonfinite_before[k] = !before.finite();
-    if (before.finite()) memo.insert(in, before);  // the op's range rule and inner ops build on it
+    if (before.finite()) memo.insert(in, before, range_origin::read);  // the op's range rule and inner ops build on it
   }
 }
 
@@ -194,13 +194,20 @@ void bound_outputs(tracer_state& st, const op_traits& traits, c10::ArrayRef<cons
   range_memo& memo = this_thread_memo();
   // A parameter is read once a step, where it is first used: it is
   // smaller than what the ops that use it make, and used again in the
-  // backward pass and by the optimiser.
-  for (const at::Tensor& in : ctx.inputs) {
+  // backward pass and by the optimiser. The optimiser's update goes on
+  // from its bound, but what that bounds it to is no substitute at its
+  // next use: Adam's m / (sqrt(v) + eps) is bounded by 1/eps times the
+  // bound of gradients, and from such a weight on every matrix product
+  // with it would have to be read.
+  for (size_t k = 0; k < ctx.inputs.size(); ++k) {
+    const at::Tensor& in = ctx.inputs[k];
     const at::Tensor p = in.is_view() && in._base().defined() ? at::Tensor(in._base()) : in;  // weight.t() in aten::linear
     // A complex parameter (the base of x.real) is not a range the rules use.
-    if (!p.is_leaf() || !p.requires_grad() || p.is_complex() || known_range(memo, p)) continue;
+    if (!p.is_leaf() || !p.requires_grad() || p.is_complex()) continue;
+    const bool updated = ctx.nonfinite_before[k] >= 0;  // the op writes it
+    if (updated ? known_range(memo, p).has_value() : memo.read_since_write(p)) continue;
     const value_range r = scan_range(st, p, ctx.op, scanned::parameter);
-    if (r.finite()) memo.insert(p, r);
+    if (r.finite()) memo.insert(p, r, range_origin::read);
   }
   const auto lookup = [&](const at::Tensor& t) { return known_range(memo, t); };
   const op_arguments arguments(args, lookup);
@@ -217,7 +224,7 @@ void check_unreturned_writes(tracer_state& st, const at::RecordFunction& fn, op_
     const at::Tensor& written = ctx.inputs[k];
     if (ctx.nonfinite_before[k] < 0 || !measurable(written) || memo.written_since(written, ctx.memo_writes)) continue;
     const value_range range = scan_range(st, written, ctx.op, scanned::output);
-    remember_write(memo, written, range);
+    remember_write(memo, written, range, range_origin::read);
     if (!range.finite()) {
       settle(st);
       on_nonfinite_output(st, site_of(fn), ctx, written, nullptr, kWrittenArgument);
@@ -296,7 +303,7 @@ void check_node_inputs(tracer_state& st, const at::RecordFunction& fn) {
     std::optional<taint> known = taint_of(st, gradient);
     if (!known && !known_range(memo, gradient)) {
       const value_range range = scan_range(st, gradient, fn.name(), scanned::node_input);
-      remember_write(memo, gradient, range);
+      remember_write(memo, gradient, range, range_origin::read);
       if (!range.finite()) {
         settle(st);  // what was deferred before it is recorded first
         on_nonfinite_node_input(st, site_of(fn), sender_of(ran, node.get()), gradient, nullptr, i);
@@ -434,8 +441,9 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
     maybe_range range;
     if (i < ctx->output_ranges.size() && ctx->output_ranges[i] && !outputs[i].toTensor().is_complex())
       range = stored_range(*ctx->output_ranges[i], out.scalar_type(), *traits.rule);
+    const range_origin origin = range ? range_origin::bounded : range_origin::read;
     if (!range) range = scan_range(*st, out, ctx->op, scanned::output);
-    remember_write(memo, out, *range);
+    remember_write(memo, out, *range, origin);
     if (!range->finite()) {
       settle(*st);  // what was deferred before it is recorded first
       on_nonfinite_output(*st, site_of(fn), *ctx, out, nullptr, int(i));

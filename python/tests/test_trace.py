@@ -310,6 +310,32 @@ def test_measure_cost_counts_what_the_tracer_read():
     assert quiet.cost["scans"] == 0, "nothing is counted unless asked"
 
 
+def test_a_trace_over_many_steps_reads_each_step_about_what_its_first_read(on_device):
+    # AdamW bounds the weights it updates by 1/eps times the bound of their
+    # gradients; from such bounds on, the matrix products of a deeper model
+    # would be read, more with every step. The tracer reads each weight
+    # again where the next step first uses it instead.
+    if on_device != "cpu":
+        pytest.skip("range rules run on CPU tensors; a GPU's are checked on the deferred path")
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.1, batch_first=True)
+    encoder = nn.Sequential(nn.Embedding(1000, 256), nn.TransformerEncoder(layer, 4, enable_nested_tensor=False))
+    head = nn.Linear(256, 10)
+    model = nn.ModuleDict({"encoder": encoder, "head": head})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens, labels = torch.randint(0, 1000, (8, 64)), torch.randint(0, 10, (8,))
+    read = []
+    with nanguard.trace(model, measure_cost=True) as t:
+        for _ in range(4):
+            before = t.cost["scanned_bytes"]
+            opt.zero_grad()
+            F.cross_entropy(head(encoder(tokens).mean(1)), labels).backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            read.append(t.cost["scanned_bytes"] - before)
+    assert max(read[1:]) < 1.5 * read[0], f"bytes read per step: {read}"
+
+
 def test_inside_kernels_names_the_inner_op():
     x = torch.full((8,), 3e38)
     with nanguard.trace() as t:

@@ -42,6 +42,10 @@ namespace nanguard::detail {
 // a sweep visits only the slots in use (a few hundred of the 4096), so it
 // can run often enough that a freed activation's objects go back to the
 // allocator within a few ops of its death.
+/// Where a remembered range came from: the tensor's values (a scan), or an
+/// op's range rule (a bound, which may be far wider than the values).
+enum class range_origin { read, bounded };
+
 class range_memo {
   using weak_impl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
   using weak_storage = c10::weak_intrusive_ptr<c10::StorageImpl>;
@@ -60,8 +64,14 @@ class range_memo {
     const entry* e = find_entry(t);
     return e && e->write > writes;
   }
+  /// True when the range of `t` is known from its values, read since its
+  /// last write.
+  bool read_since_write(const at::TensorBase& t) const {
+    const entry* e = find_entry(t);
+    return e && e->origin == range_origin::read;
+  }
   /// Records `range` as what `t` holds since its latest write.
-  void insert(const at::TensorBase& t, const value_range& range) {
+  void insert(const at::TensorBase& t, const value_range& range, range_origin origin) {
     if (!rememberable(t)) return;
     if (writes_ - swept_at_ >= kSweepEvery || swept_generation_ != generation.load(std::memory_order_relaxed)) sweep();
     entry& e = slot_for(t);
@@ -74,7 +84,8 @@ class range_memo {
                t._version(),
                generation.load(std::memory_order_relaxed),
                ++writes_,
-               range};
+               range,
+               origin};
     carry_owner(e, next, t);
     e = std::move(next);
     list(size_t(&e - slots_.data()));
@@ -114,6 +125,7 @@ class range_memo {
     uint64_t generation = 0;
     uint64_t write = 0;  // the memo's count of writes when this one was recorded
     value_range range;
+    range_origin origin = range_origin::bounded;
     // A tensor over the same elements, remembered before a write through
     // another one (grad.data().mul_(c) writes grad's values but bumps
     // only the version of grad.data()): its version then, which a write
@@ -235,14 +247,14 @@ inline maybe_range known_range(const range_memo& memo, const at::Tensor& t) {
 // range is unknown. A kernel may write through an op nested in it without
 // bumping the version counter (masked_fill runs masked_fill_ on a clone),
 // so the entry itself must change; and a write into a view changes its base.
-inline void remember_write(range_memo& memo, const at::Tensor& t, const value_range& r) {
+inline void remember_write(range_memo& memo, const at::Tensor& t, const value_range& r, range_origin origin) {
   const at::TensorBase base = t.is_view() ? t._base() : at::TensorBase();
   const value_range* before = base.defined() ? memo.find(base) : nullptr;
   const maybe_range base_range = before ? maybe_range(before->hull(r)) : c10::nullopt;
-  if (r.finite()) memo.insert(t, r);
+  if (r.finite()) memo.insert(t, r, origin);
   else memo.erase(t);
   if (!base.defined()) return;
-  if (base_range && base_range->finite()) memo.insert(base, *base_range);
+  if (base_range && base_range->finite()) memo.insert(base, *base_range, range_origin::bounded);
   else memo.erase(base);
 }
 
