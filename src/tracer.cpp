@@ -351,21 +351,24 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   if (!st) return nullptr;
   const cost_meter meter(*st, st->nanoseconds);
   if (st->options.measure_cost()) st->ops.fetch_add(1, std::memory_order_relaxed);
+  std::vector<node_frame>& nodes = node_stack();  // thread-locals: looked up once per call
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
     {
       callback_scope no_recursion;
       check_node_inputs(*st, fn);
     }
-    node_stack().push_back({fn.name(), fn.seqNr()});
+    nodes.push_back({fn.name(), fn.seqNr()});
     return std::make_unique<node_context>();  // tells the end callback to pop
   }
+  const char* name = fn.name();
   // The engine's own frame around each node (a FUNCTION-scope record whose
   // name is built per call): the node's record keeps the stack above.
-  if (is_engine_frame(fn.name())) return nullptr;
+  if (is_engine_frame(name)) return nullptr;
   // Work inside a kernel (see op_traits::kernel) is checked through the
   // kernel's outputs: half of the ops a training step records.
-  if (!st->options.inside_kernels() && !op_stack().empty() && op_stack().back()->traits->kernel) {
-    op_stack().back()->traits->runs_recorded_ops = true;  // sealed from its next call on
+  std::vector<const op_frame*>& ops = op_stack();
+  if (!st->options.inside_kernels() && !ops.empty() && ops.back()->traits->kernel) {
+    ops.back()->traits->runs_recorded_ops = true;  // sealed from its next call on
     return nullptr;
   }
   callback_scope no_recursion;
@@ -377,9 +380,9 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   // A view makes no values, and one no autograd node will name (nested in
   // another op, or run by the backward pass) needs no record either: the
   // cheapest exit, for the most frequent ops.
-  if (traits.views_only && (fn.seqNr() < 0 || !node_stack().empty())) return nullptr;
+  if (traits.views_only && (fn.seqNr() < 0 || !nodes.empty())) return nullptr;
   std::unique_ptr<op_context> ctx(new op_context);  // not make_unique: that zeroes it first
-  ctx->op = fn.name();
+  ctx->op = name;
   ctx->traits = &traits;
   const auto inputs = fn.inputs();
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -393,11 +396,10 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   record_written_inputs(*st, traits, inputs, *ctx);
   if (!ctx->deferred) bound_outputs(*st, traits, inputs, *ctx);
   if (traits.writes_unreturned) ctx->memo_writes = this_thread_memo().writes();
-  const bool backward = !node_stack().empty();
-  if (!backward) {
+  if (nodes.empty()) {  // forward
     std::lock_guard<std::mutex> lock(st->mutex);
     ctx->module = module_of(*st, ctx->inputs);
-    if (fn.seqNr() >= 0) remember_forward_op(*st, fn.seqNr(), {fn.name(), ctx->module});
+    if (fn.seqNr() >= 0) remember_forward_op(*st, fn.seqNr(), {name, ctx->module});
   }
   // The ops it runs go unobserved (a bmm's per-slice ops, a kernel's inner
   // work); its outputs are checked as a whole. Last, so that nothing can
@@ -408,7 +410,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     ctx->sealed = st->slot.handle();
     at::disableCallback(ctx->sealed);
   }
-  op_stack().push_back(ctx.get());
+  ops.push_back(ctx.get());
   return ctx;
 }
 

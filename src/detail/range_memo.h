@@ -74,10 +74,11 @@ class range_memo {
   void insert(const at::TensorBase& t, const value_range& range, range_origin origin) {
     if (!rememberable(t)) return;
     if (writes_ - swept_at_ >= kSweepEvery || swept_generation_ != generation.load(std::memory_order_relaxed)) sweep();
-    entry& e = slot_for(t);
+    const void* data = first_element(t);
+    entry& e = slot_for(data);
     entry next{weak_impl::reclaim_copy(t.unsafeGetTensorImpl()),
                weak_storage::reclaim_copy(t.storage().unsafeGetStorageImpl()),
-               t.data_ptr(),
+               data,
                t.numel(),
                t.scalar_type(),
                t.is_contiguous(),
@@ -93,7 +94,8 @@ class range_memo {
   /// Forgets the range of `t` and of any tensor remembered over its elements.
   void erase(const at::TensorBase& t) {
     if (!rememberable(t)) return;
-    if (entry* e = way_with(&slots_[first_way(t)], t.data_ptr())) *e = entry();
+    const void* data = first_element(t);
+    if (entry* e = way_with(&slots_[first_way(data)], data)) *e = entry();
   }
   /// Forgets what every thread's memo knows.
   static void forget_all() { generation.fetch_add(1, std::memory_order_relaxed); }
@@ -135,7 +137,8 @@ class range_memo {
   };
   const entry* find_entry(const at::TensorBase& t) const {
     if (!rememberable(t)) return nullptr;
-    const entry* found = way_with(&slots_[first_way(t)], t.data_ptr());
+    const void* data = first_element(t);
+    const entry* found = way_with(&slots_[first_way(data)], data);
     if (!found) return nullptr;
     const entry& e = *found;
     if (e.generation != generation.load(std::memory_order_relaxed) || e.dtype != t.scalar_type() ||
@@ -197,8 +200,11 @@ class range_memo {
   // them: a program would rescan the same tensors on every step.
   static constexpr size_t kWays = 2, kSets = 2048;  // 2^11 sets: the hash's top 11 bits
   static_assert(kWays == 2, "slot_for picks the older of two ways");
-  static size_t first_way(const at::TensorBase& t) {
-    return ((reinterpret_cast<uintptr_t>(t.data_ptr()) >> 4) * 0x9E3779B97F4A7C15ull >> 53) * kWays;
+  // Where `t`'s first element lies (read-only: data_ptr() would copy a
+  // copy-on-write tensor's values to give a writable pointer).
+  static const void* first_element(const at::TensorBase& t) { return t.const_data_ptr(); }
+  static size_t first_way(const void* data) {
+    return ((reinterpret_cast<uintptr_t>(data) >> 4) * 0x9E3779B97F4A7C15ull >> 53) * kWays;
   }
   // The way of `set` that has the entry starting at `data`, or nullptr: at
   // most one has it, since a write goes to that way (slot_for).
@@ -210,9 +216,9 @@ class range_memo {
   }
   // The slot for a write to `t`: the one that has its first element, else
   // an empty or forgotten one, else the older.
-  entry& slot_for(const at::TensorBase& t) {
-    entry* set = &slots_[first_way(t)];
-    if (entry* e = way_with(set, t.data_ptr())) return *e;
+  entry& slot_for(const void* data) {
+    entry* set = &slots_[first_way(data)];
+    if (entry* e = way_with(set, data)) return *e;
     const uint64_t now = generation.load(std::memory_order_relaxed);
     for (size_t way = 0; way < kWays; ++way)
       if (set[way].generation != now) return set[way];

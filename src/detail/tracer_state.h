@@ -180,13 +180,13 @@ class marked_data {
   /// the tensor it views: reading that one reads the marked values too.
   void insert(const at::TensorBase& t, taint what = {}) {
     if (!t.has_storage()) return;
-    marks_.insert_or_assign(t.data_ptr(), mark{weak_storage::reclaim_copy(t.storage().unsafeGetStorageImpl()), what});
+    marks_.insert_or_assign(t.const_data_ptr(), mark{weak_storage::reclaim_copy(t.storage().unsafeGetStorageImpl()), what});
     if (t.is_view() && t._base().defined() && !contains(t._base())) insert(t._base(), what);
   }
   /// What `t` was marked with, or nullptr.
   const taint* find(const at::TensorBase& t) const {
     if (!t.has_storage()) return nullptr;
-    const auto it = marks_.find(t.data_ptr());
+    const auto it = marks_.find(t.const_data_ptr());
     const bool live = it != marks_.end() && !it->second.storage.expired() &&
                       it->second.storage._unsafe_get_target() == t.storage().unsafeGetStorageImpl();
     return live ? &it->second.what : nullptr;
