@@ -66,6 +66,7 @@ macro(nanguard_enable_cuda)
       CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON
       POSITION_INDEPENDENT_CODE ON)
     target_compile_options(nanguard_cuda_kernels PRIVATE -Xcompiler=-Wall)
+    target_include_directories(nanguard_cuda_kernels PRIVATE ${PROJECT_SOURCE_DIR}/include)  # float_formats.h
     target_sources(nanguard PRIVATE src/detail/cuda_record.cpp $<TARGET_OBJECTS:nanguard_cuda_kernels>)
     target_compile_definitions(nanguard PRIVATE NANGUARD_WITH_CUDA)
   endif()

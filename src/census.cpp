@@ -1,5 +1,6 @@
 #include "nanguard/census.h"
 
+#include "nanguard/float_formats.h"
 #include "nanguard/nonfinite_record.h"
 
 #include "detail/census_kernels.h"
@@ -97,7 +98,7 @@ template <typename T>
 struct widening_kernel {
   static census_partial census(const T* x, int64_t n, int64_t base) {
     const float subnormal_below =
-        std::is_same_v<T, c10::Half> ? 6.103515625e-05f : FLT_MIN;
+        std::is_same_v<T, c10::Half> ? float(fp16_min_normal) : FLT_MIN;
     float buf[kWidenBlock];
     census_partial total;
     for (int64_t i = 0; i < n; i += kWidenBlock) {
@@ -209,7 +210,7 @@ bool scan_for_nonfinite(const at::Tensor& x, bool parallel, const char* caller) 
 double smallest_normal(at::ScalarType t) {
   switch (t) {
     case at::kDouble: return DBL_MIN;
-    case at::kHalf: return 6.103515625e-05;
+    case at::kHalf: return fp16_min_normal;
     default: return FLT_MIN;  // float32 and bfloat16 share the exponent range
   }
 }
@@ -320,9 +321,9 @@ tensor_stats census_aten(const at::Tensor& x) {
   const at::Tensor a = values.abs();
   s.zeros = count(a == 0);
   s.subnormal = count((a > 0) & (a < smallest_normal(x.scalar_type())));
-  s.fp16_underflow = count((a > 0) & (a < 6.103515625e-05));
-  s.fp16_overflow = count(a > 65504.0);
-  s.bf16_overflow = count(a > 3.3895313892515355e38);
+  s.fp16_underflow = count((a > 0) & (a < fp16_min_normal));
+  s.fp16_overflow = count(a > fp16_max);
+  s.bf16_overflow = count(a > bf16_max);
   s.min = values.min().item<double>();
   s.max = values.max().item<double>();
   s.mean = values.mean().item<double>();

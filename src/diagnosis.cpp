@@ -1,6 +1,7 @@
 #include "nanguard/diagnosis.h"
 
 #include "nanguard/finding.h"
+#include "nanguard/float_formats.h"
 #include "nanguard/sentinel.h"
 
 #include "detail/median.h"
@@ -209,8 +210,8 @@ bool one_of(const std::string& name, std::initializer_list<const char*> names) {
 }
 
 double largest_finite(const std::string& dtype) {
-  if (dtype == "Half") return 65504.0;
-  if (dtype == "BFloat16") return 3.3895313892515355e38;
+  if (dtype == "Half") return fp16_max;
+  if (dtype == "BFloat16") return bf16_max;
   if (dtype == "Double") return std::numeric_limits<double>::max();
   return double(std::numeric_limits<float>::max());
 }

@@ -22,6 +22,7 @@
 #include <nanguard/nonfinite_record.h>
 #include <nanguard/diagnosis.h>
 #include <nanguard/finding.h>
+#include <nanguard/float_formats.h>
 #include <nanguard/scope.h>
 #include <nanguard/tracer.h>
 #include <nanguard/observer_pause.h>

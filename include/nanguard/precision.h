@@ -36,6 +36,7 @@
 #pragma once
 
 #include <nanguard/finding.h>
+#include <nanguard/float_formats.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceType.h>
@@ -59,11 +60,6 @@ namespace nanguard {
 namespace detail {
 struct observer_access;  // detail/observer_slot.h
 }  // namespace detail
-
-/// Largest finite float16 value.
-constexpr double fp16_max = 65504.0;
-/// Smallest normal float16 value (2^-14); below it values are subnormal or zero.
-constexpr double fp16_min_normal = 6.103515625e-05;
 
 /// Options of a `precision_advisor`.
 struct advisor_options {

@@ -6,6 +6,7 @@
 // aligned) and adds what it found to the record with a few atomics. With no
 // non-finite value and no statistics asked, a block does no atomic at all.
 #include "census_cuda.h"
+#include "nanguard/float_formats.h"
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -42,7 +43,7 @@ struct element<element_type::f16> {
   using bits = uint16_t;
   static constexpr bits exponent = 0x7C00;
   static __device__ double value(bits b) { return __half2float(__ushort_as_half(b)); }
-  static constexpr double smallest_normal = 6.103515625e-05;
+  static constexpr double smallest_normal = fp16_min_normal;
 };
 template <>
 struct element<element_type::bf16> {
@@ -132,9 +133,9 @@ __device__ __forceinline__ void visit(tally& t, typename element<E>::bits b, int
     t.finite += 1;
     t.zeros += a == 0;
     t.subnormal += a != 0 && a < el::smallest_normal;
-    t.fp16_underflow += a != 0 && a < 6.103515625e-05;
-    t.fp16_overflow += a > 65504.0;
-    t.bf16_overflow += a > 3.3895313892515355e38;
+    t.fp16_underflow += a != 0 && a < fp16_min_normal;
+    t.fp16_overflow += a > fp16_max;
+    t.bf16_overflow += a > bf16_max;
     t.sum += v;
     t.sum_of_squares += v * v;
     t.min = fmin(t.min, v);

@@ -15,6 +15,7 @@
 // instructions per register instead of seven. Four registers per sum hide
 // the FMA's latency (two made it the bound: 2.0 cycles per register).
 #include "census_kernels.h"
+#include "nanguard/float_formats.h"
 
 #include <algorithm>
 #include <atomic>
@@ -46,9 +47,6 @@ constexpr int64_t kSubBlockVectors = 64;
 // 256 * 2^-24, about 1e-6 in practice. Moving them every 64 vectors made the
 // pass 5% slower. A multiple of kSubBlockVectors.
 constexpr int64_t kFloatLaneTerms = 256;
-constexpr double kFp16Max = 65504.0;
-constexpr double kFp16MinNormal = 6.103515625e-05;
-constexpr double kBf16Max = 3.3895313892515355e38;
 
 // The census does six vector operations per register of data, so it issues
 // loads too slowly for the hardware prefetcher to keep enough cache lines
@@ -81,8 +79,8 @@ NANGUARD_HOT void count_huge(const T* x, int64_t n, census_partial& p) {
   int64_t fp16 = 0, bf16 = 0;
   for (int64_t i = 0; i < n; ++i) {
     const T a = std::fabs(x[i]);
-    fp16 += a > T(kFp16Max);
-    bf16 += double(a) > kBf16Max;
+    fp16 += a > T(fp16_max);
+    bf16 += double(a) > bf16_max;
   }
   p.fp16_overflow += fp16;
   p.bf16_overflow += bf16;
@@ -117,9 +115,9 @@ census_partial exact_block(const T* x, int64_t n, int64_t base, T subnormal_belo
     const T a = std::fabs(v);
     p.zeros += a == T(0);
     p.subnormal += a != T(0) && a < subnormal_below;
-    p.fp16_underflow += a != T(0) && double(a) < kFp16MinNormal;
-    p.fp16_overflow += double(a) > kFp16Max;
-    p.bf16_overflow += double(a) > kBf16Max;
+    p.fp16_underflow += a != T(0) && double(a) < fp16_min_normal;
+    p.fp16_overflow += double(a) > fp16_max;
+    p.bf16_overflow += double(a) > bf16_max;
   }
   if (p.finite > 0) {
     p.min = lo;
@@ -236,7 +234,7 @@ template <typename T, int Bytes, bool Zeros, bool Subnormals>
 NANGUARD_HOT void count_tiny_kinds(const T* x, int64_t n, T subnormal_below, census_partial& p) {
   using S = simd<T, Bytes>;
   using V = typename S::value;
-  const V zero{}, fp16_tiny = V{} + T(kFp16MinNormal), subnormal = V{} + subnormal_below;
+  const V zero{}, fp16_tiny = V{} + T(fp16_min_normal), subnormal = V{} + subnormal_below;
   decltype(V{} == V{}) zeros{}, tiny{}, sub{};
   int64_t i = 0;
   for (; i + S::lanes <= n; i += S::lanes) {
@@ -254,7 +252,7 @@ NANGUARD_HOT void count_tiny_kinds(const T* x, int64_t n, T subnormal_below, cen
   for (; i < n; ++i) {
     const T a = std::fabs(x[i]);
     z += a == T(0);
-    t += a < T(kFp16MinNormal);
+    t += a < T(fp16_min_normal);
     s += Subnormals && a < subnormal_below;
   }
   p.zeros += z;
@@ -406,10 +404,10 @@ NANGUARD_HOT census_partial census_block(const T* x, int64_t n, int64_t base, T 
   census_partial p = finite_block<T>(n, shift, S1, S2, mn, mx);
   for (int64_t b = 0; b < sub_blocks; ++b) {
     const T least = S::min(&smallest[b], 1);
-    if (least < T(kFp16MinNormal)) count_tiny<T, Bytes>(x + b * sub_block, sub_block, least, subnormal_below, p);
+    if (least < T(fp16_min_normal)) count_tiny<T, Bytes>(x + b * sub_block, sub_block, least, subnormal_below, p);
   }
   if (tail < n) count_tiny<T, Bytes>(x + tail, n - tail, T(0), subnormal_below, p);  // min |x| unknown: 0
-  if (std::max(std::fabs(mn), std::fabs(mx)) > T(kFp16Max)) count_huge(x, n, p);
+  if (std::max(std::fabs(mn), std::fabs(mx)) > T(fp16_max)) count_huge(x, n, p);
   return p;
 }
 

@@ -1,6 +1,8 @@
 // dtype_limits.h — the largest finite value of each floating dtype.
 #pragma once
 
+#include "nanguard/float_formats.h"
+
 #include <c10/core/ScalarType.h>
 
 #include <limits>
@@ -13,8 +15,8 @@ inline double largest_finite(at::ScalarType dtype) {
   switch (dtype) {
     case at::kDouble: return std::numeric_limits<double>::max();
     case at::kFloat: return double(std::numeric_limits<float>::max());
-    case at::kHalf: return 65504.0;
-    case at::kBFloat16: return 3.3895313892515355e38;
+    case at::kHalf: return fp16_max;
+    case at::kBFloat16: return bf16_max;
     default: return 0;
   }
 }
