@@ -16,6 +16,10 @@
 
 namespace nanguard::detail {
 
+/// Where a remembered range came from: the tensor's values (a scan), or an
+/// op's range rule (a bound, which may be far wider than the values).
+enum class range_origin { read, bounded };
+
 // The ranges of tensors this thread has seen finite since their last
 // recorded write, read by a scan or bounded by a rule: an in-place op on
 // one needs no scan of its old values, and range rules build on them.
@@ -42,10 +46,6 @@ namespace nanguard::detail {
 // a sweep visits only the slots in use (a few hundred of the 4096), so it
 // can run often enough that a freed activation's objects go back to the
 // allocator within a few ops of its death.
-/// Where a remembered range came from: the tensor's values (a scan), or an
-/// op's range rule (a bound, which may be far wider than the values).
-enum class range_origin { read, bounded };
-
 class range_memo {
   using weak_impl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
   using weak_storage = c10::weak_intrusive_ptr<c10::StorageImpl>;
@@ -70,7 +70,8 @@ class range_memo {
     const entry* e = find_entry(t);
     return e && e->origin == range_origin::read;
   }
-  /// Records `range` as what `t` holds since its latest write.
+  /// Records `range`, read or bounded (`origin`), as what `t` holds since
+  /// its latest write.
   void insert(const at::TensorBase& t, const value_range& range, range_origin origin) {
     if (!rememberable(t)) return;
     if (writes_ - swept_at_ >= kSweepEvery || swept_generation_ != generation.load(std::memory_order_relaxed)) sweep();
