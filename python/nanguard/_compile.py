@@ -11,6 +11,7 @@ recompiling. When that eager run stays finite, the NaN belongs to the
 compiled code: :func:`bisect` runs the step under each stage of the
 compiler, as PyTorch's minifier does, and names the stage and the kernel.
 """
+import re
 import sys
 import threading
 
@@ -88,11 +89,17 @@ def bisect(step_finite):
 
 
 class _KernelWatch:
-    """Checks the outputs of every kernel of Inductor's generated code while
-    it lives, and keeps the first kernel that turned finite arguments into a
-    NaN/Inf. The generated modules call their kernels through module
-    globals (``cpp_fused_div_0(buf0, arg0_1)``): each is wrapped for the
-    while."""
+    """Checks every kernel of Inductor's generated code while it lives, and
+    keeps the first that read only finite values and wrote a NaN/Inf. The
+    generated modules call their kernels through module globals: a C++
+    kernel as a function (``cpp_fused_div_0(buf0, arg0_1)``), a Triton one
+    by its ``run`` method; each is wrapped for the while.
+
+    Which arguments a kernel reads and which it only writes comes from its
+    parameter names (``in_ptr0``, ``out_ptr0``, ``in_out_ptr0``): an output
+    buffer's old contents do not count, since fresh buffers are not cleared
+    and may hold a NaN that freed memory left. An argument of unknown role
+    counts as both read and written."""
 
     _KERNEL_PREFIXES = ("cpp_fused_", "triton_", "cpp_kernel_")
 
@@ -103,10 +110,14 @@ class _KernelWatch:
 
     def __enter__(self):
         for module in _generated_modules():
+            path = getattr(module, "__file__", None)
+            cpp_parameters = _cpp_kernel_parameters(path)
             for name, kernel in list(vars(module).items()):
-                if name.startswith(self._KERNEL_PREFIXES) and callable(kernel):
-                    self._wrapped.append((module, name, kernel))
-                    setattr(module, name, self._checked(name, kernel, getattr(module, "__file__", None)))
+                if not name.startswith(self._KERNEL_PREFIXES) or not callable(getattr(kernel, "run", kernel)):
+                    continue
+                parameters = cpp_parameters.get(name) or _triton_parameters(kernel)
+                self._wrapped.append((module, name, kernel))
+                setattr(module, name, self._checked(name, kernel, parameters, path))
         return self
 
     def __exit__(self, *exc):
@@ -115,21 +126,22 @@ class _KernelWatch:
         self._wrapped = []
         return False
 
-    def _checked(self, name, kernel, path):
+    def _checked(self, name, kernel, parameters, path):
+        launch = getattr(kernel, "run", kernel)
+
         def run(*args, **kwargs):
-            tensors = [a for a in list(args) + list(kwargs.values())
-                       if isinstance(a, torch.Tensor) and a.is_floating_point()]
             if self.kernel is not None:
-                return kernel(*args, **kwargs)
-            # Per argument: an output buffer may hold an old NaN before the
-            # kernel writes it (fresh buffers are not cleared).
-            finite_before = [not _nanguard.has_nonfinite(t) for t in tensors]
-            out = kernel(*args, **kwargs)
-            if any(was and _nanguard.has_nonfinite(t) for t, was in zip(tensors, finite_before)):
+                return launch(*args, **kwargs)
+            arguments = [(a, _role(parameters, i)) for i, a in enumerate(args)] + \
+                [(a, _role([k], 0)) for k, a in kwargs.items()]
+            arguments = [(a, role) for a, role in arguments if isinstance(a, torch.Tensor) and a.is_floating_point()]
+            read_finite = not any(role != "writes" and _nanguard.has_nonfinite(a) for a, role in arguments)
+            out = launch(*args, **kwargs)
+            if read_finite and any(role != "reads" and _nanguard.has_nonfinite(a) for a, role in arguments):
                 self.kernel, self.path = name, path
             return out
 
-        return run
+        return _TritonLaunch(kernel, run) if launch is not kernel else run
 
     def describe(self):
         """The kernel that made the NaN/Inf, its FX origins and source lines
@@ -145,6 +157,50 @@ class _KernelWatch:
         if self.path:
             text += f"; its code: {self.path}"
         return text
+
+
+class _TritonLaunch:
+    """A Triton kernel whose ``run`` is checked; everything else is the kernel's."""
+
+    def __init__(self, kernel, run):
+        self._kernel = kernel
+        self.run = run
+
+    def __getattr__(self, name):
+        return getattr(self._kernel, name)
+
+
+def _role(parameters, i):
+    """"reads", "writes" (an output buffer: ``out_ptr``) or "both"
+    (``in_out_ptr``, or a parameter whose name says nothing) of the
+    kernel's argument i."""
+    name = parameters[i] if parameters and i < len(parameters) else ""
+    if name.startswith("in_ptr"):
+        return "reads"
+    if name.startswith("out_ptr"):
+        return "writes"
+    return "both"
+
+
+_CPP_KERNEL = re.compile(r"""^(\w+) = async_compile\.cpp_pybinding\(\[[^\]]*\], r'''.*?extern "C"\s+void\s+kernel\(([^)]*)\)""",
+                         re.M | re.S)
+
+
+def _cpp_kernel_parameters(path):
+    """{kernel: its parameter names} of the C++ kernels a generated module
+    at `path` defines (``const float* in_ptr0`` gives "in_ptr0")."""
+    try:
+        with open(path) as f:
+            source = f.read()
+    except (OSError, TypeError):
+        return {}
+    return {m.group(1): [p.split()[-1].lstrip("*&") for p in m.group(2).split(",") if p.strip()]
+            for m in _CPP_KERNEL.finditer(source)}
+
+
+def _triton_parameters(kernel):
+    """A Triton kernel's parameter names (its JIT function's), or None."""
+    return getattr(getattr(kernel, "fn", None), "arg_names", None)
 
 
 def _generated_modules():

@@ -18,6 +18,7 @@ from torch._inductor.lowering import make_pointwise, register_lowering
 from torch._inductor.virtualized import ops
 
 import nanguard
+from nanguard import _compile
 
 
 @torch.library.custom_op("nanguard_test::clamped_log", mutates_args=())
@@ -174,6 +175,26 @@ def test_a_nan_only_the_compiled_code_makes_is_compiled_only_with_its_kernel(mod
     assert r.finding is None  # the eager replay found nothing to blame: never the data
     assert "cpp_fused_" in r.note and "clamped_log" in r.note, r.note
     assert r.to_dict()["verdict"] == "compiled only"
+
+
+def test_the_kernel_is_named_when_its_fresh_buffers_hold_old_nans(models, monkeypatch):
+    # Inductor's fresh buffers are not cleared: the memory the eager replay
+    # just freed may hand the kernel that makes the NaN an output buffer
+    # that already holds one. Here every fresh float buffer starts as NaN.
+    eager, compiled = models
+    def nan_filled(alloc):
+        def allocate(*args):
+            buf = alloc(*args)
+            return buf.fill_(float("nan")) if buf.is_floating_point() else buf
+        return allocate
+    modules = [m for m in _compile._generated_modules() if hasattr(m, "empty_strided_cpu")]
+    assert modules, "the compiled model's generated code"
+    for module in modules:
+        monkeypatch.setattr(module, "empty_strided_cpu", nan_filled(module.empty_strided_cpu))
+    assert not guard_step(compiled, None).skipped  # the compiled code never reads what it did not write
+    r = guard_step(compiled, "compiled_only")
+    assert r.skipped and r.verdict == "compiled only" and r.finding is None
+    assert "cpp_fused_" in r.note and "clamped_log" in r.note, r.note
 
 
 def test_trace_runs_a_compiled_model_eagerly(models):
