@@ -9,9 +9,10 @@
 #    CUDA against the CPU, the tracer with no host sync per op, autocast, the
 #    loss scaler against GradScaler, the advisor, Gloo on CUDA gradients),
 #    the Python suites parametrised over devices (every tracer case on CUDA,
-#    the census, the guard), the record's CPU tests, the tracer's deferred
-#    path against its eager one (tracer_deferred.*), and `nanguard demo
-#    --device cuda` on two scenarios (tests/cli/demo_cli_test.sh's on_cuda);
+#    the census, the guard), a NaN only a compiled model's Triton kernel
+#    makes (test_compile.py's CUDA case), the record's CPU tests, the
+#    tracer's deferred path against its eager one (tracer_deferred.*), and
+#    `nanguard demo --device cuda` on two scenarios (tests/cli/demo_cli_test.sh's on_cuda);
 # 3. runs bench/gpu/overhead.py: step-time ratios of the checking tools on
 #    the reference and large workloads, interleaved rounds, medians, and the
 #    census throughput at 2^26 against x.sum().
@@ -69,7 +70,9 @@ grep -ahE "^\[  (PASSED|FAILED|SKIPPED) \] [0-9]+ test|^\[  FAILED  \] [a-z]|Fai
   "$out/record_test.log" "$out/deferred_test.log" | head -40
 grep -ah "^no CUDA device found" "$out/cuda_test.log" | sort -u | sed 's/^/run.sh: skipped: /'
 PYTHONPATH=$build/python "${runner[@]}" "$python" -m pytest -q -p no:cacheprovider -rs \
-  python/tests/test_trace.py python/tests/test_census.py python/tests/test_guard.py > "$out/pytest.log" 2>&1 || rc=1
+  python/tests/test_trace.py python/tests/test_census.py python/tests/test_guard.py \
+  "python/tests/test_compile.py::test_a_nan_only_the_compiled_code_makes_on_cuda_is_named_with_its_triton_kernel" \
+  > "$out/pytest.log" 2>&1 || rc=1
 grep -aE "passed|failed|error" "$out/pytest.log" | tail -5
 grep -acE "^SKIPPED.*no CUDA device" "$out/pytest.log" | sed 's/^/run.sh: pytest cases skipped for want of a GPU: /'
 CLI_CASE=on_cuda "${runner[@]}" bash tests/cli/demo_cli_test.sh "$build/tools/cli/nanguard" "$out/demo" \

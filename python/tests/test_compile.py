@@ -18,6 +18,7 @@ from torch._inductor.lowering import make_pointwise, register_lowering
 from torch._inductor.virtualized import ops
 
 import nanguard
+from conftest import cuda_only
 from nanguard import _compile
 
 
@@ -195,6 +196,19 @@ def test_the_kernel_is_named_when_its_fresh_buffers_hold_old_nans(models, monkey
     r = guard_step(compiled, "compiled_only")
     assert r.skipped and r.verdict == "compiled only" and r.finding is None
     assert "cpp_fused_" in r.note and "clamped_log" in r.note, r.note
+
+
+@cuda_only
+def test_a_nan_only_the_compiled_code_makes_on_cuda_is_named_with_its_triton_kernel():
+    # On a GPU Inductor generates Triton kernels, launched by their run method.
+    model = torch.compile(Net().cuda())
+    guard = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.0))
+    x, y = (t.cuda() for t in batch())
+    assert not guard.step(lambda: F.cross_entropy(model(x), y)).skipped  # compiles
+    x, y = (t.cuda() for t in batch("compiled_only"))
+    r = guard.step(lambda: F.cross_entropy(model(x), y))
+    assert r.skipped and r.verdict == "compiled only" and r.finding is None
+    assert "triton_" in r.note and "clamped_log" in r.note, r.note
 
 
 def test_trace_runs_a_compiled_model_eagerly(models):
