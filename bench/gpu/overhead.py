@@ -42,13 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "bench"))
 import nanguard  # noqa: E402
-from workload import REFERENCE, paired_ratio, rotated, step_variants, training  # noqa: E402
-
-WORKLOADS = {
-    "reference": REFERENCE,
-    "large": dict(d=1024, layers=8, heads=16, ff=4096, batch=32, tokens=512),
-}
-
+from workload import WORKLOADS, paired_ratio, rotated, step_variants, training  # noqa: E402
 
 class CheckEveryOutput(TorchDispatchMode):
     """isfinite().all() of every floating output, kept on the device; one

@@ -15,8 +15,12 @@
 #    `nanguard demo --device cuda` on two scenarios (tests/cli/demo_cli_test.sh's on_cuda);
 # 3. runs bench/gpu/overhead.py: step-time ratios of the checking tools on
 #    the reference and large workloads, interleaved rounds, medians, and the
-#    census throughput at 2^26 against x.sum().
-# About 5 minutes in all (under 6). Logs under $OUT (else build-device/out).
+#    census throughput at 2^26 against x.sum();
+# 4. runs python/bench/bench_compile.py on the large workload compiled
+#    (Triton kernels): the guard against the compiled plain step, and the
+#    recompiles it causes (about a minute, most of it compiling).
+# About 5 to 6 minutes in all (estimated: it has not run yet). Logs under $OUT
+# (else build-device/out).
 #
 #   bench/gpu/run.sh --dry-run   here, on the CPU: the same steps against the
 #     existing build/ (make build), the tests (their CUDA cases skip, saying
@@ -44,6 +48,8 @@ if ((dry_run)); then
   nice -n 19 cmake --build "$build" -j2 "${target_args[@]}" > "$out/build.log" 2>&1 \
     || { grep -aE "error|FAILED" "$out/build.log" | head -20; exit 1; }
   bench_args=(--device cpu --tiny --rounds 2 --steps 1)
+  compile_args=(--device cpu --workload reference)
+  compile_rounds=1
   runner=(nice -n 19)
 else
   build=build-device/build
@@ -56,6 +62,8 @@ else
   say "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2> /dev/null), torch $("$python" -c 'import torch; print(torch.__version__)')"
   scripts/device-build "$out" "${targets[@]}" || exit 1
   bench_args=()
+  compile_args=(--device cuda --workload large)
+  compile_rounds=10
   runner=()
 fi
 say "built in $(elapsed)"
@@ -84,4 +92,9 @@ step_start=$SECONDS
 PYTHONPATH=$build/python "${runner[@]}" "$python" bench/gpu/overhead.py "${bench_args[@]}" 2>&1 \
   | tee "$out/overhead.log" || rc=1
 say "benchmark in $(elapsed)"
+
+step_start=$SECONDS
+NANGUARD_BENCH_ROUNDS=$compile_rounds PYTHONPATH=$build/python "${runner[@]}" "$python" python/bench/bench_compile.py \
+  "${compile_args[@]}" 2>&1 | tee "$out/compile.log" || rc=1
+say "compiled benchmark in $(elapsed)"
 exit $rc

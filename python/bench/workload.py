@@ -33,6 +33,9 @@ class Model(nn.Module):
 
 
 REFERENCE = dict(d=256, layers=4, heads=4, ff=1024, batch=16, tokens=64)
+LARGE = dict(d=1024, layers=8, heads=16, ff=4096, batch=32, tokens=512)
+#: The workloads by name: the reference one, and the large one of the GPU figures.
+WORKLOADS = {"reference": REFERENCE, "large": LARGE}
 
 
 def settings(rounds, steps):
