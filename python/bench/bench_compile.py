@@ -30,6 +30,7 @@ import time
 
 import torch
 from torch._dynamo.utils import counters
+from torch.utils._triton import has_triton
 
 import nanguard
 from workload import WORKLOADS, paired_ratio, settings, step_variants, timed_rounds, training
@@ -66,6 +67,9 @@ def main():
     p.add_argument("--workload", choices=sorted(WORKLOADS), default="reference")
     a = p.parse_args()
     device = torch.device(a.device)
+    if device.type == "cuda" and not has_triton():
+        print("bench_compile: no working Triton here, so Inductor cannot compile for the GPU: no figure", file=sys.stderr)
+        return 2
     rounds, steps = settings(rounds=30, steps=2)
     eager, opt, tokens, labels = training(WORKLOADS[a.workload], device)
     model = torch.compile(eager)
