@@ -18,7 +18,8 @@
 #    census throughput at 2^26 against x.sum();
 # 4. runs python/bench/bench_compile.py on the large workload compiled
 #    (Triton kernels): the guard against the compiled plain step, and the
-#    recompiles it causes (about a minute, most of it compiling).
+#    recompiles it causes (about a minute, most of it compiling; last, so
+#    that a run cut short by its timeout loses only this figure).
 # About 5 to 6 minutes in all (estimated: it has not run yet). Logs under $OUT
 # (else build-device/out).
 #
