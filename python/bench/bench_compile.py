@@ -88,8 +88,8 @@ def main():
     variants["guard"]()
     after_replay = dynamo_counts()
     prefix = figure_prefix(device, a.workload)
-    print(f"# {a.workload} workload compiled (Inductor) on {device.type}, {rounds} rounds x {steps} steps per variant, "
-          f"2 threads, torch {torch.__version__}")
+    print(f"# {a.workload} workload compiled (Inductor) on {device.type}, {rounds} rounds x {steps} steps "
+          f"per variant, 2 threads, torch {torch.__version__}")
     for k, v in times.items():
         print(f"# {k:8s} median step {statistics.median(v) * 1000:8.1f} ms  (min {min(v) * 1000:.1f} ms)")
     for key, samples in (("ratio", times), ("cpu_ratio", cpu_times)):

@@ -132,8 +132,9 @@ class _KernelWatch:
         def run(*args, **kwargs):
             if self.kernel is not None:
                 return launch(*args, **kwargs)
-            arguments = [(a, _role(parameters, i)) for i, a in enumerate(args)] + \
-                [(a, _role([k], 0)) for k, a in kwargs.items()]
+            names = list(parameters or ())
+            arguments = [(a, _role(names[i] if i < len(names) else "")) for i, a in enumerate(args)]
+            arguments += [(a, _role(k)) for k, a in kwargs.items()]
             arguments = [(a, role) for a, role in arguments if isinstance(a, torch.Tensor) and a.is_floating_point()]
             read_finite = not any(role != "writes" and _nanguard.has_nonfinite(a) for a, role in arguments)
             out = launch(*args, **kwargs)
@@ -170,20 +171,20 @@ class _TritonLaunch:
         return getattr(self._kernel, name)
 
 
-def _role(parameters, i):
-    """"reads", "writes" (an output buffer: ``out_ptr``) or "both"
-    (``in_out_ptr``, or a parameter whose name says nothing) of the
-    kernel's argument i."""
-    name = parameters[i] if parameters and i < len(parameters) else ""
-    if name.startswith("in_ptr"):
+def _role(parameter):
+    """What a kernel does with the argument of its parameter so named:
+    "reads" (``in_ptr``), "writes" (an output buffer: ``out_ptr``) or
+    "both" (``in_out_ptr``, or a name that says nothing)."""
+    if parameter.startswith("in_ptr"):
         return "reads"
-    if name.startswith("out_ptr"):
+    if parameter.startswith("out_ptr"):
         return "writes"
     return "both"
 
 
-_CPP_KERNEL = re.compile(r"""^(\w+) = async_compile\.cpp_pybinding\(\[[^\]]*\], r'''.*?extern "C"\s+void\s+kernel\(([^)]*)\)""",
-                         re.M | re.S)
+# name = async_compile.cpp_pybinding([types], r'''...extern "C" void kernel(parameters)
+_CPP_KERNEL = re.compile(r"""^(\w+) = async_compile\.cpp_pybinding\(\[[^\]]*\], r'''"""
+                         r""".*?extern "C"\s+void\s+kernel\(([^)]*)\)""", re.M | re.S)
 
 
 def _cpp_kernel_parameters(path):

@@ -183,7 +183,7 @@ def test_the_kernel_is_named_when_its_fresh_buffers_hold_old_nans(models, monkey
     # Inductor's fresh buffers are not cleared: the memory the eager replay
     # just freed may hand the kernel that makes the NaN an output buffer
     # that already holds one. Here every fresh float buffer starts as NaN.
-    eager, compiled = models
+    _, compiled = models
     def nan_filled(alloc):
         def allocate(*args):
             buf = alloc(*args)
