@@ -42,7 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "bench"))
 import nanguard  # noqa: E402
-from workload import WORKLOADS, paired_ratio, rotated, step_variants, training  # noqa: E402
+from workload import WORKLOADS, paired_ratio, rotated, step_variants, synchronize, training  # noqa: E402
 
 class CheckEveryOutput(TorchDispatchMode):
     """isfinite().all() of every floating output, kept on the device; one
@@ -68,11 +68,6 @@ class CheckEveryOutput(TorchDispatchMode):
         ok = bool(torch.stack(self.checks).all()) if self.checks else True
         self.checks.clear()
         return ok
-
-
-def synchronize(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def shrink(w):

@@ -33,7 +33,7 @@ from torch._dynamo.utils import counters
 from torch.utils._triton import has_triton
 
 import nanguard
-from workload import WORKLOADS, paired_ratio, settings, step_variants, timed_rounds, training
+from workload import WORKLOADS, paired_ratio, settings, step_variants, synchronize, timed_rounds, training
 
 
 def dynamo_counts():
@@ -43,12 +43,9 @@ def dynamo_counts():
 
 def synchronised(fn, device):
     """`fn` followed by a wait for the device's queued work (on a GPU)."""
-    if device.type != "cuda":
-        return fn
-
     def step():
         fn()
-        torch.cuda.synchronize(device)
+        synchronize(device)
 
     return step
 
@@ -68,7 +65,8 @@ def main():
     a = p.parse_args()
     device = torch.device(a.device)
     if device.type == "cuda" and not has_triton():
-        print("bench_compile: no working Triton here, so Inductor cannot compile for the GPU: no figure", file=sys.stderr)
+        print("bench_compile: no working Triton here, so Inductor cannot compile for the GPU: no figure",
+              file=sys.stderr)
         return 2
     rounds, steps = settings(rounds=30, steps=2)
     eager, opt, tokens, labels = training(WORKLOADS[a.workload], device)
@@ -81,7 +79,7 @@ def main():
     variants["plain"]()
     before = dynamo_counts()
     variants["guard"]()
-    times, cpu_times = timed_rounds(variants, rounds, steps, before_step=synchronised(lambda: None, device))
+    times, cpu_times = timed_rounds(variants, rounds, steps, before_step=lambda: synchronize(device))
     after = dynamo_counts()
     bad = nanguard.Guard(model, opt).step(lambda: loss() * float("nan"))  # replayed eagerly
     assert bad.skipped and bad.verdict == "reproduced", bad

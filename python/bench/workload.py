@@ -110,6 +110,12 @@ def step_variants(model, opt, tokens, labels, guard=None):
     return {"plain": plain, "hooks": hooks, "anomaly": anomaly, "trace": trace, "guard": guarded}, loss
 
 
+def synchronize(device):
+    """Waits for the work queued on `device` (a GPU; nothing on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def rotated(variants, round_index):
     """The (name, step) pairs of `variants` in round `round_index`'s order:
     who goes first rotates, so that drift of the machine hits them all alike."""

@@ -128,12 +128,12 @@ class _KernelWatch:
 
     def _checked(self, name, kernel, parameters, path):
         launch = getattr(kernel, "run", kernel)
+        roles = [_role(p) for p in parameters or ()]
 
         def run(*args, **kwargs):
             if self.kernel is not None:
                 return launch(*args, **kwargs)
-            names = list(parameters or ())
-            arguments = [(a, _role(names[i] if i < len(names) else "")) for i, a in enumerate(args)]
+            arguments = [(a, roles[i] if i < len(roles) else _role("")) for i, a in enumerate(args)]
             arguments += [(a, _role(k)) for k, a in kwargs.items()]
             arguments = [(a, role) for a, role in arguments if isinstance(a, torch.Tensor) and a.dtype in _CHECKED]
             read_finite = not any(role != "writes" and _nanguard.has_nonfinite(a) for a, role in arguments)
