@@ -45,7 +45,10 @@ class ModuleHost(_nanguard.TrainingHost):
     def restore(self, state):
         model_state, optimizer_state = state
         self.model.load_state_dict(model_state)
-        self.optimizer.load_state_dict(optimizer_state)
+        # A copy: load_state_dict keeps the state's tensors (those of the
+        # parameters' dtype and device), which the optimizer then updates in
+        # place; a later rollback may restore this snapshot again.
+        self.optimizer.load_state_dict(copy.deepcopy(optimizer_state))
 
     def begin_traced_run(self):
         end_eager_run = _compile.begin_eager_run()

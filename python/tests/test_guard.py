@@ -1,4 +1,5 @@
 """nanguard.Guard: healthy steps, skip, rollback recovery, abort, event log."""
+import copy
 import json
 import math
 import os
@@ -119,6 +120,26 @@ def test_rollback_restores_the_snapshot_exactly():
     for k, v in model.state_dict().items():
         assert torch.equal(v, snap[k])
     assert opt.param_groups[0]["lr"] == pytest.approx(5e-3)
+
+
+def test_a_snapshot_restored_twice_keeps_its_optimizer_state():
+    """The steps after a rollback update the optimizer's state in place: they
+    must not change the snapshot it came from, which a later rollback
+    restores again."""
+    x, y = data()
+    model = Net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = nanguard.Guard(model, opt, policy="rollback", snapshot_every=3, verbose=False)
+    before, rolled = {}, []
+    for i, bad in enumerate("0000010000100101", 1):
+        before[i] = copy.deepcopy(opt.state_dict()["state"])
+        r = g.step(lambda: F.cross_entropy(model(x), y) * (float("nan") if bad == "1" else 1.0))
+        if r.action == "rollback":
+            rolled.append(r.rollback_to)
+            want = before[r.rollback_to + 1]
+            for k, state in opt.state_dict()["state"].items():
+                assert all(torch.equal(v, want[k][n]) for n, v in state.items()), (r.step, r.rollback_to)
+    assert rolled == [3, 10, 13, 10]  # the last restores the snapshot of step 10 a second time
 
 
 def test_abort_raises_with_the_finding(tmp_path):
