@@ -236,9 +236,12 @@ def _trainable_loss(loss: object) -> torch.Tensor:
 
 
 def _call_of(micro_batch: Any) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
-    """``(args, kwargs)`` of one micro-batch: a pair as given, a tuple or list
-    of arguments, or a single argument."""
-    if isinstance(micro_batch, tuple) and len(micro_batch) == 2 and isinstance(micro_batch[1], dict):
+    """``(args, kwargs)`` of one micro-batch: a pair as given (its args a
+    tuple or list), a tuple or list of arguments, or a single argument. So
+    ``(x, {"w": 1.0})`` is two arguments, as ``step(closure, x, {"w": 1.0})``
+    passes them, not the rows of ``x`` as arguments."""
+    if (isinstance(micro_batch, tuple) and len(micro_batch) == 2 and isinstance(micro_batch[0], (tuple, list))
+            and isinstance(micro_batch[1], dict)):
         return tuple(micro_batch[0]), micro_batch[1]
     if isinstance(micro_batch, (tuple, list)):
         return tuple(micro_batch), {}

@@ -92,6 +92,25 @@ def test_a_bad_micro_batch_skips_the_whole_step_and_is_named():
         assert torch.equal(p, q)
 
 
+def test_a_micro_batch_of_a_tensor_and_a_dict_is_two_arguments():
+    """(x, {...}) is the closure's two arguments, as step() passes them; only
+    a pair whose first item is a tuple or list is (args, kwargs): a tensor
+    there is not split into its rows."""
+    x, y = data(32)
+    model = Net()
+    g = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    seen = []
+
+    def loss(xs, options):
+        seen.append((xs.shape, options))
+        return F.cross_entropy(model(xs), y[:8]) * options["weight"]
+
+    r = g.step_accumulated(loss, [(x[i:i + 8], {"weight": 0.5}) for i in range(0, 32, 8)])
+    assert r.action == "step" and seen == [((8, 4), {"weight": 0.5})] * 4
+    r = g.step_accumulated(lambda xs, ys: F.cross_entropy(model(xs), ys), [((x[:8],), {"ys": y[:8]})])
+    assert r.action == "step"  # an (args, kwargs) pair
+
+
 def test_step_accumulated_of_nothing_is_a_clear_error():
     model = Net()
     g = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1))
