@@ -455,6 +455,7 @@ class Guard:
                              "materialize them first, e.g. model.to_empty(device='cpu') then initialize them")
         closure = inspect.signature(optimizer.step).parameters.get("closure")
         self._needs_closure = closure is not None and closure.default is inspect.Parameter.empty
+        event_log, bundle_dir = _path("event_log", event_log), _path("bundle_dir", bundle_dir)
         if event_log:
             open(event_log, "w", encoding="utf-8").close()  # unwritable: the OSError Python raises
         if bundle_tags is not None and not isinstance(bundle_tags, Mapping):
@@ -467,8 +468,8 @@ class Guard:
         options.replay = bool(replay)
         options.trace_every_step = bool(trace_every_step)
         options.log_top_norms = _int64("log_top_norms", log_top_norms)
-        options.event_log = str(event_log or "")
-        options.bundle_dir = str(bundle_dir or "")
+        options.event_log = event_log
+        options.bundle_dir = bundle_dir
         options.bundle_tags = [("front_end", "python")] + [(str(k), str(v)) for k, v in (bundle_tags or {}).items()]
         # The callbacks tag their framework: remedies are written for it.
         options.front_end = FRONT_ENDS.get(str((bundle_tags or {}).get("framework")), "python")
@@ -682,6 +683,19 @@ def _int64(name: str, value: int) -> int:
     if not -2 ** 63 <= v < 2 ** 63:
         raise ValueError(f"nanguard.Guard: {name} must fit in 64 bits, got {v}")
     return v
+
+
+def _path(name: str, value: Optional[PathLike]) -> str:
+    """The file path option ``name`` as a str ("" for None); a TypeError for
+    anything else: open() takes an int (True too) as a file descriptor, and
+    ``event_log=True`` closed the process's stdout."""
+    if value is None:
+        return ""
+    if not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"nanguard.Guard: {name} must be a path (a str or os.PathLike), e.g. "
+                        f"{name}='{'train.jsonl' if name == 'event_log' else 'nanguard-bundles'}', "
+                        f"got {type(value).__name__}")
+    return os.fspath(value)
 
 
 def _loss_scaler(loss_scale: Union[bool, LossScaleOptions]) -> Optional[_nanguard.LossScaler]:

@@ -219,6 +219,19 @@ def test_bad_options_are_clear_errors():
         nanguard.Guard(model, other)
 
 
+@pytest.mark.parametrize("option", ["event_log", "bundle_dir"])
+@pytest.mark.parametrize("value", [True, 1, 2])
+def test_a_path_option_that_is_no_path_is_a_type_error(option, value, capfd):
+    """open() takes an int (True too) as a file descriptor: event_log=True
+    must not open and close the process's stdout."""
+    model = Net()
+    with pytest.raises(TypeError, match=f"{option} must be a path .*e.g. {option}='.*got (bool|int)"):
+        nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), **{option: value})
+    os.fstat(1), os.fstat(2)  # still open
+    print("stdout still works")
+    assert capfd.readouterr().out == "stdout still works\n"
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda_only)])
 def test_steps_skips_and_names_the_same_on_each_device(device):
     x, y = (t.to(device) for t in data())
