@@ -483,8 +483,7 @@ class Guard:
         options.spike_threshold = float(spike_threshold)
         options.scaler = _loss_scaler(loss_scale)
         options.verbose = False  # Python warns (NanGuardWarning), not C++ on stderr
-        options.schedule = (_nanguard.WarmupCosine(**_known_keys("schedule", schedule, SCHEDULE_KEYS))
-                            if isinstance(schedule, Mapping) else schedule)
+        options.schedule = _schedule(schedule)
         self._tensorboard: Optional[StepLogger] = None
         self._own_tensorboard: Optional[StepLogger] = None
         if tensorboard is not None:
@@ -704,7 +703,27 @@ def _loss_scaler(loss_scale: Union[bool, LossScaleOptions]) -> Optional[_nanguar
         return None
     if loss_scale is True:
         return _nanguard.LossScaler()
+    if not isinstance(loss_scale, Mapping):
+        raise TypeError("nanguard.Guard: loss_scale must be True, False or a dict of LossScaler options, e.g. "
+                        f"loss_scale={{'init_scale': 1024.0}}, got {type(loss_scale).__name__}")
     return _nanguard.LossScaler(**_known_keys("loss_scale", cast(LossScaleOptions, loss_scale), LOSS_SCALE_KEYS))
+
+
+def _schedule(schedule: Union[_nanguard.WarmupCosine, ScheduleOptions, None]) -> Optional[_nanguard.WarmupCosine]:
+    """The WarmupCosine of ``Guard(schedule=...)``: as given, or of a dict's
+    arguments; a TypeError naming the option for anything else (a
+    torch.optim.lr_scheduler is stepped by the loop, not by the guard)."""
+    if schedule is None or isinstance(schedule, _nanguard.WarmupCosine):
+        return schedule
+    if not isinstance(schedule, Mapping):
+        raise TypeError("nanguard.Guard: schedule must be a nanguard.WarmupCosine or a dict of its arguments, e.g. "
+                        f"schedule={{'base_lr': 1e-3, 'warmup_steps': 100}}, got {type(schedule).__name__} (a "
+                        "torch.optim.lr_scheduler stays in the loop: call its step() after guard.step)")
+    options = _known_keys("schedule", schedule, SCHEDULE_KEYS)
+    if "base_lr" not in options:
+        raise TypeError("nanguard.Guard: schedule needs base_lr, e.g. schedule={'base_lr': 1e-3, "
+                        f"'warmup_steps': 100}}, got {options}")
+    return _nanguard.WarmupCosine(**options)
 
 
 #: The names of Guard's options (its keyword-only arguments), which the framework callbacks pass through.

@@ -219,6 +219,22 @@ def test_bad_options_are_clear_errors():
         nanguard.Guard(model, other)
 
 
+@pytest.mark.parametrize("option, value, message", [
+    ("loss_scale", 65536.0, r"loss_scale must be True, False or a dict of LossScaler options, e\.g\..*got float"),
+    ("loss_scale", "yes", r"loss_scale must be True, False or a dict .*got str"),
+    ("schedule", 0.1, r"schedule must be a nanguard\.WarmupCosine or a dict of its arguments, e\.g\..*got float"),
+    ("schedule", "lambda_lr", r"schedule must be .*got LambdaLR \(a torch\.optim\.lr_scheduler stays in the loop"),
+    ("schedule", {"warmup_steps": 3}, r"schedule needs base_lr, e\.g\. schedule=\{'base_lr'"),
+])
+def test_a_loss_scale_or_schedule_of_the_wrong_type_names_the_option(option, value, message):
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    if value == "lambda_lr":
+        value = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    with pytest.raises(TypeError, match=message):
+        nanguard.Guard(model, opt, **{option: value})
+
+
 @pytest.mark.parametrize("option", ["event_log", "bundle_dir"])
 @pytest.mark.parametrize("value", [True, 1, 2])
 def test_a_path_option_that_is_no_path_is_a_type_error(option, value, capfd):
