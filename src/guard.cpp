@@ -453,7 +453,8 @@ struct guard::impl {
     return marks;
   }
 
-  // Forgets the step begin_step() started, uncounted (cancel_step).
+  // Forgets the step begun last, uncounted, and its trace: cancel_step(), a
+  // check() with no backward before it, a step whose function threw.
   void drop_started() {
     started.reset();
     live_run.reset();
@@ -1164,7 +1165,13 @@ step_event guard::step_accumulated(const micro_batches& batches, const step_fn& 
     const detail::generator_states rng_before = detail::capture_generators();
     grad_report report;
     size_t bad_batch = 0;  // the micro-batch a bundle keeps
-    const bool locally_finite = s.measure(batches, fn, report, bad_batch, e);
+    bool locally_finite = false;
+    try {
+      locally_finite = s.measure(batches, fn, report, bad_batch, e);
+    } catch (...) {
+      s.drop_started();  // the caller's error: no step was taken, and the next one takes this number
+      throw;
+    }
     s.conclude(batches, fn, rng_before, report, locally_finite, bad_batch, /*step_optimizer=*/true, e);
     if (e.action != action::rollback || s.options.rollback_skip_batch() || again) return e;
   }

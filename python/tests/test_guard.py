@@ -358,6 +358,34 @@ def test_a_closure_that_runs_backward_itself_is_refused(retain_graph):
     assert all(torch.equal(a, p) for a, p in zip(before, model.parameters()))  # no step at twice the gradient
 
 
+def test_a_step_whose_closure_raises_is_not_counted(tmp_path):
+    """The closure's error propagates and no step was taken: the next step
+    takes its number (the count, the summary and the event log agree) and
+    its trace is gone."""
+    x, y = data()
+    model = Net()
+    log = tmp_path / "events.jsonl"
+    guard = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), event_log=str(log),
+                           trace_every_step=True)
+
+    def failing():
+        model(x)
+        raise KeyError("no such column")
+
+    guard.step(lambda: F.cross_entropy(model(x), y))
+    with pytest.raises(KeyError, match="no such column"):
+        guard.step(failing)
+    assert guard.steps == 1
+    with nanguard.trace() as t:  # the raised step's live trace no longer holds this thread
+        torch.log(torch.zeros(1))
+    assert t.found
+    guard.step(lambda: F.cross_entropy(model(x), y))
+    assert guard.steps == 2 and guard.summary()["steps"] == 2
+    guard.close()
+    steps = [json.loads(line)["step"] for line in log.read_text().splitlines() if '"step"' in line]
+    assert sorted(set(steps)) == [1, 2]
+
+
 def test_a_step_from_inside_the_guard_s_step_is_refused():
     model = Net()
     guard = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1))
@@ -369,6 +397,6 @@ def test_a_step_from_inside_the_guard_s_step_is_refused():
 
     with pytest.raises(ValueError, match="step: called from inside the step the guard is running"):
         guard.step(closure)
-    assert guard.steps == 1
+    assert guard.steps == 0  # the step whose closure raised is not counted
     guard.step(lambda: F.cross_entropy(model(x), y))  # the guard goes on
-    assert guard.steps == 2
+    assert guard.steps == 1
