@@ -167,7 +167,7 @@ int64_t chain_length(const tracer_state& st, int origin) {
 // What the tracer knows of an input of the op whose chain is full, or nullptr.
 const taint* full_chain_input(const tracer_state& st, const op_context& ctx) {
   for (const at::Tensor& in : ctx.inputs) {
-    const taint* t = st.reported.find(in);
+    const taint* t = st.reported.find_viewed(in);
     if (t && chain_length(st, st.records[t->record].origin) >= chain_limit(st)) return t;
   }
   return nullptr;
@@ -283,7 +283,7 @@ int blame_enclosing_op(tracer_state& st, const op_site& site, const op_frame& ma
     const at::Tensor& t = maker.inputs[i];
     in.records.push_back(record_of(t, name_of(st, t, "input " + std::to_string(maker.argument_of[i]))));
     if (f.role == role::producer && !in.records.back().stats.all_finite()) {
-      const taint* from = st.reported.find(t);
+      const taint* from = st.reported.find_viewed(t);
       f.role = from ? role::propagator : role::input;
       if (from) origin = st.records[from->record].origin;
       f.culprit = in.records.back().name;
@@ -300,7 +300,7 @@ int blame_inputs(tracer_state& st, const op_site& site, const op_context& ctx, c
   TORCH_INTERNAL_ASSERT(in.any_bad(), "blame_inputs with no non-finite input");
   const at::Tensor& culprit = ctx.inputs[in.first_bad];
   const std::string culprit_name = in.records[in.first_bad].name;
-  if (const taint* from = st.reported.find(culprit)) {
+  if (const taint* from = st.reported.find_viewed(culprit)) {
     f.culprit = culprit_name;
     const int origin = st.records[from->record].origin;
     // A chain of its own, naming the infinity it came from.
@@ -466,8 +466,7 @@ bool any_open_chain(tracer_state& st) {
 
 std::optional<taint> taint_of(tracer_state& st, const at::Tensor& t) {
   std::lock_guard<std::mutex> lock(st.mutex);
-  const taint* known = st.reported.find(t);
-  if (!known && t.is_view() && t._base().defined()) known = st.reported.find(t._base());
+  const taint* known = st.reported.find_viewed(t);
   return known ? std::optional<taint>(*known) : std::nullopt;
 }
 

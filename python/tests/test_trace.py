@@ -562,3 +562,31 @@ def test_the_first_compile_of_a_model_inside_a_trace(on_device):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Exception in RecordFunction callback" not in r.stderr, r.stderr[-3000:]
     assert "findings: 0" in r.stdout, r.stdout + r.stderr[-3000:]
+
+
+class LastPositionHead(nn.Module):
+    """A log of 0 in one position of a sequence, spread by a cumulative sum;
+    the head reads the last position only (as a causal language model's
+    `generate` does, `logits_to_keep=1`): a slice that starts inside its
+    base's data."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        keep = (torch.arange(x.shape[0]) != 1).float().unsqueeze(-1)  # position 1: log(0)
+        return self.head((self.lin(x) + torch.log(keep)).cumsum(0)[-1:])
+
+
+@pytest.mark.parametrize("grad_mode", [torch.enable_grad, torch.no_grad, torch.inference_mode])
+def test_a_nan_read_through_a_slice_names_where_it_was_born(grad_mode):
+    # The head's addmm was named, role input: the slice hid the chain.
+    model = LastPositionHead()
+    with grad_mode(), nanguard.trace(model) as t:
+        out = model(torch.randn(3, 4))
+    assert not out.isfinite().all()
+    f = t.findings[0]
+    assert (f.op, f.direction, f.role) == ("aten::log", "forward", "producer"), str(f)
+

@@ -185,16 +185,29 @@ class marked_data {
   }
   /// What `t` was marked with, or nullptr.
   const taint* find(const at::TensorBase& t) const {
+    return t.has_storage() ? find_at(t.const_data_ptr(), t) : nullptr;
+  }
+  /// What `t`, or the tensor it views, was marked with, or nullptr: a slice
+  /// (`hidden[:, -1:]`) starts inside its base's data. Found at the start of
+  /// the storage, as inference-mode views keep no `_base`.
+  const taint* find_viewed(const at::TensorBase& t) const {
     if (!t.has_storage()) return nullptr;
-    const auto it = marks_.find(t.const_data_ptr());
-    const bool live = it != marks_.end() && !it->second.storage.expired() &&
-                      it->second.storage._unsafe_get_target() == t.storage().unsafeGetStorageImpl();
-    return live ? &it->second.what : nullptr;
+    const taint* own = find_at(t.const_data_ptr(), t);
+    if (own || t.storage_offset() == 0) return own;
+    return find_at(static_cast<const char*>(t.const_data_ptr()) - t.storage_offset() * int64_t(t.itemsize()), t);
   }
   bool contains(const at::TensorBase& t) const { return find(t) != nullptr; }
   void clear() { marks_.clear(); }
 
  private:
+  // The mark at `data` if it was made on `t`'s storage, still alive.
+  const taint* find_at(const void* data, const at::TensorBase& t) const {
+    const auto it = marks_.find(data);
+    const bool live = it != marks_.end() && !it->second.storage.expired() &&
+                      it->second.storage._unsafe_get_target() == t.storage().unsafeGetStorageImpl();
+    return live ? &it->second.what : nullptr;
+  }
+
   std::unordered_map<const void*, mark> marks_;
 };
 
