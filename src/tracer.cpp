@@ -48,9 +48,8 @@ namespace {
 
 // The site of the op `fn` on this thread, as its end callback sees it.
 op_site site_of(const at::RecordFunction& fn) {
-  const auto& nodes = node_stack();
   return {fn.name(), fn.seqNr(), fn.scope() == at::RecordScope::FUNCTION, fn.threadId(), fn.outputs(),
-          nodes.empty() ? nullptr : &nodes.back(), op_stack()};
+          running_node(), op_stack()};
 }
 
 tracer_state* current_state() { return observer_slot<tracer_state>::current(); }
@@ -357,7 +356,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
       callback_scope no_recursion;
       check_node_inputs(*st, fn);
     }
-    nodes.push_back({fn.name(), fn.seqNr()});
+    nodes.push_back({fn.name(), fn.seqNr(), c10::GradMode::is_enabled()});
     return std::make_unique<node_context>();  // tells the end callback to pop
   }
   const char* name = fn.name();
@@ -380,7 +379,8 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   // A view makes no values, and one no autograd node will name (nested in
   // another op, or run by the backward pass) needs no record either: the
   // cheapest exit, for the most frequent ops.
-  if (traits.views_only && (fn.seqNr() < 0 || !nodes.empty())) return nullptr;
+  const node_frame* node = nodes.empty() ? nullptr : running_node();
+  if (traits.views_only && (fn.seqNr() < 0 || node)) return nullptr;
   std::unique_ptr<op_context> ctx(new op_context);  // not make_unique: that zeroes it first
   ctx->op = name;
   ctx->traits = &traits;
@@ -396,7 +396,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   record_written_inputs(*st, traits, inputs, *ctx);
   if (!ctx->deferred) bound_outputs(*st, traits, inputs, *ctx);
   if (traits.writes_unreturned) ctx->memo_writes = this_thread_memo().writes();
-  if (nodes.empty()) {  // forward
+  if (!node) {  // forward
     std::lock_guard<std::mutex> lock(st->mutex);
     ctx->module = module_of(*st, ctx->inputs);
     if (fn.seqNr() >= 0) remember_forward_op(*st, fn.seqNr(), {name, ctx->module});

@@ -44,7 +44,7 @@ std::shared_ptr<deferred_op> keep_op(const at::RecordFunction& fn, op_context&& 
   op->function_scope = fn.scope() == at::RecordScope::FUNCTION;
   op->thread = fn.threadId();
   op->outputs = fn.outputs();
-  if (!node_stack().empty()) op->node = node_stack().back();
+  if (const node_frame* node = running_node()) op->node = *node;
   op->enclosing.reserve(op_stack().size());
   op->enclosing_names.reserve(op_stack().size());
   for (const op_frame* f : op_stack()) {

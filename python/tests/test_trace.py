@@ -590,3 +590,42 @@ def test_a_nan_read_through_a_slice_names_where_it_was_born(grad_mode):
     f = t.findings[0]
     assert (f.op, f.direction, f.role) == ("aten::log", "forward", "producer"), str(f)
 
+
+class SqrtBlock(nn.Module):
+    """sqrt(x²) is |x|, and infinite in backward where x = 0 (row 1)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.lin(x) * (torch.arange(x.shape[0]) != 1).float().unsqueeze(-1)
+        return torch.tanh(torch.sqrt(h * h))
+
+
+class CheckpointedNet(nn.Module):
+    def __init__(self, block, use_reentrant):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.block = block
+        self.use_reentrant = use_reentrant
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.block, self.lin(x), use_reentrant=self.use_reentrant)
+
+
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_a_nan_born_in_the_backward_of_a_checkpointed_block_names_its_module(use_reentrant):
+    # A reentrant checkpoint runs the block's forward again inside the
+    # backward pass, making the graph the backward then runs; its ops were
+    # taken for backward ops, so SqrtBackward0 named no forward op nor module.
+    model = CheckpointedNet(SqrtBlock(), use_reentrant)
+    with nanguard.trace(model) as t:
+        model(torch.randn(3, 4)).sum().backward()
+    assert not model.lin.weight.grad.isfinite().all()
+    f = t.findings[0]
+    assert (f.direction, f.node, f.forward_op, f.module) == ("backward", "SqrtBackward0", "aten::sqrt", "block")
+    healthy = CheckpointedNet(nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4)), use_reentrant)
+    with nanguard.trace(healthy) as t:
+        healthy(torch.randn(3, 4)).sum().backward()
+    assert t.findings == []

@@ -11,6 +11,7 @@
 #include "range_rules.h"
 
 #include <ATen/record_function.h>
+#include <c10/core/GradMode.h>
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/function.h>
 
@@ -61,6 +62,7 @@ struct forward_record {
 struct node_frame {
   std::string name;
   int64_t sequence_nr;
+  bool grad_mode;  // as the engine runs the node: on only for create_graph
 };
 
 // An autograd node's start callback pushed a node_frame.
@@ -251,6 +253,17 @@ struct deferred_check {
 inline std::vector<node_frame>& node_stack() {
   thread_local std::vector<node_frame> stack;
   return stack;
+}
+
+// The autograd node this thread's current op runs in as its backward, or
+// nullptr for a forward op. An op run with grad mode on inside a node the
+// engine runs with it off is a forward run inside the backward pass: the
+// recomputation of a checkpoint (torch.utils.checkpoint), whose graph the
+// backward runs next, its nodes made by these ops.
+inline const node_frame* running_node() {
+  const std::vector<node_frame>& nodes = node_stack();
+  if (nodes.empty() || (!nodes.back().grad_mode && c10::GradMode::is_enabled())) return nullptr;
+  return &nodes.back();
 }
 
 // The ops running on this thread, outermost first: a composite op (aten::mean)
