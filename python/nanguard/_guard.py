@@ -18,10 +18,11 @@ import sys
 import warnings
 import weakref
 from dataclasses import dataclass, field
-from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple,
-                    TypedDict, TypeVar, Union, cast)
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal, Mapping, Optional, Sequence,
+                    Tuple, TypedDict, TypeVar, Union, cast)
 
 import torch
+from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from . import _compile, _nanguard
 from ._hosts import host_for
@@ -404,6 +405,11 @@ class Guard:
         schedule: a :class:`WarmupCosine` (or a dict of its arguments) the
             guard applies to every param group at the start of each step,
             times the product of the rollback factors.
+        lr_scheduler: a torch LR scheduler (or a list of them) the loop
+            steps: a rollback lowers what it computes the LR from (its base
+            LRs; OneCycleLR's and CyclicLR's bounds) by the rollback factor
+            too, or its next step would undo the rollback's lower LR
+            (``lr_schedulers`` holds them).
         tensorboard: a log directory, a ``SummaryWriter`` or a
             :class:`nanguard.tensorboard.StepLogger`: every step's loss, grad
             norm, per-layer norms, loss scale, LR, skips and findings go to
@@ -437,6 +443,7 @@ class Guard:
                  bundle_dir: Optional[PathLike] = None, spike_window: int = 50, spike_threshold: float = 8.0,
                  bundle_tags: Optional[Mapping[str, object]] = None, log_top_norms: int = 5,
                  schedule: Union[_nanguard.WarmupCosine, ScheduleOptions, None] = None,
+                 lr_scheduler: Union[LRScheduler, ReduceLROnPlateau, Sequence[Any], None] = None,
                  tensorboard: Union[PathLike, SummaryWriter, StepLogger, None] = None,
                  distributed: Union[bool, ProcessGroup, _nanguard.Distributed, None] = None,
                  verbose: bool = True) -> None:
@@ -484,6 +491,8 @@ class Guard:
         options.scaler = _loss_scaler(loss_scale)
         options.verbose = False  # Python warns (NanGuardWarning), not C++ on stderr
         options.schedule = _schedule(schedule)
+        #: The torch LR schedulers a rollback lowers with the LR (``lr_scheduler``).
+        self.lr_schedulers: List[Any] = _schedulers(lr_scheduler)
         self._tensorboard: Optional[StepLogger] = None
         self._own_tensorboard: Optional[StepLogger] = None
         if tensorboard is not None:
@@ -589,7 +598,9 @@ class Guard:
         return self._run(lambda core: core.check(loss, forward, list(batch), [str(n) for n in names]))
 
     def _run(self, call: Callable[[_nanguard.GuardCore], _nanguard.StepEvent]) -> StepResult:
-        """A StepResult of ``call(core)``; the guard's abort as NonFiniteError."""
+        """A StepResult of ``call(core)``; the guard's abort as NonFiniteError.
+        A rollback lowers ``lr_schedulers`` by the factor it applied."""
+        lr_factor = self._active().lr_factor
         try:
             result = StepResult.from_event(call(self._active()))
         except _nanguard.GuardAbort as abort:
@@ -598,6 +609,8 @@ class Guard:
             raise NonFiniteError(Finding.from_json(abort.args[0]), result=event) from None
         if result.skipped:
             self._warn()
+        if self._active().lr_factor != lr_factor:
+            lower_scheduler_lrs(self.lr_schedulers, self._active().lr_factor / lr_factor)
         if self._tensorboard is not None:
             self._tensorboard.log(result)
         return result
@@ -724,6 +737,35 @@ def _schedule(schedule: Union[_nanguard.WarmupCosine, ScheduleOptions, None]) ->
         raise TypeError("nanguard.Guard: schedule needs base_lr, e.g. schedule={'base_lr': 1e-3, "
                         f"'warmup_steps': 100}}, got {options}")
     return _nanguard.WarmupCosine(**options)
+
+
+def _schedulers(lr_scheduler: Union[LRScheduler, ReduceLROnPlateau, Sequence[Any], None]) -> List[Any]:
+    """The schedulers of ``Guard(lr_scheduler=...)`` as a list; a TypeError
+    naming the option for anything else."""
+    given = [] if lr_scheduler is None else (list(lr_scheduler) if isinstance(lr_scheduler, (list, tuple))
+                                             else [lr_scheduler])
+    for s in given:
+        if not isinstance(s, (LRScheduler, ReduceLROnPlateau)):
+            raise TypeError("nanguard.Guard: lr_scheduler must be a torch.optim.lr_scheduler scheduler or a list of "
+                            f"them, e.g. lr_scheduler=LambdaLR(opt, warmup), got {type(s).__name__}")
+    return given
+
+
+def lower_scheduler_lrs(schedulers: Iterable[Any], factor: float) -> None:
+    """Multiplies what torch LR schedulers compute each param group's LR
+    from by ``factor``: a rollback lowers the LR, and LambdaLR (a warmup),
+    OneCycleLR or CyclicLR would set it from their own values at their next
+    step. Schedulers that go on from the current LR (StepLR,
+    CosineAnnealingLR, ReduceLROnPlateau) keep it lowered anyway."""
+    for s in schedulers:
+        lower_scheduler_lrs(getattr(s, "_schedulers", ()), factor)  # SequentialLR, ChainedScheduler
+        for bounds in ("base_lrs", "max_lrs"):  # max_lrs: CyclicLR's peaks
+            if hasattr(s, bounds):
+                setattr(s, bounds, [lr * factor for lr in getattr(s, bounds)])
+        if isinstance(s, torch.optim.lr_scheduler.OneCycleLR):  # its bounds live in the param groups
+            for group in s.optimizer.param_groups:
+                for bound in ("initial_lr", "max_lr", "min_lr"):
+                    group[bound] *= factor
 
 
 #: The names of Guard's options (its keyword-only arguments), which the framework callbacks pass through.

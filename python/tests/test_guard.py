@@ -122,6 +122,53 @@ def test_rollback_restores_the_snapshot_exactly():
     assert opt.param_groups[0]["lr"] == pytest.approx(5e-3)
 
 
+def _schedulers_of(kind, opt):
+    """A torch LR scheduler of each kind whose next step would set the LR
+    from its own values, undoing a rollback's lower LR."""
+    if kind == "lambda":  # a linear warmup, as transformers' schedules are
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 10))
+    if kind == "one_cycle":
+        return torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.2, total_steps=100)
+    if kind == "cyclic":
+        return torch.optim.lr_scheduler.CyclicLR(opt, base_lr=0.01, max_lr=0.2, step_size_up=5)
+    warmup = torch.optim.lr_scheduler.LinearLR(opt, start_factor=0.1, total_iters=5)
+    return torch.optim.lr_scheduler.SequentialLR(
+        opt, [warmup, torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 0.99 ** i)], milestones=[5])
+
+
+@pytest.mark.parametrize("kind", ["lambda", "one_cycle", "cyclic", "sequential"])
+def test_a_rollback_lowers_the_lr_a_torch_scheduler_sets_next(kind):
+    """The scheduler's next step keeps the rollback's factor: the LR is half
+    what the same scheduler gives a run without the rollback."""
+    x, y = data()
+    runs = []
+    for guarded in (False, True):
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        sched = _schedulers_of(kind, opt)
+        g = nanguard.Guard(model, opt, policy="rollback", snapshot_every=2, rollback_lr_factor=0.5,
+                           lr_scheduler=sched if guarded else None, verbose=False)
+        lrs = []
+        for i in range(12):
+            scale = float("nan") if i == 6 else 1.0
+            g.step(lambda: F.cross_entropy(model(x), y) * scale)
+            sched.step()
+            lrs.append(opt.param_groups[0]["lr"])
+        assert g.rollbacks == 1
+        runs.append(lrs)
+    unguarded, guarded = runs
+    assert guarded[:6] == pytest.approx(unguarded[:6])
+    assert guarded[6:] == pytest.approx([lr * 0.5 for lr in unguarded[6:]])
+
+
+def test_lr_scheduler_takes_schedulers_only():
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match="lr_scheduler must be a torch.optim.lr_scheduler"):
+        nanguard.Guard(model, opt, lr_scheduler=0.1)
+
+
 def test_a_snapshot_restored_twice_keeps_its_optimizer_state():
     """The steps after a rollback update the optimizer's state in place: they
     must not change the snapshot it came from, which a later rollback

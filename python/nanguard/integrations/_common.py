@@ -1,6 +1,6 @@
 """What the framework callbacks share: the guard they build and check steps
-with, the framework check, per-rank event logs, and keeping an LR scheduler
-in step with a rollback."""
+with, the framework check, per-rank event logs, and the LR schedulers a
+rollback lowers."""
 import importlib
 import math
 import os
@@ -31,15 +31,6 @@ def per_rank_path(path, rank, world_size):
         return path
     stem, suffix = os.path.splitext(str(path))
     return f"{stem}.rank{rank}{suffix}"
-
-
-def lower_scheduler_lrs(schedulers, factor):
-    """Multiplies the base LRs of torch LR schedulers by ``factor``: a
-    rollback lowers each param group's LR, and a scheduler that recomputes
-    the LR from its base LRs at its next step would undo that."""
-    for s in schedulers:
-        if s is not None and hasattr(s, "base_lrs"):
-            s.base_lrs = [lr * factor for lr in s.base_lrs]
 
 
 def found_inf(scaler, optimizer):
@@ -133,16 +124,15 @@ class CallbackGuard:
         tensors and their names); returns its result, or None when
         the framework's GradScaler skips it on its own (an overflow of the
         scaling: an Inf/NaN in the gradients of a finite loss at a scale
-        above 1). A rollback lowers the ``schedulers``' base LRs with it."""
+        above 1). A rollback lowers the ``schedulers`` with the LR (the
+        guard's ``lr_schedulers``)."""
         if found_inf(scaler, optimizer) and math.isfinite(float(loss)) and scaler.get_scale() > 1.0:
             self.scaler_skips += 1  # the GradScaler's own overflow: it skips the step and lowers the scale
             return None
-        lr_factor = self.guard.lr_factor
+        self.guard.lr_schedulers = [s for s in schedulers if s is not None]
         batch, names = named_batch
         r = self.guard.check(loss, replay=replay, batch=batch, names=names)
         self.last = r
         if r.skipped:
             self.bad_steps.append(r)
-            if r.action == "rollback":  # the factor this rollback applied
-                lower_scheduler_lrs(schedulers, self.guard.lr_factor / lr_factor)
         return r
