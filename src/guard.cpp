@@ -1102,6 +1102,8 @@ guard::guard(std::shared_ptr<training_host> host, guard_options options) {
   TORCH_CHECK(o.max_bad_fraction() > 0 && o.max_bad_fraction() <= 1,
               "nanguard::guard_options: max_bad_fraction must be in (0, 1] but is ", o.max_bad_fraction(),
               "; 1 never aborts on its own, 0.5 aborts when most recent steps are bad");
+  TORCH_CHECK(o.log_top_norms() >= 0, "nanguard::guard_options: log_top_norms must be >= 0 but is ",
+              o.log_top_norms(), "; 0 lists no per-parameter norm, 5 is the default");
   TORCH_CHECK(o.spike_rollback_z() >= 0 && std::isfinite(o.spike_rollback_z()),
               "nanguard::guard_options: spike_rollback_z must be finite and >= 0 but is ", o.spike_rollback_z(),
               "; 0 turns the spike rollback off, 100 is the default");

@@ -422,8 +422,10 @@ class Guard:
             that saw the NaN/Inf (``nonfinite_ranks``).
 
     Raises:
-        TypeError: an unknown option (named, with the closest one), an
-            option passed by position, or a value of the wrong type.
+        TypeError: a model that is no ``torch.nn.Module``, an optimizer
+            that is no ``torch.optim.Optimizer``, an unknown option (named,
+            with the closest one), an option passed by position, or a value
+            of the wrong type.
         ValueError: a value the C++ guard refuses (named), an optimizer that
             holds none of the model's trainable parameters, or a model on
             the meta device.
@@ -447,6 +449,13 @@ class Guard:
                  tensorboard: Union[PathLike, SummaryWriter, StepLogger, None] = None,
                  distributed: Union[bool, ProcessGroup, _nanguard.Distributed, None] = None,
                  verbose: bool = True) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError("nanguard.Guard: model must be the torch.nn.Module the optimizer trains, got "
+                            f"{type(model).__name__}")
+        if not hasattr(optimizer, "param_groups"):
+            raise TypeError("nanguard.Guard: optimizer must be a torch.optim.Optimizer over the model's parameters "
+                            f"(one guard per optimizer), e.g. torch.optim.AdamW(model.parameters()), got "
+                            f"{type(optimizer).__name__}")
         # The options are checked by the C++ guard (ValueError); the policy first.
         policy = cast(Policy, _nanguard.policy_from_string(policy))
         self.model = model

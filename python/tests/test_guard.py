@@ -162,6 +162,23 @@ def test_a_rollback_lowers_the_lr_a_torch_scheduler_sets_next(kind):
     assert guarded[6:] == pytest.approx([lr * 0.5 for lr in unguarded[6:]])
 
 
+@pytest.mark.parametrize("args", ["no model", "optimizers in a list", "no optimizer"])
+def test_a_model_or_optimizer_of_the_wrong_type_is_named(args):
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model_arg, opt_arg, named = {"no model": (None, opt, "model must be"),
+                                 "optimizers in a list": (model, [opt], "optimizer must be"),
+                                 "no optimizer": (model, None, "optimizer must be")}[args]
+    with pytest.raises(TypeError, match=named):
+        nanguard.Guard(model_arg, opt_arg)
+
+
+def test_a_negative_log_top_norms_is_refused():
+    model = Net()
+    with pytest.raises(ValueError, match="log_top_norms must be >= 0"):
+        nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), log_top_norms=-1)
+
+
 def test_lr_scheduler_takes_schedulers_only():
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
