@@ -190,6 +190,9 @@ def test_the_callback_refuses_what_it_cannot_guard():
         NanGuard(policy="retry")
     with pytest.raises(TypeError, match=r"NanGuard: unknown option 'snapshot_evry'; did you mean 'snapshot_every'\?"):
         NanGuard(snapshot_evry=10)
+    with pytest.raises(TypeError, match=r"unknown option 'log_metric'; did you mean 'log_metrics'\?") as e:
+        NanGuard(log_metric=False)  # the callback's own option is one of those it lists; loss_scale is not
+    assert "loss_scale" not in str(e.value)
 
     class Manual(Classifier):
         def __init__(self):
@@ -338,3 +341,61 @@ def test_the_logger_gets_the_guard_s_metrics_and_the_user_sees_each_bad_step(tmp
     assert float(rows[-1]["nanguard/loss_scale"]) == 1.0 and float(rows[-1]["nanguard/rollbacks"]) == 0
     assert float(rows[-1]["nanguard/grad_norm"]) == pytest.approx(cb.last.grad_norm, rel=1e-5)
     assert rows[3]["nanguard/grad_norm"] == "nan"  # the bad step's, not the step before's
+
+
+class OneCycle(Classifier):
+    """OneCycleLR, and a log of 0 at each of ``log0_at``'s global steps."""
+
+    def __init__(self, log0_at=()):
+        super().__init__()
+        self.log0_steps = log0_at
+
+    def forward(self, x):
+        self.log0_at = self.global_step if self.global_step in self.log0_steps else -1
+        return super().forward(x)
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD(self.parameters(), lr=self.lr)
+        cycle = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=self.lr, total_steps=20)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": cycle, "interval": "step"}}
+
+
+def test_a_second_rollback_to_the_same_snapshot_lowers_one_cycle_s_lr_again():
+    """OneCycleLR keeps its bounds in the optimizer's param groups, which a
+    rollback restores to the snapshot's: the second rollback to the step-0
+    snapshot brought back the bounds from before the first, and the LR
+    went on at half the plain run's instead of a quarter."""
+    plain, model = OneCycle(), OneCycle(log0_at=(5, 9))
+    model.load_state_dict(plain.state_dict())
+    plain_trainer = fit(plain, steps=14)
+    cb = NanGuard(policy="rollback", snapshot_every=100, verbose=False)
+    trainer = fit(model, [cb], steps=14)
+    assert [(r.step, r.rollback_to) for r in cb.bad_steps] == [(6, 0), (10, 0)]
+    lr, plain_lr = trainer.optimizers[0].param_groups[0]["lr"], plain_trainer.optimizers[0].param_groups[0]["lr"]
+    assert lr == pytest.approx(plain_lr / 4)
+
+
+def test_a_fit_after_one_that_stopped_in_an_accumulation_window_is_guarded(tmp_path):
+    """An error in the middle of an accumulation window stops fit(); the
+    next fit with the same callback checked its first step against the
+    stopped fit's micro-batches, with no step begun on its new guard (a
+    ValueError in the guard's words: "nanguard::guard::check: no step was
+    begun")."""
+
+    class Failing(Classifier):
+        fail_at = 5
+
+        def training_step(self, batch, batch_idx):
+            if batch_idx == self.fail_at:
+                raise RuntimeError("a bug in training_step")
+            return super().training_step(batch, batch_idx)
+
+    model = Failing()
+    cb = NanGuard(policy="skip", event_log=tmp_path / "events.jsonl")
+    with pytest.raises(RuntimeError, match="a bug in training_step"):
+        fit(model, [cb], steps=4, accumulate_grad_batches=2)  # batch 5 is the second of step 3
+    model.fail_at = -1
+    fit(model, [cb], steps=4, accumulate_grad_batches=2)
+    lines = events(tmp_path / "events.jsonl")
+    assert [(l["step"], l["action"]) for l in lines] == [(s, "step") for s in range(1, 5)]
+    assert cb.bad_steps == [] and finite_params(model)

@@ -13,6 +13,10 @@ from nanguard import _nanguard
 from nanguard._guard import GUARD_OPTIONS, unknown_option_error
 
 
+#: The options of both callbacks: the Guard's but loss_scale (the framework's), and their own log_metrics.
+CALLBACK_OPTIONS = tuple(o for o in GUARD_OPTIONS if o != "loss_scale") + ("log_metrics",)
+
+
 def require(package, extra_hint=""):
     """Imports ``package`` or raises an ImportError saying how to install it."""
     try:
@@ -66,12 +70,12 @@ class CallbackGuard:
     the loss scale, so ``loss_scale=`` is refused."""
 
     def __init__(self, name, scaler_owner, policy, event_log, bundle_dir, max_norm, guard_options):
-        for option in guard_options:
-            if option not in GUARD_OPTIONS:
-                raise unknown_option_error(name, option, GUARD_OPTIONS)
         if "loss_scale" in guard_options:
             raise ValueError(f"{name}: loss_scale is {scaler_owner} to manage (it uses a GradScaler, which the "
                              "callback reads); drop loss_scale=")
+        for option in guard_options:
+            if option not in CALLBACK_OPTIONS:
+                raise unknown_option_error(name, option, CALLBACK_OPTIONS)
         self.policy = _nanguard.policy_from_string(policy)
         self.event_log = event_log
         self.bundle_dir = bundle_dir

@@ -111,6 +111,7 @@ class NanGuard(_pl.Callback, CallbackGuard):
         wrapped = trainer.strategy.model
         ddp_group = wrapped.process_group if isinstance(wrapped, torch.nn.parallel.DistributedDataParallel) else None
         self.build(pl_module, trainer.optimizers[0], "lightning", trainer.global_rank, trainer.world_size, ddp_group)
+        self._window, self._loss = None, None  # a fit that stopped on an error in a window left its micro-batches
 
     # -- every step ------------------------------------------------------------
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: Any) -> None:
