@@ -297,3 +297,66 @@ def test_the_trainer_logs_the_guard_s_metrics_and_the_user_sees_each_bad_step(tm
     assert history[8]["nanguard/last_cause"] == nanguard._nanguard.cause_code(cb.bad_steps[0].finding.cause) >= 1
     assert history[8]["nanguard/loss_scale"] == 1.0 and history[8]["nanguard/rollbacks"] == 0
     assert history[8]["nanguard/grad_norm"] == pytest.approx(history[8]["grad_norm"], rel=1e-4)
+
+
+def test_an_abort_leaves_no_hook_on_the_model_and_closes_the_guard(tmp_path):
+    """train() stops on the abort's NonFiniteError, with no on_train_end:
+    the callback's forward hook stayed on the model (holding the guard)
+    and the guard stayed open."""
+    model = tiny_bert()
+    cb = NanGuardCallback(policy="abort", event_log=tmp_path / "events.jsonl", verbose=False)
+    with pytest.raises(nanguard.NonFiniteError, match="aten::log"):
+        train(tmp_path, model, [Plant(model, log0_at=2), cb])
+    assert not model._forward_hooks
+    assert cb.guard.summary()["aborted"]
+    with pytest.raises(RuntimeError, match="the guard is closed"):
+        cb.guard.begin_step()
+
+
+def test_a_train_after_one_that_stopped_on_an_error_still_clips(tmp_path):
+    """An error stops train() with max_grad_norm handed to the guard (0 in
+    the Trainer's arguments); the next train() took that 0 for the
+    Trainer's own setting and clipped nothing."""
+
+    class Failing(transformers.TrainerCallback):
+        armed = True
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.armed and state.global_step == 2:
+                raise RuntimeError("a bug in a callback")
+
+    model, failing = tiny_bert(), Failing()
+    cb = NanGuardCallback(event_log=tmp_path / "events.jsonl")
+    targs = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True, max_steps=4, per_device_train_batch_size=4,
+        learning_rate=1e-3, save_strategy="no", disable_tqdm=True, seed=0, max_grad_norm=0.2,
+        dataloader_num_workers=0)
+    trainer = transformers.Trainer(model=model, args=targs, train_dataset=Embedded(), callbacks=[failing, cb])
+    with pytest.raises(RuntimeError, match="a bug in a callback"):
+        trainer.train()
+    failing.armed = False
+    trainer.train()
+    lines = events(tmp_path / "events.jsonl")
+    assert len(lines) == 4 and all(l["grad_norm"] > 0.4 for l in lines)  # every step above 0.2
+    for line in lines:
+        assert line["clip_coef"] == pytest.approx(0.2 / line["grad_norm"], rel=1e-4)
+    assert trainer.args.max_grad_norm == 0.2
+
+
+def test_the_loss_of_an_accumulated_causal_lm_step_is_the_one_the_trainer_logs(tmp_path):
+    """With gradient accumulation the Trainer passes a causal LM the window's
+    token count (num_items_in_batch): each micro-batch's loss is its share
+    of the window's mean, and they add up to the step's loss. Their mean
+    logged half of it with two micro-batches."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16)
+    model = transformers.LlamaForCausalLM(config)
+    ids = torch.randint(0, 64, (32, 12), generator=torch.Generator().manual_seed(1))
+    data = [{"input_ids": i, "labels": i.clone()} for i in ids]
+    cb = NanGuardCallback(event_log=tmp_path / "events.jsonl")
+    trainer = train(tmp_path, model, [cb], steps=4, data=data, gradient_accumulation_steps=2)
+    logged = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    lines = events(tmp_path / "events.jsonl")
+    assert [l["loss"] for l in lines] == pytest.approx(logged, rel=1e-5)
+    assert all(l > 3.5 for l in logged)  # about log(64): a half would read 2.1

@@ -16,7 +16,8 @@ step:
   replay starts from);
 - a forward hook on the model (``register_forward_hook(...,
   with_kwargs=True)``) keeps each training micro-batch's inputs and its
-  ``loss`` output; the step's loss is their mean;
+  ``loss`` output; the step's loss is their mean (their sum when the
+  Trainer passed the forward ``num_items_in_batch``: the Trainer's);
 - ``on_pre_optimizer_step`` (every micro-batch done; after the Trainer
   unscaled the gradients under fp16 AMP and measured their norm):
   ``Guard.check(loss, replay)``; the guard clips a healthy step by
@@ -49,7 +50,8 @@ the callback sees the gradients, and the event log's ``grad_norm`` would be
 the clipped norm (1.0 on every step). So while ``train()`` runs the guard
 clips instead, by the same norm after its checks (``max_norm`` when smaller),
 with ``TrainingArguments.max_grad_norm`` set to 0 (given back when
-``train()`` ends or stops); the event log's ``grad_norm`` is then the norm
+``train()`` ends or aborts, or by the next ``train()`` after another
+error stopped it); the event log's ``grad_norm`` is then the norm
 before clipping, the one the Trainer logs. Not under DeepSpeed, which clips
 in its engine.
 
@@ -133,6 +135,7 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
         if model is None or optimizer is None:
             raise ValueError("NanGuardCallback: the Trainer passed no model or optimizer to on_train_begin; "
                              "add the callback to a transformers.Trainer (Trainer(..., callbacks=[...]))")
+        self._give_back_clipping(args)  # a train() that stopped on an error kept it
         self._take_over_clipping(args)
         self.build(model, _inner(optimizer), "transformers", *_rank_and_world(), ddp_group=_ddp_group(args))
         self._scaler = getattr(optimizer, "scaler", None)
@@ -198,14 +201,14 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
         self._window, self._losses = None, []
         # Without a loss from the model (a compute_loss outside it) the event
         # says 0.0 and the gradients alone decide.
-        loss = _mean(losses) if losses else 0.0
+        loss = _window_loss(window, losses) if losses else 0.0
         try:
             CallbackGuard.check(self, loss, lambda: self._replay(window),
                                 self._named_window(window),
                                 getattr(optimizer, "scaler", None), _inner(optimizer),
                                 [getattr(lr_scheduler, "scheduler", lr_scheduler)])
         except NonFiniteError:
-            self._give_back_clipping(args)  # train() stops here: no on_train_end
+            self.on_train_end(args, state, control)  # train() stops here: no on_train_end
             raise
 
     def _named_window(self, window: Any) -> Any:
@@ -234,7 +237,7 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
                     losses.append(loss)
         finally:
             self._replaying = False
-        return _mean(losses)
+        return _window_loss(window, losses)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Removes the forward hook, gives the Trainer its ``max_grad_norm``
@@ -251,6 +254,16 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
 def _inner(optimizer):
     """The torch optimizer inside accelerate's wrapper (or ``optimizer``)."""
     return getattr(optimizer, "optimizer", optimizer)
+
+
+def _window_loss(window, losses):
+    """The step's loss from its micro-batches' model ``losses``, as the
+    Trainer sums it: when it passed the forward ``num_items_in_batch`` (the
+    items of the whole window: a causal LM's loss is then each micro-batch's
+    share of the window's mean), their sum; else their mean."""
+    if losses and any(k.get("num_items_in_batch") is not None for _, k in window):
+        return torch.stack([l.float() for l in losses]).sum()
+    return _mean(losses)
 
 
 def _loss_of(output):
