@@ -610,7 +610,6 @@ class Guard:
         """A StepResult of ``call(core)``; the guard's abort as NonFiniteError.
         A rollback lowers ``lr_schedulers`` by the factor it applied."""
         lr_factor = self._active().lr_factor
-        one_cycle_bounds = _one_cycle_bounds(self.lr_schedulers)
         try:
             result = StepResult.from_event(call(self._active()))
         except _nanguard.GuardAbort as abort:
@@ -620,7 +619,7 @@ class Guard:
         if result.skipped:
             self._warn()
         if self._active().lr_factor != lr_factor:
-            lower_scheduler_lrs(self.lr_schedulers, self._active().lr_factor / lr_factor, one_cycle_bounds)
+            lower_scheduler_lrs(self.lr_schedulers, self._active().lr_factor / lr_factor)
         if self._tensorboard is not None:
             self._tensorboard.log(result)
         return result
@@ -761,41 +760,21 @@ def _schedulers(lr_scheduler: Union[LRScheduler, ReduceLROnPlateau, Sequence[Any
     return given
 
 
-#: OneCycleLR's bounds, which it keeps in the optimizer's param groups.
-_ONE_CYCLE_BOUNDS = ("initial_lr", "max_lr", "min_lr")
-
-
-def _one_cycle_bounds(schedulers: Iterable[Any]) -> Dict[int, List[Dict[str, float]]]:
-    """The bounds of each OneCycleLR among ``schedulers`` (inside SequentialLR
-    and ChainedScheduler too), by the scheduler's id, one dict per param
-    group. Read before a step: a rollback restores the param groups that hold
-    them to the snapshot's, from before the rollbacks since it."""
-    bounds: Dict[int, List[Dict[str, float]]] = {}
-    for s in schedulers:
-        bounds.update(_one_cycle_bounds(getattr(s, "_schedulers", ())))
-        if isinstance(s, torch.optim.lr_scheduler.OneCycleLR):
-            bounds[id(s)] = [{b: group[b] for b in _ONE_CYCLE_BOUNDS} for group in s.optimizer.param_groups]
-    return bounds
-
-
-def lower_scheduler_lrs(schedulers: Iterable[Any], factor: float,
-                        one_cycle_bounds: Mapping[int, List[Dict[str, float]]]) -> None:
+def lower_scheduler_lrs(schedulers: Iterable[Any], factor: float) -> None:
     """Multiplies what torch LR schedulers compute each param group's LR
     from by ``factor``: a rollback lowers the LR, and LambdaLR (a warmup),
     OneCycleLR or CyclicLR would set it from their own values at their next
     step. Schedulers that go on from the current LR (StepLR,
-    CosineAnnealingLR, ReduceLROnPlateau) keep it lowered anyway.
-    ``one_cycle_bounds``: OneCycleLR's bounds before the rollback
-    (:func:`_one_cycle_bounds`), which lowers them from there."""
+    CosineAnnealingLR, ReduceLROnPlateau) keep it lowered anyway."""
     for s in schedulers:
-        lower_scheduler_lrs(getattr(s, "_schedulers", ()), factor, one_cycle_bounds)  # SequentialLR, ChainedScheduler
+        lower_scheduler_lrs(getattr(s, "_schedulers", ()), factor)  # SequentialLR, ChainedScheduler
         for bounds in ("base_lrs", "max_lrs"):  # max_lrs: CyclicLR's peaks
             if hasattr(s, bounds):
                 setattr(s, bounds, [lr * factor for lr in getattr(s, bounds)])
         if isinstance(s, torch.optim.lr_scheduler.OneCycleLR):  # its bounds live in the param groups
-            for group, before in zip(s.optimizer.param_groups, one_cycle_bounds[id(s)]):
-                for bound, value in before.items():
-                    group[bound] = value * factor
+            for group in s.optimizer.param_groups:
+                for bound in ("initial_lr", "max_lr", "min_lr"):
+                    group[bound] *= factor
 
 
 #: The names of Guard's options (its keyword-only arguments), which the framework callbacks pass through.

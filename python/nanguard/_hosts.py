@@ -45,10 +45,17 @@ class ModuleHost(_nanguard.TrainingHost):
     def restore(self, state):
         model_state, optimizer_state = state
         self.model.load_state_dict(model_state)
+        # The param groups' settings stay as they are now: they are the LR
+        # schedule's (the LR, a OneCycleLR's bounds and momentum), and the
+        # rollbacks since the snapshot lowered them. The snapshot brings back
+        # the weights and the optimizer's state.
+        settings = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         # A copy: load_state_dict keeps the state's tensors (those of the
         # parameters' dtype and device), which the optimizer then updates in
         # place; a later rollback may restore this snapshot again.
         self.optimizer.load_state_dict(copy.deepcopy(optimizer_state))
+        for group, kept in zip(self.optimizer.param_groups, settings):
+            group.update(kept)
 
     def begin_traced_run(self):
         end_eager_run = _compile.begin_eager_run()
