@@ -94,9 +94,13 @@ class value_screen {
     for (int64_t j : o.label_columns()) is_label_[size_t(j)] = 1;
   }
 
-  // Screens row `i`, whose values start at `values`.
+  // Screens row `i`, whose values start at `values`. Its repairs and clips
+  // count only when the row is kept: a dropped row's values never reach the
+  // output (a row with a NaN and an outlier under drop + clip).
   void row(int64_t i, double* values) {
     row_effect r;
+    repaired_.clear();
+    clipped_.clear();
     for (int64_t j = 0; j < int64_t(is_label_.size()); ++j) {
       if (!std::isfinite(values[j]))
         nonfinite(values[j], i, j, r);
@@ -104,10 +108,13 @@ class value_screen {
         outlier(values[j], i, j, r);
     }
     if (r.raised) raised_.rows.push_back(i);
-    if (r.dropped)
+    if (r.dropped) {
       report_.dropped_rows.push_back(i);
-    else if (r.changed)
-      report_.changed_rows.push_back(i);
+      return;
+    }
+    for (int64_t j : repaired_) ++report_.columns[size_t(j)].repaired;
+    for (int64_t j : clipped_) ++report_.columns[size_t(j)].clipped;
+    if (r.changed) report_.changed_rows.push_back(i);
   }
 
   const raised_values& raised() const { return raised_; }
@@ -129,12 +136,12 @@ class value_screen {
         break;
       case nonfinite_policy::nan_to_num:
         e = std::isnan(e) ? o_.nan_value() : e > 0 ? fills_.posinf[size_t(j)] : fills_.neginf[size_t(j)];
-        ++c.repaired;
+        repaired_.push_back(j);
         r.changed = true;
         break;
       case nonfinite_policy::impute_median:
         e = fills_.median[size_t(j)];  // finite: check_medians refused a column without one
-        ++c.repaired;
+        repaired_.push_back(j);
         r.changed = true;
         break;
       case nonfinite_policy::ignore:
@@ -157,7 +164,7 @@ class value_screen {
         break;
       case outlier_policy::clip:
         e = std::clamp(e, l, h);
-        ++c.clipped;
+        clipped_.push_back(j);
         r.changed = true;
         break;
       case outlier_policy::ignore:
@@ -171,6 +178,7 @@ class value_screen {
   std::vector<char> is_label_;
   const bool check_outliers_;
   raised_values raised_;
+  std::vector<int64_t> repaired_, clipped_;  // the current row's columns, counted once it is kept
 };
 
 // The indices of the rows of [0, n) not in `dropped` (ascending).

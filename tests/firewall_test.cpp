@@ -133,6 +133,27 @@ TEST(firewall, clip_to_fitted_quantiles) {
   EXPECT_EQ(c.select(1, 0).min().item<double>(), lo0);
 }
 
+// A dropped row's values never reach the output: its repairs and clips are
+// not counted (clean said "clipped 4 values" of a file that had 2 clipped).
+TEST(firewall, a_dropped_row_counts_no_repair_or_clip) {
+  firewall clip(firewall_options().nonfinite(nonfinite_policy::drop).outliers(outlier_policy::clip));
+  clip.fit(at::tensor({0.0, 0.0, 1.0, 1.0}, at::kDouble).reshape({2, 2}));
+  const at::Tensor nan_and_outlier = at::tensor({kNaN, 100.0, 0.5, 0.5}, at::kDouble).reshape({2, 2});
+  const auto r = clip.apply(nan_and_outlier);
+  EXPECT_EQ(r.report.dropped_rows, (std::vector<int64_t>{0}));
+  EXPECT_EQ(r.report.columns[1].outliers, 1);  // found, as the NaN is
+  EXPECT_EQ(r.report.clipped(), 0);
+  EXPECT_TRUE(r.report.changed_rows.empty());
+  // A missing label drops its row under impute_median: no value of it is repaired.
+  firewall repair(firewall_options().nonfinite(nonfinite_policy::impute_median).label_columns({1}));
+  repair.fit(at::tensor({1.0, 0.0, 3.0, 1.0}, at::kDouble).reshape({2, 2}));
+  const auto s = repair.apply(at::tensor({kNaN, kNaN, kNaN, 1.0}, at::kDouble).reshape({2, 2}));
+  EXPECT_EQ(s.report.dropped_rows, (std::vector<int64_t>{0}));
+  EXPECT_EQ(s.report.changed_rows, (std::vector<int64_t>{1}));
+  EXPECT_EQ(s.report.columns[0].nan, 2);
+  EXPECT_EQ(s.report.repaired(), 1);
+}
+
 TEST(firewall, three_sigma_and_robust_z_rules_drop_or_raise) {
   at::manual_seed(6);
   const at::Tensor train = at::randn({5000, 1}, at::kDouble) * 2 + 10;
