@@ -247,6 +247,7 @@ csv_reader::csv_reader(std::string path, csv_options options)
     std::vector<std::string> names;
     int64_t newlines = 0;
     bool complete = false;
+    bool lone_cr = false;  // a '\r' inside an unquoted name: lines that end with '\r' alone
     while (p < e) {
       std::string name;
       if (*p == '"') {
@@ -256,6 +257,7 @@ csv_reader::csv_reader(std::string path, csv_options options)
         const char* q = p;
         while (q < e && *q != options_.delimiter() && *q != '\n') ++q;
         name.assign(p, q);
+        lone_cr = lone_cr || trim(name).find('\r') != std::string::npos;
         p = q;
       }
       if (p >= e) break;
@@ -274,6 +276,10 @@ csv_reader::csv_reader(std::string path, csv_options options)
     bytes_consumed_ += (p - base) - begin_;
     begin_ = p - base;
     if (names.size() == 1 && names[0].empty()) continue;  // a blank line before the header
+    // Read as one header line, such a file had no data rows.
+    TORCH_CHECK(!lone_cr, "nanguard::read_csv: '", name_, "' line ", line_, ": the lines end with a lone "
+                "carriage return ('\\r', as classic Mac OS wrote them), not '\\n' or '\\r\\n'; convert the line "
+                "endings first, e.g. tr '\\r' '\\n' < in.csv > out.csv");
     columns_ = std::move(names);
     break;
   }

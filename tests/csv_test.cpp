@@ -164,6 +164,18 @@ TEST(csv, empty_and_missing_files_are_clear_errors) {
             std::string::npos);
 }
 
+TEST(csv, lone_carriage_return_line_endings_are_named) {
+  // Read as one header line of columns 'a', 'b\r1', '2\r3', '4': zero rows, no error.
+  const std::string p = fixture("mac.csv", "a,b\r1,2\r3,4\r");
+  const std::string msg = error_of([&] { nanguard::read_csv(p); });
+  EXPECT_NE(msg.find("mac.csv' line 1: the lines end with a lone carriage return"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("tr '\\r' '\\n'"), std::string::npos) << msg;
+  // A quoted name may hold one, and \r\n ends a line.
+  const auto t = nanguard::read_csv(fixture("crlf_names.csv", "\"x\ry\",b\r\n1,2\r\n"));
+  EXPECT_EQ(t.columns, (std::vector<std::string>{"x\ry", "b"}));
+  EXPECT_EQ(t.data.size(0), 1);
+}
+
 TEST(csv, duplicate_column_names_are_refused) {
   // A label or target is chosen by name: a second 'a' made `train` use the
   // first and feed the other as a feature.
