@@ -2,6 +2,7 @@
 
 #include "detail/chunked_parallel.h"
 #include "detail/default_init_allocator.h"
+#include "detail/printable.h"
 #include "detail/short_decimal.h"
 
 #include <ATen/ATen.h>
@@ -44,20 +45,6 @@ bool iequals(const char* b, const char* e, const char* word) {
     if (c != word[i]) return false;
   }
   return true;
-}
-
-// `s` with its control bytes written as \xNN: a NUL cut the message short,
-// an escape sequence redrew the user's terminal.
-std::string printable(std::string_view s) {
-  std::string out;
-  for (const char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if (u < 0x20 || u == 0x7f)
-      out += fmt::format("\\x{:02x}", u);
-    else
-      out += c;
-  }
-  return out;
 }
 
 // Whether a header row is a row of data: every field a number, one at least
@@ -404,8 +391,9 @@ void csv_reader::fail_cell(const char* begin, const char* end, int64_t column) c
   std::string cell(begin, end);
   if (cell.size() > 40) cell = cell.substr(0, 37) + "...";
   TORCH_CHECK(false, "nanguard::read_csv: '", name_, "' line ", line_ + 1, ", column ", column + 1, " ('",
-              printable(columns_[size_t(column)]), "'): '", printable(cell), "' is not a number; numeric "
-              "columns take numbers and, for a missing value, an empty cell, NA, NaN, null or inf");
+              detail::printable(columns_[size_t(column)]), "'): '", detail::printable(cell),
+              "' is not a number; numeric columns take numbers and, for a missing value, an empty cell, NA, NaN, "
+              "null or inf");
 }
 
 int64_t csv_reader::read_rows(std::vector<double>& out, int64_t max_rows) { return read_rows_into(out, max_rows); }

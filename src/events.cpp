@@ -3,6 +3,7 @@
 #include "detail/enum_from_string.h"
 #include "detail/json_field.h"
 #include "detail/json_number.h"
+#include "detail/printable.h"
 
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
@@ -240,7 +241,8 @@ std::vector<step_event> read_events(const std::string& path) {
     try {
       out.push_back(step_event_from_json(line));
     } catch (const c10::Error& e) {
-      TORCH_CHECK(false, path, ":", number, ": not a step event: ", e.what_without_backtrace(),
+      // The message quotes the line and its strings: their control bytes are shown, not sent to the terminal.
+      TORCH_CHECK(false, path, ":", number, ": not a step event: ", detail::printable(e.what_without_backtrace()),
                   "; every line must be one JSON object as the guard's event_log writes it");
     }
   }

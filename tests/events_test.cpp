@@ -192,4 +192,17 @@ TEST(events, a_malformed_line_is_named_with_its_file_and_number) {
   }
 }
 
+TEST(events, a_malformed_line_is_quoted_without_its_control_bytes) {
+  // An escape sequence in the line, or in a string of it, cleared the user's terminal.
+  const std::string path = ::testing::TempDir() + "events_control_bytes.jsonl";
+  std::ofstream(path) << "garbage\x1b[2J\x07here\n";
+  std::string msg = error_of([&] { nanguard::read_events(path); });
+  EXPECT_NE(msg.find("garbage\\x1b[2J\\x07here"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\x1b'), std::string::npos) << msg;
+  std::ofstream(path) << "{\"step\": 1, \"action\": \"\\u001b[31mred\"}\n";
+  msg = error_of([&] { nanguard::read_events(path); });
+  EXPECT_NE(msg.find("but is '\\x1b[31mred'"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('\x1b'), std::string::npos) << msg;
+}
+
 }  // namespace
