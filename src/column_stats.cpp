@@ -37,6 +37,23 @@ double sorted_quantile(const std::vector<double>& s, double q) {
   return s[lo] + (s[hi] - s[lo]) * frac;
 }
 
+// Column j's sum and its sum of squared deviations from `mean`, in long
+// double, for the rare column whose double sums overflow: squares of
+// deviations past about 1e154, sums of values near 1e308. An inf m2 made
+// std() 0 (the merge's inf * 0 is NaN) and an inf sum made mean() inf.
+long double wide_sum(const double* x, int64_t n, int64_t f, int64_t j) {
+  long double s = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (std::isfinite(x[i * f + j])) s += x[i * f + j];
+  return s;
+}
+long double wide_squared_deviations(const double* x, int64_t n, int64_t f, int64_t j, long double mean) {
+  long double s = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (std::isfinite(x[i * f + j])) s += (x[i * f + j] - mean) * (x[i * f + j] - mean);
+  return s;
+}
+
 at::Tensor as_matrix(const at::Tensor& batch) {
   at::Tensor b = batch.dim() == 1 ? batch.unsqueeze(1) : batch;
   return b.to(at::kCPU, at::kDouble).contiguous();
@@ -100,8 +117,9 @@ void column_stats::update(const at::Tensor& batch) {
       }
     }
   }
-  std::vector<double> bmean(f);
-  for (int64_t j = 0; j < f; ++j) bmean[j] = cnt[j] ? sum[j] / double(cnt[j]) : 0.0;
+  std::vector<double> bmean(f);  // finite: a mean of finite values
+  for (int64_t j = 0; j < f; ++j)
+    if (cnt[j]) bmean[j] = std::isfinite(sum[j]) ? sum[j] / double(cnt[j]) : double(wide_sum(x, n, f, j) / cnt[j]);
   for (int64_t i = 0; i < n; ++i) {
     const double* row = x + i * f;
     for (int64_t j = 0; j < f; ++j) {
@@ -114,10 +132,12 @@ void column_stats::update(const at::Tensor& batch) {
   }
   for (int64_t j = 0; j < f; ++j) {
     if (cnt[j] == 0) continue;
-    const double na = double(count_[j]), nb = double(cnt[j]), nt = na + nb;
-    const double delta = bmean[j] - mean_[j];
-    mean_[j] += delta * nb / nt;
-    m2_[j] += dev2[j] + delta * delta * na * nb / nt;
+    const long double na = count_[j], nb = cnt[j], nt = na + nb;
+    const long double delta = static_cast<long double>(bmean[j]) - mean_[j];
+    const long double batch_m2 =
+        std::isfinite(dev2[j]) ? dev2[j] : wide_squared_deviations(x, n, f, j, bmean[j]);
+    mean_[j] = double(mean_[j] + delta * nb / nt);
+    m2_[j] += batch_m2 + delta * delta * (na * nb / nt);
     count_[j] += cnt[j];
   }
   // Reservoir sampling of rows (Vitter's algorithm R).
@@ -149,7 +169,7 @@ at::Tensor column_stats::mean() const {
 at::Tensor column_stats::std() const {
   std::vector<double> s(m2_.size());
   for (size_t j = 0; j < s.size(); ++j)
-    s[j] = count_[j] ? std::sqrt(std::max(0.0, m2_[j]) / double(count_[j])) : kNaN;
+    s[j] = count_[j] ? double(std::sqrt(m2_[j] / count_[j])) : kNaN;
   return to_tensor(s);
 }
 

@@ -71,6 +71,21 @@ TEST(column_stats, matches_reference_moments_and_counts) {
   EXPECT_EQ(s.constant_columns(), (std::vector<int64_t>{3, 4}));
 }
 
+// Squared deviations past 1.3e154 overflow a double: std was 0 (the firewall's
+// three_sigma rule then dropped every row), and sums near 1e308 made the mean inf.
+TEST(column_stats, huge_finite_values_keep_a_finite_mean_and_std) {
+  column_stats s;
+  s.update(at::tensor({1e200, -1e200, 2e200}, at::kDouble));
+  EXPECT_NEAR(s.mean().item<double>() / 6.666666666666667e199, 1.0, 1e-12);
+  EXPECT_NEAR(s.std().item<double>() / 1.247219128924647e200, 1.0, 1e-12);  // numpy's std
+  s.update(at::tensor({-2e200}, at::kDouble));  // merged across batches
+  EXPECT_NEAR(s.std().item<double>() / 1.5811388300841898e200, 1.0, 1e-12);
+  column_stats near_max;
+  near_max.update(at::tensor({1e308, 1e308, -1e308}, at::kDouble));
+  EXPECT_NEAR(near_max.mean().item<double>() / 3.3333333333333333e307, 1.0, 1e-12);
+  EXPECT_NEAR(near_max.std().item<double>() / 9.428090415820634e307, 1.0, 1e-12);
+}
+
 TEST(column_stats, quantiles_median_and_mad_are_exact_within_the_reservoir) {
   const at::Tensor x = messy_data(999);
   column_stats s(column_stats_options().reservoir_rows(1000));

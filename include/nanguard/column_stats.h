@@ -102,7 +102,8 @@ class column_stats {
   column_stats_options options_;
   int64_t rows_ = 0;
   std::vector<int64_t> count_, nan_, posinf_, neginf_;
-  std::vector<double> mean_, m2_, min_, max_;
+  std::vector<double> mean_, min_, max_;
+  std::vector<long double> m2_;  // a double overflows past deviations of about 1e154
   std::vector<double> reservoir_;  // row-major, up to reservoir_rows rows
   uint64_t rng_state_;
 };
