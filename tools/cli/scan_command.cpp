@@ -55,6 +55,7 @@ struct scan_report {
   std::vector<int64_t> constant;  // zero-variance columns
   std::vector<int64_t> bad_rows;  // the first 10 rows holding a missing or non-finite value
   int64_t bad_row_count = 0, rows_sigma = 0, rows_robust = 0, rows_forest = 0;
+  int64_t bad_feature_rows = 0;  // the rows holding one in a feature (not the label): what clean repairs
   bool forest_fitted = false;
   int64_t forest_rows = 0;     // the rows the forest was fitted on
   std::vector<scored> worst;   // the forest's lowest scores, lowest first
@@ -128,6 +129,7 @@ class row_scorer {
     count_nonfinite_rows(b, base, r);
     if (features_.empty()) return;
     const at::Tensor x = b.index_select(1, feature_idx_);
+    r.bad_feature_rows += at::logical_not(at::isfinite(x)).any(1).sum().item<int64_t>();
     count_outliers(x, r);
     if (forest_) score_forest(x, base, r);
   }
@@ -203,7 +205,7 @@ std::vector<std::string> advise(const scan_args& a, const scan_report& r) {
     advice.push_back(fmt::format(
         "{} rows hold missing or non-finite values (columns {}): they turn a loss into NaN. Run "
         "`nanguard clean {} -o clean.csv --policy repair` to impute the column medians, or "
-        "--policy drop to drop those rows", r.bad_row_count, fmt::join(which, ", "), a.path));
+        "--policy drop to drop those rows", r.bad_feature_rows, fmt::join(which, ", "), a.path));
   if (r.label >= 0 && r.columns[size_t(r.label)].nonfinite() > 0)
     advice.push_back(fmt::format("the label column '{}' has missing values: `nanguard clean` drops "
                                  "those rows under every policy (a label cannot be made up)", a.label));
