@@ -79,6 +79,16 @@ case_clean_clip() {
   ls | grep -q '\.tmp\.' && fail "a temporary file was left behind: $(ls)"
 }
 
+# The counts are of the file written: row 0 is dropped for its missing label,
+# so its low 'a' is not clipped (it said "clipped 2 values" of a file with 1).
+case_clean_counts_what_it_writes() {
+  printf 'a,y\n1,\n2,0\n3,1\n4,0\n5,1\n' > counts.csv
+  run 0 "$NANGUARD" clean counts.csv -o counts_clip.csv --policy clip --label y
+  expect 'wrote counts_clip.csv: 5 -> 4 rows (policy clip)'
+  expect 'repaired 0 values, clipped 1 values, in 1 rows (rows 4)'
+  expect 'a: missing=0 +inf=0 -inf=0 repaired=0 clipped=1'
+}
+
 # Bad input: exit 2 and one line naming the problem.
 case_bad_input() {
   run 2 "$NANGUARD" scan missing.csv
@@ -105,6 +115,7 @@ run_cases scan_reports \
   clean_drop \
   clean_repair \
   clean_clip \
+  clean_counts_what_it_writes \
   bad_input
 
 [ "$failures" -eq 0 ] && echo "data CLI: all checks passed"
