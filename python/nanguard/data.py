@@ -98,13 +98,17 @@ def read_csv(path: PathLike, delimiter: str = ",") -> "tuple[List[str], torch.Te
     Raises:
         OSError: the file cannot be opened.
         TypeError: ``delimiter`` is not a one-character string.
-        ValueError: the file is empty, a row is ragged or a cell is not a
-            number (the message names the line and the column).
+        ValueError: ``delimiter`` is not ASCII; the file is empty, a row is
+            ragged or a cell is not a number (the message names the line and
+            the column).
     """
     path = os.fspath(path)
     if not isinstance(delimiter, str) or len(delimiter) != 1:
         raise TypeError(f"nanguard.data.read_csv: delimiter must be one character such as ',' or ';' "
                         f"but is {delimiter!r}")
+    if not delimiter.isascii():  # the reader splits on one byte: 'é' became byte 0xE9, never found in UTF-8
+        raise ValueError(f"nanguard.data.read_csv: delimiter must be an ASCII character such as ',', ';' or "
+                         f"'\\t' but is {delimiter!r}; convert the file's delimiter first")
     with open(path, "rb"):  # the OSError Python users expect, with the path and errno
         pass
     columns, data = _nanguard.read_csv(path, delimiter)

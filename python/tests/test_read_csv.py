@@ -37,3 +37,8 @@ def test_errors_are_oserror_typeerror_and_valueerror_naming_the_line(tmp_path):
         read_csv(path)
     with pytest.raises(TypeError, match="delimiter must be one character"):
         read_csv(path, delimiter=",,")
+    # The reader splits on one byte: 'é' was byte 0xE9, never found in a UTF-8 file ('1é2' is not a number).
+    accented = tmp_path / "accented.csv"
+    accented.write_text("a\u00e9b\n1\u00e92\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="delimiter must be an ASCII character .* but is 'é'"):
+        read_csv(accented, delimiter="\u00e9")
