@@ -575,6 +575,12 @@ csv_writer::csv_writer(std::string path, std::vector<std::string> columns, char 
     : path_(std::move(path)), columns_(std::move(columns)), delimiter_(delimiter) {
   TORCH_CHECK(!columns_.empty(), "nanguard::csv_writer: no columns given for '", path_,
               "'; pass the header names");
+  // Refused now, not when the written file is renamed into place at commit().
+  TORCH_CHECK(!path_.empty(), "nanguard::csv_writer: the output path is empty; name the file to write");
+  std::error_code ec;
+  TORCH_CHECK(!std::filesystem::is_directory(path_, ec), "nanguard::csv_writer: '", path_,
+              "' is a directory; name the file to write in it, e.g. '",
+              (std::filesystem::path(path_) / "clean.csv").string(), "'");
   std::random_device rd;
   temp_path_ = fmt::format("{}.tmp.{}.{:x}", path_, ::getpid(), rd());
   file_ = std::fopen(temp_path_.c_str(), "wb");

@@ -255,6 +255,9 @@ TEST(csv, writer_round_trips_exactly_and_atomically) {
   EXPECT_NE(msg.find("expected a [rows, 1] tensor but got shape [100, 4]"), std::string::npos) << msg;
   const std::string msg2 = error_of([&] { nanguard::write_csv("/nonexistent/dir/x.csv", {"a"}, x); });
   EXPECT_NE(msg2.find("check that the directory exists and is writable"), std::string::npos) << msg2;
+  // A directory is refused when the writer opens, not at the rename once the data is written.
+  const std::string msg3 = error_of([&] { nanguard::csv_writer(dir.string(), {"a"}); });
+  EXPECT_NE(msg3.find("is a directory; name the file to write in it"), std::string::npos) << msg3;
 }
 
 }  // namespace

@@ -108,6 +108,12 @@ case_bad_input() {
   run 2 "$NANGUARD" clean data.csv -o x.csv --policy sometimes
   run 2 "$NANGUARD" clean data.csv -o /nonexistent/dir/x.csv --policy drop
   expect 'check that the directory exists and is writable'
+  mkdir -p out_dir
+  run 2 "$NANGUARD" clean data.csv -o out_dir --policy drop
+  expect "'out_dir' is a directory; name the file to write in it, e.g. 'out_dir/clean.csv'"
+  run 2 "$NANGUARD" clean data.csv -o '' --policy drop
+  expect 'the output path is empty'
+  ls | grep -q '\.tmp\.' && fail "a temporary file was left behind: $(ls)"
 }
 
 run_cases scan_reports \
