@@ -60,6 +60,21 @@ bool looks_like_data(const std::vector<std::string>& names) {
   return fraction;
 }
 
+// What to do when the header is one column whose name holds another common
+// delimiter ('a;b' of a file written with ';'); "" otherwise. The error
+// alone blamed a cell ('1;2' is not a number) or a row's field count.
+std::string other_delimiter_hint(const std::vector<std::string>& columns, char delimiter) {
+  if (columns.size() != 1) return "";
+  for (const char d : {';', '\t', '|', ','}) {
+    if (d == delimiter || columns[0].find(d) == std::string::npos) continue;
+    const std::string shown = d == '\t' ? "\\t" : std::string(1, d);
+    return fmt::format("; the header is one column ('{}'): if the file is delimited by '{}', read it with that "
+                       "delimiter (csv_options().delimiter, Python read_csv(path, delimiter='{}')) or convert it",
+                       detail::printable(columns[0]), shown, shown);
+  }
+  return "";
+}
+
 // Parses one cell; false when it is neither a number nor a missing-value token.
 bool parse_cell(const char* b, const char* e, double& v) {
   while (b < e && (*b == ' ' || *b == '\t')) ++b;
@@ -393,7 +408,7 @@ void csv_reader::fail_cell(const char* begin, const char* end, int64_t column) c
   TORCH_CHECK(false, "nanguard::read_csv: '", name_, "' line ", line_ + 1, ", column ", column + 1, " ('",
               detail::printable(columns_[size_t(column)]), "'): '", detail::printable(cell),
               "' is not a number; numeric columns take numbers and, for a missing value, an empty cell, NA, NaN, "
-              "null or inf");
+              "null or inf", other_delimiter_hint(columns_, options_.delimiter()));
 }
 
 int64_t csv_reader::read_rows(std::vector<double>& out, int64_t max_rows) { return read_rows_into(out, max_rows); }
@@ -471,7 +486,7 @@ int64_t csv_reader::read_rows_into(Rows& out, int64_t max_rows) {
           TORCH_CHECK(false, "nanguard::read_csv: '", name_, "' line ", line_ + 1 + newlines,
                       " has ", c + 1, " field", c == 0 ? "" : "s", " but the header has ", ncols,
                       " columns; every row needs one value per column (leave a cell empty for a "
-                      "missing value)");
+                      "missing value)", other_delimiter_hint(columns_, options_.delimiter()));
         }
         p = q + 1;
       } else if (q != line_end) {
@@ -480,7 +495,7 @@ int64_t csv_reader::read_rows_into(Rows& out, int64_t max_rows) {
         TORCH_CHECK(false, "nanguard::read_csv: '", name_, "' line ", line_ + 1 + newlines,
                     " has ", fields, " fields but the header has ", ncols,
                     " columns; every row needs one value per column (quote a cell that holds ",
-                    "the delimiter)");
+                    "the delimiter)", other_delimiter_hint(columns_, options_.delimiter()));
       }
     }
     if (incomplete) {

@@ -151,6 +151,21 @@ TEST(csv, non_numeric_cell_names_line_and_column) {
             std::string::npos);
 }
 
+TEST(csv, a_file_with_another_delimiter_is_named_as_such) {
+  // Read with ',', a ';' file is one column: the error blamed a cell, or a row's field count.
+  const std::string msg = error_of([&] { nanguard::read_csv(fixture("semicolon.csv", "a;b\n1;2\n")); });
+  EXPECT_NE(msg.find("'1;2' is not a number"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the header is one column ('a;b'): if the file is delimited by ';', read it with that "
+                     "delimiter"), std::string::npos) << msg;
+  const std::string decimal_commas = fixture("decimal_commas.csv", "a;b\n1,5;2,5\n");
+  EXPECT_NE(error_of([&] { nanguard::read_csv(decimal_commas); }).find("delimited by ';'"), std::string::npos);
+  const std::string tabs = fixture("tabs.csv", "a\tb\n1\t2\n");
+  EXPECT_NE(error_of([&] { nanguard::read_csv(tabs); }).find("delimiter='\\t'"), std::string::npos);
+  // One column of its own: no hint.
+  const std::string one = fixture("one_column.csv", "a\n1x\n");
+  EXPECT_EQ(error_of([&] { nanguard::read_csv(one); }).find("the header is one column"), std::string::npos);
+}
+
 TEST(csv, empty_and_missing_files_are_clear_errors) {
   const std::string empty = fixture("empty.csv", "");
   const std::string msg = error_of([&] { nanguard::read_csv(empty); });
