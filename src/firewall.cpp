@@ -272,7 +272,11 @@ firewall& firewall::fit(column_stats stats) {
       break;
     }
     case outlier_rule::robust_z: {
-      const at::Tensor w = stats.mad() * (options_.robust_z() / 0.6745);
+      // A MAD of 0 (more than half the values equal, a 0/1 flag) gives no
+      // robust z-score, as column_stats::robust_zscore says: NaN bounds flag
+      // nothing. Zero-width bounds dropped or clipped every other value.
+      const at::Tensor mad = stats.mad();
+      const at::Tensor w = at::where(mad > 0, mad, at::full_like(mad, kNaN)) * (options_.robust_z() / 0.6745);
       lower_ = median_ - w;
       upper_ = median_ + w;
       break;

@@ -194,6 +194,21 @@ TEST(firewall, robust_z_leaves_clean_normal_rows) {
   EXPECT_EQ(fw.apply(outlier).report.dropped_rows, std::vector<int64_t>{0});
 }
 
+// A 0/1 flag set in 40% of the rows has MAD 0: its bounds were [0, 0], so
+// robust_z dropped 40% of the rows, or clipped every 1 to 0.
+TEST(firewall, robust_z_leaves_a_feature_whose_mad_is_zero) {
+  at::manual_seed(9);
+  const at::Tensor flag = (at::rand({1000, 1}, at::kDouble) < 0.4).to(at::kDouble);
+  const at::Tensor x = at::cat({at::randn({1000, 1}, at::kDouble), flag}, 1);
+  x[7][0] = 50.0;  // an outlier of the other feature is still found
+  firewall fw(firewall_options().outliers(outlier_policy::drop).rule(outlier_rule::robust_z));
+  fw.fit(x);
+  EXPECT_TRUE(std::isnan(fw.lower_bounds()[1].item<double>()));
+  const auto r = fw.apply(x);
+  EXPECT_EQ(r.report.dropped_rows, (std::vector<int64_t>{7}));
+  EXPECT_EQ(r.report.columns[1].outliers, 0);
+}
+
 TEST(firewall, label_columns_are_never_made_up) {
   firewall fw(firewall_options().nonfinite(nonfinite_policy::impute_median).label_columns({2}));
   const auto r = fw.apply(small_batch());

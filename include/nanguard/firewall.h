@@ -50,7 +50,7 @@ enum class outlier_policy {
 enum class outlier_rule {
   quantile_range,  ///< [quantile(low_quantile), quantile(high_quantile)]
   three_sigma,     ///< mean ± sigmas · std
-  robust_z,        ///< median ± robust_z · MAD / 0.6745 (robust z-score)
+  robust_z,        ///< median ± robust_z · MAD / 0.6745 (robust z-score); none where MAD = 0
 };
 
 /// Options of `firewall`.
