@@ -302,13 +302,16 @@ def test_the_trainer_logs_the_guard_s_metrics_and_the_user_sees_each_bad_step(tm
 def test_an_abort_leaves_no_hook_on_the_model_and_closes_the_guard(tmp_path):
     """train() stops on the abort's NonFiniteError, with no on_train_end:
     the callback's forward hook stayed on the model (holding the guard)
-    and the guard stayed open."""
+    and the guard stayed open. The aborted step is the callback's last and
+    a bad one."""
     model = tiny_bert()
     cb = NanGuardCallback(policy="abort", event_log=tmp_path / "events.jsonl", verbose=False)
     with pytest.raises(nanguard.NonFiniteError, match="aten::log"):
         train(tmp_path, model, [Plant(model, log0_at=2), cb])
     assert not model._forward_hooks
     assert cb.guard.summary()["aborted"]
+    assert cb.last is cb.bad_steps[-1] and cb.last.action == "abort"
+    assert cb.last.step == cb.guard.summary()["steps"]  # the step it stopped at
     with pytest.raises(RuntimeError, match="the guard is closed"):
         cb.guard.begin_step()
 

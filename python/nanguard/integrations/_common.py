@@ -11,6 +11,7 @@ import torch
 import nanguard
 from nanguard import _nanguard
 from nanguard._guard import GUARD_OPTIONS, unknown_option_error
+from nanguard._trace import NonFiniteError
 
 
 #: The options of both callbacks: the Guard's but loss_scale (the framework's), and their own log_metrics.
@@ -62,8 +63,8 @@ def mean_loss(losses):
 class CallbackGuard:
     """The guard of a framework callback and what it did: ``guard`` (the
     :class:`nanguard.Guard`, built at the start of training), ``bad_steps``
-    (the :class:`nanguard.StepResult` of every step it skipped or rolled
-    back), ``last`` (the latest result) and ``scaler_skips`` (the steps the
+    (the :class:`nanguard.StepResult` of every step it skipped, rolled
+    back or aborted), ``last`` (the latest result) and ``scaler_skips`` (the steps the
     framework's GradScaler skipped on its own).
 
     ``name`` and ``scaler_owner`` word the errors: the framework manages
@@ -135,7 +136,13 @@ class CallbackGuard:
             return None
         self.guard.lr_schedulers = [s for s in schedulers if s is not None]
         batch, names = named_batch
-        r = self.guard.check(loss, replay=replay, batch=batch, names=names)
+        try:
+            r = self.guard.check(loss, replay=replay, batch=batch, names=names)
+        except NonFiniteError as abort:  # the aborted step is the last one, and a bad one
+            if abort.result is not None:
+                self.last = abort.result
+                self.bad_steps.append(abort.result)
+            raise
         self.last = r
         if r.skipped:
             self.bad_steps.append(r)
