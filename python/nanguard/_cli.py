@@ -100,12 +100,12 @@ def report(events: Union[PathLike, Sequence[PathLike]], out_html: PathLike, *, t
     for log in logs:
         if not os.path.exists(log):
             raise FileNotFoundError(f"nanguard.report: no event log at {log}")
-    args = ["report", *logs, "-o", os.fspath(out_html)]
+    args = ["report", "-o", os.fspath(out_html)]
     if title is not None:
         args += ["--title", title]
     if tensorboard is not None:
         args += ["--tensorboard", os.fspath(tensorboard)]
-    run(args, "report")
+    run([*args, "--", *logs], "report")  # "--": a log named "-run.jsonl" is not an option
     return os.fspath(out_html)
 
 
@@ -126,4 +126,4 @@ def inspect(bundle: PathLike) -> str:
     """
     if not os.path.exists(bundle):
         raise FileNotFoundError(f"nanguard.inspect: no bundle at {os.fspath(bundle)}")
-    return run(["inspect", os.fspath(bundle)], "inspect")
+    return run(["inspect", "--", os.fspath(bundle)], "inspect")  # "--": a bundle named "-b" is not an option

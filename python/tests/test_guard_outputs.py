@@ -144,3 +144,24 @@ def test_report_and_inspect_from_python_refuse_what_they_cannot_read(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="nanguard.inspect: "):
         nanguard.inspect(tmp_path / "empty")
+
+
+@needs_cli
+def test_report_and_inspect_take_files_whose_names_begin_with_a_dash(tmp_path, monkeypatch):
+    """A relative name such as "-run.jsonl" is a file, not an option of the command."""
+    x, y = data()
+    bad = x.clone()
+    bad[7, 2] = float("inf")
+    model = Net()
+    monkeypatch.chdir(tmp_path)
+    g = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), policy="abort", event_log="-run.jsonl",
+                       bundle_dir="-bundles")
+    g.step(loss_fn(model), x, y)
+    with pytest.raises(nanguard.NonFiniteError):
+        g.step(loss_fn(model), bad, y)
+    g.close()
+    assert nanguard.report(["-run.jsonl", "-run.jsonl"], "-report.html") == "-report.html"
+    assert "aten::addmm" in (tmp_path / "-report.html").read_text()
+    assert "aten::addmm" in nanguard.inspect("-bundles/step-000002")
+    os.rename("-bundles/step-000002", "-step")
+    assert "aten::addmm" in nanguard.inspect("-step")
