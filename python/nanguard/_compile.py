@@ -157,7 +157,14 @@ class _KernelWatch:
             text += f" (from {origins})"
         if self.path:
             text += f"; its code: {self.path}"
-        return text
+        return text + "; " + _KERNEL_REMEDY
+
+
+# What to do about a fused kernel that computes other than eager (docs/compile.md).
+_KERNEL_REMEDY = ("remedy: run that part of the model eagerly (`torch.compiler.disable` on its forward) or compile it "
+                  "with backend=\"aot_eager\"; a low-precision model: "
+                  "torch._inductor.config.emulate_precision_casts = True; random ops: "
+                  "torch._inductor.config.fallback_random = True")
 
 
 # The dtypes has_nonfinite reads on every device (the CUDA census reads no float8).

@@ -153,9 +153,14 @@ class NonFiniteError(RuntimeError):
     otherwise."""
 
     def __init__(self, finding: Finding, result: Optional["StepResult"] = None) -> None:
-        message = f"non-finite value: {finding}; cause: {finding.cause}"
-        if finding.remedy:
-            message += f"; remedy: {finding.remedy}"
+        if result is not None and result.verdict == "compiled only":
+            # No eager op made it (the finding only stands for the loss): the
+            # note names the compiler's stage, its kernel and the remedy.
+            message = f"non-finite value: step {result.step}: {result.reason or 'non-finite step'}; {result.note}"
+        else:
+            message = f"non-finite value: {finding}; cause: {finding.cause}"
+            if finding.remedy:
+                message += f"; remedy: {finding.remedy}"
         super().__init__(message.replace("\n", " "))
         self.finding = finding
         self.result = result

@@ -177,6 +177,17 @@ def test_a_nan_only_the_compiled_code_makes_is_compiled_only_with_its_kernel(mod
     assert r.finding is None  # the eager replay found nothing to blame: never the data
     assert "cpp_fused_" in r.note and "clamped_log" in r.note, r.note
     assert r.to_dict()["verdict"] == "compiled only"
+    assert "remedy: " in r.note and "torch.compiler.disable" in r.note, r.note
+
+
+def test_an_abort_on_a_nan_only_the_compiled_code_makes_names_its_kernel_and_remedy(models):
+    _, compiled = models
+    with pytest.raises(nanguard.NonFiniteError) as e:
+        guard_step(compiled, "compiled_only", policy="abort", verbose=False)
+    assert e.value.result.verdict == "compiled only"
+    message = str(e.value)
+    assert "cpp_fused_" in message and "clamped_log" in message and "torch.compiler.disable" in message, message
+    assert "nanguard.trace" not in message  # the eager trace cannot see it
 
 
 def test_the_kernel_is_named_when_its_fresh_buffers_hold_old_nans(models, monkeypatch):
