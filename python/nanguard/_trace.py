@@ -161,6 +161,8 @@ class NonFiniteError(RuntimeError):
             message = f"non-finite value: {finding}; cause: {finding.cause}"
             if finding.remedy:
                 message += f"; remedy: {finding.remedy}"
+            if result is not None and result.note:  # e.g. why no repro bundle was written
+                message += f"; note: {result.note}"
         super().__init__(message.replace("\n", " "))
         self.finding = finding
         self.result = result

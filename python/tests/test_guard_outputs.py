@@ -165,3 +165,17 @@ def test_report_and_inspect_take_files_whose_names_begin_with_a_dash(tmp_path, m
     assert "aten::addmm" in nanguard.inspect("-bundles/step-000002")
     os.rename("-bundles/step-000002", "-step")
     assert "aten::addmm" in nanguard.inspect("-step")
+
+
+def test_an_abort_that_could_not_write_its_bundle_says_so(tmp_path):
+    x, y = data()
+    bad = x.clone()
+    bad[7, 2] = float("inf")
+    (tmp_path / "afile").write_text("x")
+    model = Net()
+    g = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), policy="abort", verbose=False,
+                       bundle_dir=tmp_path / "afile" / "bundles")
+    with pytest.raises(nanguard.NonFiniteError, match=r"; note: no repro bundle: .*afile/bundles.*Not a directory") \
+            as e:
+        g.step(loss_fn(model), bad, y)
+    assert e.value.result.bundle == ""
