@@ -89,16 +89,16 @@ def census(tensor: torch.Tensor, local: bool = False) -> TensorStats:
         first_nonfinite_value; ``.to_dict()`` gives them all.
 
     Raises:
-        TypeError: ``tensor`` is not a tensor.
-        ValueError: an integer, bool or complex tensor (for a complex one,
-            take the census of ``torch.view_as_real(t)``), or a sparse or
-            meta tensor, which holds no values to read.
+        TypeError: ``tensor`` is not a tensor, or an integer, bool, complex
+            or float8 tensor (for a complex one, take the census of
+            ``torch.view_as_real(t)``).
+        ValueError: a sparse or meta tensor, which holds no values to read.
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"nanguard.census: expected a torch.Tensor, got {type(tensor).__name__}")
     if _dtensor.is_dtensor(tensor):
         return _nanguard.census(tensor.to_local().detach()) if local else _dtensor.census_many([tensor])[0]
-    return _nanguard.census(tensor.detach())
+    return _nanguard.census(_readable(tensor))
 
 
 def has_nonfinite(tensor: torch.Tensor, local: bool = False) -> bool:
@@ -114,7 +114,26 @@ def has_nonfinite(tensor: torch.Tensor, local: bool = False) -> bool:
         raise TypeError(f"nanguard.has_nonfinite: expected a torch.Tensor, got {type(tensor).__name__}")
     if _dtensor.is_dtensor(tensor):
         return _nanguard.has_nonfinite(tensor.to_local().detach()) if local else _dtensor.has_nonfinite(tensor)
-    return _nanguard.has_nonfinite(tensor.detach())
+    return _nanguard.has_nonfinite(_readable(tensor))
+
+
+def _readable(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s values as the C++ core reads them: from memory, in logical order.
+
+    The core reads the raw elements of a strided tensor, so what torch keeps
+    aside is applied first: a negative view's sign bit (``z.conj().imag``:
+    its memory holds the values negated) and a complex conjugate view's
+    (``z.conj()``, whose real view torch refuses; the conjugate changes no
+    value's finiteness, and the census takes no complex tensor). A jagged
+    nested tensor's buffer may hold elements it does not show, or hold them
+    in another order (a transposed one): its components are read in a copy.
+    """
+    tensor = tensor.detach()
+    if tensor.is_nested and tensor.layout == torch.jagged:
+        tensor = torch.cat([component.reshape(-1) for component in tensor.unbind()])
+    if tensor.is_conj():
+        tensor = tensor.conj()
+    return tensor.resolve_neg()
 
 
 def census_many(tensors: Sequence[torch.Tensor], local: bool = False) -> List[TensorStats]:
@@ -127,7 +146,7 @@ def census_many(tensors: Sequence[torch.Tensor], local: bool = False) -> List[Te
     that share a mesh and placements (every rank calls it with the same
     list), or for the local shards with ``local=True``.
     """
-    tensors = [_as_tensor(t, "census_many").detach() for t in tensors]
+    tensors = [_readable(_as_tensor(t, "census_many")) for t in tensors]
     if local:
         tensors = [t.to_local() if _dtensor.is_dtensor(t) else t for t in tensors]
     sharded = [t for t in tensors if _dtensor.is_dtensor(t)]
@@ -145,7 +164,7 @@ def check_many(tensors: Sequence[torch.Tensor], local: bool = False) -> RecordVe
     tensors (the element by its global index; a collective, as
     ``census_many``: every rank calls it with the same list), or for the
     local shards with ``local=True``."""
-    tensors = [_as_tensor(t, "check_many").detach() for t in tensors]
+    tensors = [_readable(_as_tensor(t, "check_many")) for t in tensors]
     if local:
         tensors = [t.to_local() if _dtensor.is_dtensor(t) else t for t in tensors]
     if any(_dtensor.is_dtensor(t) for t in tensors):

@@ -162,3 +162,40 @@ def test_float8_says_to_convert_and_has_nonfinite_reads_it(dtype):
     assert "integer and bool" not in str(e.value)
     assert nanguard.has_nonfinite(bad)
     assert not nanguard.has_nonfinite(torch.tensor([1.0, 2.0]).to(dtype))
+
+
+def test_census_reads_a_negative_view_as_torch_shows_it():
+    # z.conj().imag holds its values negated in memory (torch's neg bit); a
+    # one-element one is contiguous, which the census read as raw memory.
+    z = torch.tensor([3 - 4j, complex(1.0, -math.inf)])
+    value, infinity = z.conj().imag[0], z.conj().imag[1:]
+    assert value.is_neg() and infinity.is_neg() and infinity.is_contiguous()
+    assert (value.item(), infinity.item()) == (4.0, math.inf)
+    for s in (nanguard.census(value), nanguard.census_many([value])[0]):
+        assert (s.min, s.max, s.mean) == (4.0, 4.0, 4.0)
+    s = nanguard.census(infinity)
+    assert (s.pos_inf, s.neg_inf, s.first_nonfinite_value) == (1, 0, math.inf)
+
+
+def test_has_nonfinite_reads_a_conjugate_view():
+    z = torch.tensor([1 + 2j, complex(math.nan, 1.0)])
+    assert nanguard.has_nonfinite(z.conj())
+    assert not nanguard.has_nonfinite(z[:1].conj())
+
+
+def test_a_jagged_nested_tensor_is_read_as_its_components():
+    j = torch.nested.nested_tensor([torch.tensor([1.0, math.nan, 3.0]), torch.tensor([4.0, 5.0])],
+                                   layout=torch.jagged)
+    s = nanguard.census(j)
+    assert (s.numel, s.nan, s.first_nonfinite_index, s.mean) == (5, 1, 1, 3.25)
+    assert nanguard.has_nonfinite(j)
+    # A narrowed one keeps the whole buffer: the Inf it does not show is not read.
+    rows = torch.tensor([[1.0, 2.0, math.inf], [4.0, 5.0, 6.0]])
+    narrowed = torch.nested.narrow(rows, 1, torch.tensor([0, 1]), torch.tensor([2, 2]), layout=torch.jagged)
+    assert not nanguard.has_nonfinite(narrowed)
+    assert (nanguard.census(narrowed).numel, nanguard.census(narrowed).max) == (4, 6.0)
+    # A transposed one: its buffer's order is not the logical one.
+    first = torch.arange(6.0).reshape(2, 3)
+    first[0, 1] = math.nan
+    transposed = torch.nested.nested_tensor([first, torch.ones(4, 3)], layout=torch.jagged).transpose(1, 2)
+    assert nanguard.census(transposed).first_nonfinite_index == 2  # [0, 1, 0] of a [3, 2] component
