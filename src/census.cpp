@@ -6,6 +6,7 @@
 #include "detail/census_kernels.h"
 #include "detail/census_paths.h"
 #include "detail/chunked_parallel.h"
+#include "detail/op_tensors.h"
 #include "detail/value_range.h"
 
 #include <ATen/Dispatch.h>
@@ -56,11 +57,9 @@ void check_has_data(const at::Tensor& x, const char* fn) {
               x.layout(), " with shape ", x.sizes(), "; pass x.to_dense(), or the sparse tensor's values()");
   TORCH_CHECK(!x.is_meta(), "nanguard::", fn, ": the tensor with shape ", x.sizes(),
               " is on the meta device and holds no values; pass a tensor on the CPU or a GPU");
-}
-
-// The dtypes the census kernels read.
-bool census_dtype(at::ScalarType t) {
-  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+  TORCH_CHECK(x.numel() == 0 || detail::holds_values(x), "nanguard::", fn, ": the tensor with shape ", x.sizes(),
+              " stands for values it does not hold (a FakeTensor, or a wrapper of torch.func / vmap / "
+              "torch.compile while it traces); call ", fn, " outside the transform, on the real tensor");
 }
 
 void check_floating(const at::Tensor& x, const char* fn) {
@@ -69,7 +68,7 @@ void check_floating(const at::Tensor& x, const char* fn) {
   TORCH_CHECK_TYPE(!x.is_complex(), "nanguard::", fn, ": expected a real floating-point tensor but got ", t,
                    " with shape ", x.sizes(), "; take the census of the real and imaginary parts, "
                    "at::view_as_real(x) (Python: torch.view_as_real(x))");
-  TORCH_CHECK_TYPE(census_dtype(t), "nanguard::", fn, ": expected a float32, float64, float16 or bfloat16 tensor "
+  TORCH_CHECK_TYPE(detail::census_dtype(t), "nanguard::", fn, ": expected a float32, float64, float16 or bfloat16 tensor "
                    "but got ", t, " with shape ", x.sizes(),
                    x.is_floating_point() ? "; convert with x.to(at::kFloat) (NaN and Inf are kept) to measure it"
                                          : "; integer and bool tensors cannot hold NaN or Inf (convert with "
@@ -182,7 +181,7 @@ bool scan_for_nonfinite(const at::Tensor& x, bool parallel, const char* caller) 
   if (x.is_complex()) return scan_for_nonfinite(at::view_as_real(x), parallel, caller);
   if (!x.is_floating_point()) return false;
   // float8 and the like: no kernel here, nor an isfinite in ATen; float32 keeps their NaN and Inf.
-  if (!census_dtype(x.scalar_type())) return scan_for_nonfinite(x.to(at::kFloat), parallel, caller);
+  if (!detail::census_dtype(x.scalar_type())) return scan_for_nonfinite(x.to(at::kFloat), parallel, caller);
   if (!x.is_cpu()) return on_cuda_kernel(x) ? !check_many(x).all_finite() : !at::isfinite(x).all().item<bool>();
   const at::Tensor c = dense_block(x);
   const int64_t n = c.numel();
@@ -221,7 +220,9 @@ tensor_stats census(const at::Tensor& x) {
   check_floating(x, "census");
   if (!x.is_cpu()) return on_cuda_kernel(x) ? census_many(x)[0] : detail::census_aten(x);
   if (x.numel() == 0) return tensor_stats{};
-  const at::Tensor c = x.contiguous();  // views are measured in logical order
+  // Views are measured in logical order; a negative view (z.conj().imag)
+  // keeps its values negated in memory.
+  const at::Tensor c = x.resolve_neg().contiguous();
   census_partial p;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.scalar_type(), "nanguard::census",
                                   [&] { p = census_contiguous<scalar_t>(c); });
@@ -270,6 +271,8 @@ value_range value_range_on_this_thread(const at::Tensor& x) {
                         x.defined() ? c10::toString(x.scalar_type()) : "an undefined one",
                         " (a bug in nanguard: please report it)");
   if (x.numel() == 0) return {};
+  if (x.is_neg()) return value_range_on_this_thread(x.resolve_neg());  // its memory holds the values negated
+  if (!census_dtype(x.scalar_type())) return value_range_on_this_thread(x.to(at::kFloat));  // float8: no isfinite
   if (on_cuda_kernel(x)) {
     // As range_from: zero bounds a side no value lies on.
     const tensor_stats s = census_many(x)[0];
@@ -292,7 +295,8 @@ value_range value_range_on_this_thread(const at::Tensor& x) {
       return range_from<16>(extremes_16bit(static_cast<const uint16_t*>(x.data_ptr()), n), 0x7F80,
                             [](uint64_t b) { return double(bit_cast<uint32_t, float>(uint32_t(b) << 16)); });
     default:
-      return range_by_aten(x);  // float types added after 1.13
+      TORCH_INTERNAL_ASSERT(false, "nanguard::detail::value_range_on_this_thread: no kernel for ", x.scalar_type(),
+                            " (a bug in nanguard: please report it)");
   }
 }
 

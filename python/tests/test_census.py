@@ -199,3 +199,29 @@ def test_a_jagged_nested_tensor_is_read_as_its_components():
     first[0, 1] = math.nan
     transposed = torch.nested.nested_tensor([first, torch.ones(4, 3)], layout=torch.jagged).transpose(1, 2)
     assert nanguard.census(transposed).first_nonfinite_index == 2  # [0, 1, 0] of a [3, 2] component
+
+
+def test_the_core_reads_a_negative_view_as_torch_shows_it():
+    """The C++ census and the tracer's ranges, below the Python wrapper: a
+    negative view's memory holds its values negated (a range of the wrong
+    sign would let a rule prove sqrt of it finite)."""
+    shown = torch._neg_view(torch.tensor([100.0, 2.0]))
+    s = nanguard._nanguard.census(shown)
+    assert (s.min, s.max) == (-100.0, -2.0)
+    with nanguard.trace() as t:
+        torch.sqrt(shown)
+    assert t.found and t.findings[0].op == "aten::sqrt"
+
+
+def test_a_float8_nan_under_the_trace_is_a_finding_without_an_internal_error(capfd):
+    """float8 has no census kernel nor ATen isfinite: the tracer reads it as
+    float32, and nothing reaches stderr."""
+    with nanguard.trace() as t:
+        torch.tensor([1e30, 1.0]).to(torch.float8_e4m3fn)  # past its largest value: NaN
+    assert t.found and t.findings[0].op == "aten::_to_copy"
+    assert "Exception in RecordFunction callback" not in capfd.readouterr().err
+
+
+def test_a_census_inside_vmap_says_to_call_it_outside():
+    with pytest.raises(ValueError, match="stands for values it does not hold.*outside the transform"):
+        torch.vmap(lambda x: torch.tensor(nanguard.has_nonfinite(x)))(torch.ones(2, 3))

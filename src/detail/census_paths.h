@@ -6,6 +6,12 @@
 
 namespace nanguard::detail {
 
+/// The dtypes the census kernels read: float32, float64, float16, bfloat16.
+/// Others (float8) are read as float32, which keeps their NaN and Inf.
+inline bool census_dtype(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
 /// The census computed with plain ATen ops on `x`'s own device: the
 /// reference the other paths are tested against.
 tensor_stats census_aten(const at::Tensor& x);

@@ -6,6 +6,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
+#include "census_paths.h"
+
 #include <cstring>
 #include <vector>
 
@@ -38,10 +40,11 @@ inline bool measurable(const at::Tensor& t) {
 
 /// What the observers read of a measurable tensor: a complex one as its real
 /// and imaginary parts (torch.view_as_real: a last dimension of 2, sharing
-/// its storage), any other as it is.
+/// its storage), a float8 one as float32 (a copy, which keeps its NaN and
+/// Inf: the census reads no float8), any other as it is.
 inline at::Tensor real_values(const at::Tensor& t) {
-  if (!t.is_complex()) return t;
-  return at::view_as_real(t.is_conj() ? t.resolve_conj() : t);
+  if (t.is_complex()) return at::view_as_real(t.is_conj() ? t.resolve_conj() : t);
+  return census_dtype(t.scalar_type()) ? t : t.to(at::kFloat);
 }
 
 /// Appends the measurable tensors of an op argument (a tensor or a tensor
