@@ -265,14 +265,14 @@ detail::value_range range_by_aten(const at::Tensor& x) {
 namespace detail {
 
 value_range value_range_on_this_thread(const at::Tensor& x) {
-  // Callers filter integer and bool tensors (measurable()): they hold no NaN or Inf.
-  TORCH_INTERNAL_ASSERT(x.defined() && x.is_floating_point(), "nanguard::detail::value_range_on_this_thread: "
-                        "expected a floating-point tensor but got ",
+  // Callers pass real_values() of measurable() tensors: no integer or bool
+  // tensor (no NaN or Inf), no float8 (read as float32).
+  TORCH_INTERNAL_ASSERT(x.defined() && census_dtype(x.scalar_type()), "nanguard::detail::value_range_on_this_thread: "
+                        "expected a float32, float64, float16 or bfloat16 tensor but got ",
                         x.defined() ? c10::toString(x.scalar_type()) : "an undefined one",
                         " (a bug in nanguard: please report it)");
   if (x.numel() == 0) return {};
   if (x.is_neg()) return value_range_on_this_thread(x.resolve_neg());  // its memory holds the values negated
-  if (!census_dtype(x.scalar_type())) return value_range_on_this_thread(x.to(at::kFloat));  // float8: no isfinite
   if (on_cuda_kernel(x)) {
     // As range_from: zero bounds a side no value lies on.
     const tensor_stats s = census_many(x)[0];

@@ -379,7 +379,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   // A view makes no values, and one no autograd node will name (nested in
   // another op, or run by the backward pass) needs no record either: the
   // cheapest exit, for the most frequent ops.
-  const node_frame* node = nodes.empty() ? nullptr : running_node();
+  const node_frame* node = running_node(nodes);
   if (traits.views_only && (fn.seqNr() < 0 || node)) return nullptr;
   std::unique_ptr<op_context> ctx(new op_context);  // not make_unique: that zeroes it first
   ctx->op = name;

@@ -260,8 +260,7 @@ inline std::vector<node_frame>& node_stack() {
 // engine runs with it off is a forward run inside the backward pass: the
 // recomputation of a checkpoint (torch.utils.checkpoint), whose graph the
 // backward runs next, its nodes made by these ops.
-inline const node_frame* running_node() {
-  const std::vector<node_frame>& nodes = node_stack();
+inline const node_frame* running_node(const std::vector<node_frame>& nodes = node_stack()) {
   if (nodes.empty() || (!nodes.back().grad_mode && c10::GradMode::is_enabled())) return nullptr;
   return &nodes.back();
 }

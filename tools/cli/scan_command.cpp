@@ -129,8 +129,9 @@ class row_scorer {
     count_nonfinite_rows(b, base, r);
     if (features_.empty()) return;
     const at::Tensor x = b.index_select(1, feature_idx_);
-    r.bad_feature_rows += at::logical_not(at::isfinite(x)).any(1).sum().item<int64_t>();
-    count_outliers(x, r);
+    const at::Tensor finite = at::isfinite(x);
+    r.bad_feature_rows += at::logical_not(finite.all(1)).sum().item<int64_t>();
+    count_outliers(x, finite, r);
     if (forest_) score_forest(x, base, r);
   }
 
@@ -157,9 +158,9 @@ class row_scorer {
       }
   }
 
-  void count_outliers(const at::Tensor& x, scan_report& r) const {
+  // `finite`: at::isfinite(x).
+  void count_outliers(const at::Tensor& x, const at::Tensor& finite, scan_report& r) const {
     // No z-score for a non-finite x, nor where std / MAD = 0 (NaN > k is false).
-    const at::Tensor finite = at::isfinite(x);
     const at::Tensor z = finite & (((x - mean_) / sd_).abs() > a_.sigmas);
     const at::Tensor rz = finite & ((0.6745 * (x - median_) / mad_).abs() > a_.robust_z);
     const at::Tensor zc = z.sum(0), rzc = rz.sum(0);
