@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal, Optional, Tuple, Type
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal, Optional, Set, Tuple, Type
 
 import torch
 import torch.utils._pytree
@@ -174,6 +174,29 @@ def _scripted(module: torch.nn.Module) -> bool:
     return isinstance(module, torch.jit.ScriptModule)
 
 
+def _output_tensors(output: Any) -> List[torch.Tensor]:
+    """The tensors a model's forward returned: the leaves of its pytree
+    (tuples, lists, dicts, a Hugging Face ``ModelOutput``) and, inside an
+    object torch's pytree does not open, the tensors its attributes hold,
+    as deep as they go: a Hugging Face ``Cache`` (``DynamicCache``: its
+    layers' keys and values), which generation hands to the next forward.
+    A module held there is not opened (its parameters are no output)."""
+    tensors: List[torch.Tensor] = []
+    opened: Set[int] = set()
+
+    def walk(value: Any) -> None:
+        for leaf in torch.utils._pytree.tree_leaves(value):
+            if isinstance(leaf, torch.Tensor):
+                tensors.append(leaf)
+            elif hasattr(leaf, "__dict__") and not isinstance(leaf, (torch.nn.Module, type)) \
+                    and id(leaf) not in opened:
+                opened.add(id(leaf))
+                walk(vars(leaf))
+
+    walk(output)
+    return tensors
+
+
 def open_module_scopes(model: torch.nn.Module, prefix: str = "") -> Callable[[], None]:
     """Opens a nanguard scope (scope.h) around the forward of every submodule
     of ``model``, so that findings name modules; returns the function that
@@ -292,15 +315,14 @@ class Trace:
 
     def _hook_outputs(self, model: torch.nn.Module) -> Any:
         """After each forward of ``model``, the tracer judges what was found by
-        what reaches its outputs (``tracer::judge_by_outputs``): in a pass with
-        no backward nothing else does. A pass that left nothing to judge (a
+        what reaches its outputs (``tracer::judge_by_outputs``; a cache's
+        tensors among them): in a pass with no backward nothing else does. A pass that left nothing to judge (a
         healthy one) skips collecting the outputs. Returns the hook's handle."""
         model = _compile.original_module(model)
 
         def judge(module: torch.nn.Module, args: Any, output: Any) -> None:
             if module is model and self._tracer is not None and self._tracer.awaits_judgement():
-                leaves = torch.utils._pytree.tree_leaves(output)
-                self._tracer.judge_by_outputs([t for t in leaves if isinstance(t, torch.Tensor)])
+                self._tracer.judge_by_outputs(_output_tensors(output))
 
         if _scripted(model):
             # A TorchScript module takes no hook of its own; a call from
@@ -394,8 +416,9 @@ def trace(model: Optional[torch.nn.Module] = None, max_findings: int = 1, raise_
     hooks that open nanguard scopes; no per-tensor work in Python) and its
     parameters, and each forward of ``model`` that left something to judge
     (not a healthy one) hands its outputs to the tracer: a pass with no
-    backward (evaluation, ``torch.no_grad()``) is judged by what reaches
-    them, so that a causal mask's intended ``-inf`` is no finding there
+    backward (evaluation, ``torch.no_grad()``, generation) is judged by what
+    reaches them (a Hugging Face ``DynamicCache`` among them: its keys and
+    values), so that a causal mask's intended ``-inf`` is no finding there
     either. A ``torch.jit.ScriptModule`` takes no hooks
     of its own: TorchScript names its modules. The tracer observes the
     thread that enters the block.

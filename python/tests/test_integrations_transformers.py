@@ -363,3 +363,34 @@ def test_the_loss_of_an_accumulated_causal_lm_step_is_the_one_the_trainer_logs(t
     lines = events(tmp_path / "events.jsonl")
     assert [l["loss"] for l in lines] == pytest.approx(logged, rel=1e-5)
     assert all(l > 3.5 for l in logged)  # about log(64): a half would read 2.1
+
+
+def tiny_gpt2():
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=2, n_head=2, bos_token_id=0,
+                                     eos_token_id=0, pad_token_id=0)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def test_a_nan_that_reaches_only_the_cache_of_a_forward_only_pass_is_judged():
+    """A forward with no backward is judged by what reaches its outputs; the
+    DynamicCache a causal LM returns (the keys and values the next forward
+    of a generation reads) was no output to torch's pytree, and a NaN born
+    into it alone was dropped as absorbed."""
+    model = tiny_gpt2()
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad(), nanguard.trace(model) as t:
+        model.generate(ids, max_new_tokens=3, do_sample=False)
+    assert t.findings == []  # healthy: the causal mask's -inf reaches neither the logits nor the cache
+
+    def poison_the_last_layer_s_values(module, args, out):
+        cache = next(v for v in out.values() if isinstance(v, transformers.Cache))
+        values = cache.layers[-1].values
+        values.add_(torch.log(-torch.ones_like(values[..., :1])))  # log(-1): NaN, after the attention read them
+
+    model.transformer.register_forward_hook(poison_the_last_layer_s_values)
+    with torch.no_grad(), nanguard.trace(model) as t:
+        out = model(ids, use_cache=True)
+    assert out.logits.isfinite().all() and not out.past_key_values.layers[-1].values.isfinite().all()
+    f = t.findings[0] if t.findings else None
+    assert f is not None and (f.op, f.role, f.module) == ("aten::log", "producer", "transformer"), f
