@@ -159,6 +159,32 @@ def test_an_lr_spike_is_rolled_back(tmp_path):
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(0.05)
 
 
+class WithUserScheduler(Classifier):
+    """The LR spike of Classifier from a scheduler made before fit, with a
+    scheduler of the user's on the same optimizer that Lightning does not
+    step (one the user steps in a callback of their own)."""
+
+    def __init__(self):
+        super().__init__(lr_spike_at=3)
+        self.opt = torch.optim.SGD(self.parameters(), lr=self.lr)
+        self.lightnings = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: 1e37 if s == self.lr_spike_at else 1.0)
+        self.users = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: 1.0)
+
+    def configure_optimizers(self):
+        return {"optimizer": self.opt, "lr_scheduler": {"scheduler": self.lightnings, "interval": "step"}}
+
+
+def test_a_rollback_lowers_the_user_s_lr_scheduler_and_lightning_s_once_each():
+    """The user's lr_scheduler= was replaced by Lightning's schedulers: a
+    rollback left the user's base LR as it was."""
+    model = WithUserScheduler()
+    cb = NanGuard(policy="rollback", snapshot_every=1, lr_scheduler=[model.users, model.lightnings], verbose=False)
+    fit(model, [cb], steps=10)
+    assert [r.action for r in cb.bad_steps] == ["rollback"]
+    # Halved once each: Lightning's, named by the user too, is not lowered twice.
+    assert model.users.base_lrs == pytest.approx([0.05]) and model.lightnings.base_lrs == pytest.approx([0.05])
+
+
 def test_skip_cannot_undo_an_lr_spike_without_rollback():
     """Control: skipping alone leaves the spiked parameters in place."""
     model = Classifier(lr_spike_at=3)

@@ -75,13 +75,13 @@ class Plant(transformers.TrainerCallback):
                 g["lr"] *= 1e35  # the scheduler sets it back at its next step
 
 
-def train(tmp_path, model, callbacks=(), steps=8, data=None, **args):
+def train(tmp_path, model, callbacks=(), steps=8, data=None, optimizers=(None, None), **args):
     targs = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True, max_steps=steps, per_device_train_batch_size=4,
         learning_rate=1e-3, lr_scheduler_type="constant", save_strategy="no", disable_tqdm=True, seed=0,
         logging_steps=1, dataloader_num_workers=0, **args)
     trainer = transformers.Trainer(model=model, args=targs, train_dataset=data or Embedded(),
-                                   callbacks=list(callbacks))
+                                   callbacks=list(callbacks), optimizers=optimizers)
     trainer.train()
     return trainer
 
@@ -180,6 +180,20 @@ def test_an_lr_spike_is_rolled_back(tmp_path):
     assert finite_params(model) and math.isfinite(final_loss(model))
     # The rollback halved the LR, and the scheduler keeps it halved.
     assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.5e-3)
+
+
+def test_a_rollback_lowers_the_user_s_lr_scheduler_and_the_trainer_s_once_each(tmp_path):
+    """The user's lr_scheduler= was replaced by the Trainer's scheduler: a
+    rollback left the user's base LR as it was."""
+    model = tiny_bert()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    trainers = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    users = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)  # one the user steps in a callback of their own
+    cb = NanGuardCallback(policy="rollback", snapshot_every=1, lr_scheduler=[users, trainers], verbose=False)
+    train(tmp_path, model, [Plant(model, lr_spike_at=3), cb], steps=10, optimizers=(opt, trainers))
+    assert [r.action for r in cb.bad_steps] == ["rollback"]
+    # Halved once each: the Trainer's, named by the user too, is not lowered twice.
+    assert users.base_lrs == pytest.approx([0.5e-3]) and trainers.base_lrs == pytest.approx([0.5e-3])
 
 
 @needs_cli

@@ -83,6 +83,7 @@ class CallbackGuard:
         self.max_norm = max_norm
         self.guard_options = guard_options
         self.guard = None
+        self._own_schedulers = []  # the user's lr_scheduler=, as the guard read it
         self.bad_steps = []
         self.last = None
         self.scaler_skips = 0
@@ -103,6 +104,7 @@ class CallbackGuard:
                                     event_log=per_rank_path(self.event_log, rank, world_size),
                                     bundle_dir=per_rank_path(self.bundle_dir, rank, world_size), bundle_tags=tags,
                                     **options)
+        self._own_schedulers = list(self.guard.lr_schedulers)
 
     def metrics(self, scaler: Any = None) -> Dict[str, float]:
         """What the callbacks log in the framework's own logs, as numbers:
@@ -129,12 +131,15 @@ class CallbackGuard:
         tensors and their names); returns its result, or None when
         the framework's GradScaler skips it on its own (an overflow of the
         scaling: an Inf/NaN in the gradients of a finite loss at a scale
-        above 1). A rollback lowers the ``schedulers`` with the LR (the
-        guard's ``lr_schedulers``)."""
+        above 1). A rollback lowers the user's ``lr_scheduler=`` and the
+        framework's ``schedulers`` with the LR (the guard's
+        ``lr_schedulers``: each once, when the user named the framework's
+        too)."""
         if found_inf(scaler, optimizer) and math.isfinite(float(loss)) and scaler.get_scale() > 1.0:
             self.scaler_skips += 1  # the GradScaler's own overflow: it skips the step and lowers the scale
             return None
-        self.guard.lr_schedulers = [s for s in schedulers if s is not None]
+        self.guard.lr_schedulers = self._own_schedulers + [
+            s for s in schedulers if s is not None and not any(s is own for own in self._own_schedulers)]
         batch, names = named_batch
         try:
             r = self.guard.check(loss, replay=replay, batch=batch, names=names)

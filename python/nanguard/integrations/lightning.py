@@ -73,6 +73,8 @@ class NanGuard(_pl.Callback, CallbackGuard):
     keyword argument of :class:`nanguard.Guard` (``snapshot_every``,
     ``rollback_lr_factor``, ``max_bad_steps``, ``replay``, ...) pass through,
     except ``loss_scale``: Lightning's precision plugin owns the loss scale.
+    A rollback lowers the schedulers of ``trainer.lr_scheduler_configs``
+    and those of ``lr_scheduler=`` (the user's own), each once.
 
     Every ``log_every_n_steps`` optimizer steps (the Trainer's logging
     cadence) the callback logs through ``pl_module.log`` (the Trainer's

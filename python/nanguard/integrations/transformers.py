@@ -99,7 +99,9 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
     off; ``TrainingArguments.max_grad_norm`` still applies, the guard
     clipping by it), and any other
     keyword argument of :class:`nanguard.Guard` pass through, except
-    ``loss_scale`` (the Trainer's fp16 GradScaler owns it).
+    ``loss_scale`` (the Trainer's fp16 GradScaler owns it). A rollback
+    lowers the Trainer's ``lr_scheduler`` and those of ``lr_scheduler=``
+    (the user's own), each once.
 
     ``log_metrics``: add the guard's metrics to the Trainer's logs (module
     docstring). The Trainer's ``max_grad_norm`` clipping is done by the guard
