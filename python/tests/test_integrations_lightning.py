@@ -425,3 +425,17 @@ def test_a_fit_after_one_that_stopped_in_an_accumulation_window_is_guarded(tmp_p
     lines = events(tmp_path / "events.jsonl")
     assert [(l["step"], l["action"]) for l in lines] == [(s, "step") for s in range(1, 5)]
     assert cb.bad_steps == [] and finite_params(model)
+
+
+def test_a_second_fit_with_the_callback_is_a_run_of_its_own(tmp_path):
+    """The second fit rewrote the event log while bad_steps kept the first
+    fit's bad step too: the two disagreed. Both describe the latest fit."""
+    cb = NanGuard(policy="skip", event_log=tmp_path / "events.jsonl", verbose=False)
+    fit(Classifier(log0_at=3), [cb])
+    assert [r.step for r in cb.bad_steps] == [4]
+    fit(Classifier(log0_at=1), [cb], steps=4)
+    lines = events(tmp_path / "events.jsonl")
+    assert [l["step"] for l in lines] == [1, 2, 3, 4]
+    assert [r.step for r in cb.bad_steps] == [l["step"] for l in lines if l["skipped"]] == [2]
+    summary = cb.guard.summary()
+    assert (summary["steps"], summary["not_taken"], cb.last.step) == (4, 1, 4)

@@ -379,6 +379,23 @@ def test_the_loss_of_an_accumulated_causal_lm_step_is_the_one_the_trainer_logs(t
     assert all(l > 3.5 for l in logged)  # about log(64): a half would read 2.1
 
 
+def test_a_second_train_with_the_callback_is_a_run_of_its_own(tmp_path):
+    """The second train() rewrote the event log while bad_steps kept the
+    first run's bad step too: the two disagreed. Both describe the latest
+    run."""
+    cb = NanGuardCallback(policy="skip", event_log=tmp_path / "events.jsonl", verbose=False)
+    first = tiny_bert()
+    train(tmp_path, first, [Plant(first, log0_at=3), cb], steps=6)
+    assert [r.step for r in cb.bad_steps] == [4]
+    second = tiny_bert()
+    train(tmp_path, second, [Plant(second, log0_at=1), cb], steps=4)
+    lines = events(tmp_path / "events.jsonl")
+    assert [l["step"] for l in lines] == [1, 2, 3, 4]
+    assert [r.step for r in cb.bad_steps] == [l["step"] for l in lines if l["skipped"]] == [2]
+    summary = cb.guard.summary()
+    assert (summary["steps"], summary["not_taken"], cb.last.step) == (4, 1, 4)
+
+
 def tiny_gpt2():
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=50, n_positions=16, n_embd=16, n_layer=2, n_head=2, bos_token_id=0,

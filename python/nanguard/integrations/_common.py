@@ -67,6 +67,11 @@ class CallbackGuard:
     back or aborted), ``last`` (the latest result) and ``scaler_skips`` (the steps the
     framework's GradScaler skipped on its own).
 
+    Each training run (``fit()``, ``train()``) is a run of its own, as the
+    event log is: its start rewrites ``event_log`` and empties
+    ``bad_steps``, ``last`` and ``scaler_skips``, so that they, the log and
+    ``guard.summary()`` all describe the latest run.
+
     ``name`` and ``scaler_owner`` word the errors: the framework manages
     the loss scale, so ``loss_scale=`` is refused."""
 
@@ -93,7 +98,12 @@ class CallbackGuard:
         writes ``event_log`` and ``bundle_dir``, rank N beside them.
         ``ddp_group``: the process group of the framework's
         DistributedDataParallel around ``model`` (every rank then agrees on
-        each step, and the rank a NaN/Inf came from is named)."""
+        each step, and the rank a NaN/Inf came from is named). A run of
+        its own: what the callback kept of the run before is forgotten
+        (its guard closed, when an error stopped it)."""
+        if self.guard is not None:
+            self.guard.close()
+        self.bad_steps, self.last, self.scaler_skips = [], None, 0
         options = dict(self.guard_options)
         if ddp_group is not None:
             options["distributed"] = nanguard.Distributed(ddp_group, backward="all_reduce")

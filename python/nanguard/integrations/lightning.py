@@ -88,7 +88,10 @@ class NanGuard(_pl.Callback, CallbackGuard):
     ``guard`` is the :class:`nanguard.Guard` (closed when ``fit`` ends), ``bad_steps``
     the :class:`nanguard.StepResult` of every step it skipped or rolled back,
     ``last`` the latest result, ``scaler_skips`` the steps Lightning's
-    GradScaler skipped on its own.
+    GradScaler skipped on its own. Each ``fit`` with the callback is a run
+    of its own: it rewrites ``event_log``, and ``bad_steps``, ``last``,
+    ``scaler_skips`` and ``guard.summary()`` describe it alone (give the
+    callback another ``event_log`` between fits to keep each run's log).
     """
 
     def __init__(self, *, policy: Policy = "auto", event_log: Optional[PathLike] = None,

@@ -111,7 +111,11 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
     ``guard`` is the :class:`nanguard.Guard` (closed when ``train()`` ends),
     ``bad_steps`` the :class:`nanguard.StepResult` of each step skipped or
     rolled back, ``last`` the latest result, ``scaler_skips`` the steps the
-    Trainer's GradScaler skipped on its own.
+    Trainer's GradScaler skipped on its own. Each ``train()`` with the
+    callback is a run of its own, as the Trainer's ``state.log_history``
+    is: it rewrites ``event_log``, and ``bad_steps``, ``last``,
+    ``scaler_skips`` and ``guard.summary()`` describe it alone (give the
+    callback another ``event_log`` between runs to keep each run's log).
     """
 
     def __init__(self, *, policy: Policy = "auto", event_log: Optional[PathLike] = None,
