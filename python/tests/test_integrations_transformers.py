@@ -330,19 +330,34 @@ def test_an_abort_leaves_no_hook_on_the_model_and_closes_the_guard(tmp_path):
         cb.guard.begin_step()
 
 
-def test_a_train_after_one_that_stopped_on_an_error_still_clips(tmp_path):
+@pytest.mark.parametrize("inside_a_step", [False, True])
+def test_a_train_after_one_that_stopped_on_an_error_still_clips(tmp_path, inside_a_step):
     """An error stops train() with max_grad_norm handed to the guard (0 in
     the Trainer's arguments); the next train() took that 0 for the
-    Trainer's own setting and clipped nothing."""
+    Trainer's own setting and clipped nothing. Raised inside a step (the
+    model's forward), the error leaves the 0 and the forward hook to the
+    next train() with the callback (the Trainer has no event for it)."""
 
     class Failing(transformers.TrainerCallback):
         armed = True
 
-        def on_step_end(self, args, state, control, **kwargs):
-            if self.armed and state.global_step == 2:
+        def __init__(self, model):
+            model.bert.embeddings.register_forward_hook(self.fail_in_the_forward)
+            self.now = False
+
+        def fail_in_the_forward(self, module, args, out):
+            if inside_a_step and self.now:
                 raise RuntimeError("a bug in a callback")
 
-    model, failing = tiny_bert(), Failing()
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.now = self.armed and state.global_step == 2
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if not inside_a_step and self.armed and state.global_step == 2:
+                raise RuntimeError("a bug in a callback")
+
+    model = tiny_bert()
+    failing = Failing(model)
     cb = NanGuardCallback(event_log=tmp_path / "events.jsonl")
     targs = transformers.TrainingArguments(
         output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True, max_steps=4, per_device_train_batch_size=4,
@@ -351,13 +366,43 @@ def test_a_train_after_one_that_stopped_on_an_error_still_clips(tmp_path):
     trainer = transformers.Trainer(model=model, args=targs, train_dataset=Embedded(), callbacks=[failing, cb])
     with pytest.raises(RuntimeError, match="a bug in a callback"):
         trainer.train()
+    assert trainer.args.max_grad_norm == (0.0 if inside_a_step else 0.2)
+    assert len(model._forward_hooks) == int(inside_a_step)  # the callback's
     failing.armed = False
     trainer.train()
     lines = events(tmp_path / "events.jsonl")
     assert len(lines) == 4 and all(l["grad_norm"] > 0.4 for l in lines)  # every step above 0.2
     for line in lines:
         assert line["clip_coef"] == pytest.approx(0.2 / line["grad_norm"], rel=1e-4)
-    assert trainer.args.max_grad_norm == 0.2
+    assert trainer.args.max_grad_norm == 0.2 and not model._forward_hooks
+
+
+def test_an_error_between_steps_leaves_no_hook_and_gives_max_grad_norm_back(tmp_path):
+    """An error the guard did not raise (the user's data collator, mid-run)
+    stops train() with no on_train_end: the callback's forward hook stayed
+    on the model and TrainingArguments.max_grad_norm read 0, so a Trainer
+    built again from those arguments clipped nothing."""
+    collated = []
+
+    def collate(samples):
+        collated.append(len(samples))
+        if len(collated) == 4:
+            raise RuntimeError("a bug in the collator")
+        return torch.utils.data.default_collate(samples)
+
+    model = tiny_bert()
+    cb = NanGuardCallback(event_log=tmp_path / "events.jsonl", verbose=False)
+    targs = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True, max_steps=6, per_device_train_batch_size=4,
+        learning_rate=1e-3, save_strategy="no", disable_tqdm=True, seed=0, max_grad_norm=0.5,
+        dataloader_num_workers=0)
+    trainer = transformers.Trainer(model=model, args=targs, train_dataset=Embedded(), data_collator=collate,
+                                   callbacks=[cb])
+    with pytest.raises(RuntimeError, match="a bug in the collator"):
+        trainer.train()
+    assert [l["step"] for l in events(tmp_path / "events.jsonl")] == [1, 2]  # it stopped between steps
+    assert not model._forward_hooks
+    assert trainer.args.max_grad_norm == 0.5
 
 
 def test_the_loss_of_an_accumulated_causal_lm_step_is_the_one_the_trainer_logs(tmp_path):

@@ -15,7 +15,8 @@ step:
   window): ``Guard.begin_step()`` (counts the step, keeps the RNG state a
   replay starts from);
 - a forward hook on the model (``register_forward_hook(...,
-  with_kwargs=True)``) keeps each training micro-batch's inputs and its
+  with_kwargs=True)``), from ``on_step_begin`` to
+  ``on_pre_optimizer_step``, keeps each training micro-batch's inputs and its
   ``loss`` output; the step's loss is their mean (their sum when the
   Trainer passed the forward ``num_items_in_batch``: the Trainer's);
 - ``on_pre_optimizer_step`` (every micro-batch done; after the Trainer
@@ -27,8 +28,8 @@ step:
   None, so the Trainer's ``optimizer.step()`` changes nothing.
 
 A rollback lowers the LR of the optimizer's param groups and the base LRs of
-the Trainer's LR scheduler alike (the scheduler recomputes the LR from them
-at every step).
+the Trainer's LR scheduler (and of ``lr_scheduler=``) alike (the scheduler
+recomputes the LR from them at every step).
 
 fp16 AMP (a GradScaler): when the scaler found an Inf/NaN in the gradients
 of a step whose loss is finite, at a scale above 1, that is its own overflow
@@ -49,11 +50,22 @@ Clipping: the Trainer would clip by ``max_grad_norm`` (default 1.0) before
 the callback sees the gradients, and the event log's ``grad_norm`` would be
 the clipped norm (1.0 on every step). So while ``train()`` runs the guard
 clips instead, by the same norm after its checks (``max_norm`` when smaller),
-with ``TrainingArguments.max_grad_norm`` set to 0 (given back when
-``train()`` ends or aborts, or by the next ``train()`` after another
-error stopped it); the event log's ``grad_norm`` is then the norm
+with ``TrainingArguments.max_grad_norm`` set to 0 inside each step (from
+``on_step_begin`` until the Trainer has clipped, at
+``on_pre_optimizer_step``); the event log's ``grad_norm`` is then the norm
 before clipping, the one the Trainer logs. Not under DeepSpeed, which clips
 in its engine.
+
+Errors: the Trainer has no event for an error that stops ``train()``
+(Lightning has ``on_exception``), so the callback holds what it changes
+(the forward hook, ``max_grad_norm``) only inside a step: an error between
+steps (the data collator's, an evaluation's, a checkpoint's, another
+callback's ``on_step_end``) leaves the model and the arguments as the user
+made them. An error inside a step (the model's forward or backward) leaves
+the hook and ``max_grad_norm = 0`` until the next ``train()`` with the
+callback, which gives them back; the guard of a run an error stopped stays
+open (its event log written up to the last step) until then, or until the
+interpreter exits. An abort closes all of it.
 
 Metrics: every logging step the callback adds ``nanguard/skipped_steps``,
 ``nanguard/rollbacks``, ``nanguard/last_cause``, ``nanguard/loss_scale``
@@ -125,30 +137,26 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
                                event_log, bundle_dir, max_norm, guard_options)
         self.log_metrics = bool(log_metrics)
         self._own_max_norm = max_norm
-        self._trainer_max_grad_norm: Optional[float] = None  # the Trainer's max_grad_norm while the guard clips in its stead
+        self._trainer_max_grad_norm: Optional[float] = None  # the Trainer's max_grad_norm, which the guard clips by
         self._scaler: Any = None
         self._model = None
-        self._hook = None
+        self._hook = None  # the forward hook of the step running now
         self._window = None  # [(args, kwargs)] of the step's micro-batches
         self._losses = []
-        self._replaying = False
 
     # -- set up ----------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                        **kwargs: Any) -> None:
-        """Builds the guard over the model and the Trainer's optimizer, and
-        hooks the model's forward."""
+        """Builds the guard over the model and the Trainer's optimizer (and
+        ends the step an error stopped inside the train() before)."""
         if model is None or optimizer is None:
             raise ValueError("NanGuardCallback: the Trainer passed no model or optimizer to on_train_begin; "
                              "add the callback to a transformers.Trainer (Trainer(..., callbacks=[...]))")
-        self._give_back_clipping(args)  # a train() that stopped on an error kept it
+        self._end_step(args)
         self._take_over_clipping(args)
         self.build(model, _inner(optimizer), "transformers", *_rank_and_world(), ddp_group=_ddp_group(args))
         self._scaler = getattr(optimizer, "scaler", None)
-        if self._hook is not None:  # a train() that stopped on an error left it
-            self._hook.remove()
         self._model = model
-        self._hook = model.register_forward_hook(self._keep_micro_batch, with_kwargs=True)
 
     def _take_over_clipping(self, args: Any) -> None:
         """The Trainer clips by ``max_grad_norm`` before the callback sees the
@@ -156,22 +164,16 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
         step) and a bad step's NaN norm would reach every gradient. The
         guard clips instead, by the same global norm (the smaller of
         ``max_norm`` and ``max_grad_norm`` when both are set), after its
-        checks; the Trainer's ``max_grad_norm`` is 0 while training runs
-        (it still logs the norm, measured before the guard's clipping) and
-        is given back by ``on_train_end``. DeepSpeed clips inside its
-        engine: left as it is."""
+        checks; the Trainer's ``max_grad_norm`` is 0 inside each step
+        (``on_step_begin`` to ``on_pre_optimizer_step``, where the Trainer
+        clips; it still logs the norm, measured before the guard's
+        clipping). DeepSpeed clips inside its engine: left as it is."""
         self.max_norm = self._own_max_norm
+        self._trainer_max_grad_norm = None
         if not args.max_grad_norm or args.max_grad_norm <= 0 or getattr(args, "deepspeed", None):
             return
         self._trainer_max_grad_norm = args.max_grad_norm
         self.max_norm = min(self.max_norm, args.max_grad_norm) if self.max_norm > 0 else args.max_grad_norm
-        args.max_grad_norm = 0.0
-
-    def _give_back_clipping(self, args: Any) -> None:
-        """The Trainer's ``max_grad_norm`` again (train() ended or stopped)."""
-        if self._trainer_max_grad_norm is not None:
-            args.max_grad_norm = self._trainer_max_grad_norm
-            self._trainer_max_grad_norm = None
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Optional[Dict[str, Any]] = None, **kwargs: Any) -> None:
         """Adds the guard's metrics (``nanguard/skipped_steps``, ...) to the
@@ -185,7 +187,7 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
 
     def _keep_micro_batch(self, module, args, kwargs, output):
         """Forward hook: keeps a training micro-batch's inputs and loss."""
-        if self._window is None or self._replaying or not module.training:
+        if not module.training:
             return
         self._window.append((args, kwargs))
         loss = _loss_of(output)
@@ -194,13 +196,34 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
 
     # -- every step ------------------------------------------------------------
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Begins an optimizer step (the first micro-batch of its window)."""
+        """Begins an optimizer step (the first micro-batch of its window):
+        hooks the model's forward to keep its micro-batches, and sets the
+        Trainer's ``max_grad_norm`` to 0 until the Trainer has clipped (the
+        guard clips in its stead). Only a step holds them, so that an error
+        that stops ``train()`` between steps (the data collator's, an
+        evaluation's, a checkpoint's) leaves neither behind: the Trainer
+        has no event for an error."""
         self.guard.begin_step()
         self._window, self._losses = [], []
+        self._hook = self._model.register_forward_hook(self._keep_micro_batch, with_kwargs=True)
+        if self._trainer_max_grad_norm is not None:
+            args.max_grad_norm = 0.0
+
+    def _end_step(self, args: Any) -> None:
+        """Removes the step's forward hook and gives the Trainer its
+        ``max_grad_norm`` back: the step's micro-batches are done (or an
+        error stopped train() inside a step)."""
+        if self._hook is None:
+            return
+        self._hook.remove()
+        self._hook = None
+        if self._trainer_max_grad_norm is not None:
+            args.max_grad_norm = self._trainer_max_grad_norm
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None,
                               lr_scheduler: Any = None, **kwargs: Any) -> None:
         """Checks the step; on a bad one, replays it, acts and clears the gradients."""
+        self._end_step(args)
         if self._window is None:
             return
         window, losses = self._window, self._losses
@@ -232,27 +255,19 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
         """The step's loss again: the model's forward on each micro-batch's
         inputs, the mean of their losses."""
         losses = []
-        self._replaying = True
-        try:
-            for a, k in window:
-                out = self._model(*a, **k)
-                loss = _loss_of(out)
-                if loss is None:
-                    loss = _surrogate_loss(out)
-                if loss is not None:
-                    losses.append(loss)
-        finally:
-            self._replaying = False
+        for a, k in window:  # the step's hook is gone: the replay keeps nothing
+            out = self._model(*a, **k)
+            loss = _loss_of(out)
+            if loss is None:
+                loss = _surrogate_loss(out)
+            if loss is not None:
+                losses.append(loss)
         return _window_loss(window, losses)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Removes the forward hook, gives the Trainer its ``max_grad_norm``
-        back and closes the event log (warning the run's summary after a
-        bad step)."""
-        self._give_back_clipping(args)
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        """Closes the event log (warning the run's summary after a bad
+        step)."""
+        self._end_step(args)  # a callback's should_training_stop can end train() between micro-batches
         if self.guard is not None:
             self.guard.close()
 
