@@ -214,19 +214,43 @@ double smallest_normal(at::ScalarType t) {
   }
 }
 
-}  // namespace
-
-tensor_stats census(const at::Tensor& x) {
-  check_floating(x, "census");
+// The census of a tensor census() accepts, on its own device, in one pass.
+tensor_stats census_in_one_pass(const at::Tensor& x) {
   if (!x.is_cpu()) return on_cuda_kernel(x) ? census_many(x)[0] : detail::census_aten(x);
   if (x.numel() == 0) return tensor_stats{};
-  // Views are measured in logical order; a negative view (z.conj().imag)
-  // keeps its values negated in memory.
-  const at::Tensor c = x.resolve_neg().contiguous();
+  const at::Tensor c = detail::logical_values(x);
   census_partial p;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, c.scalar_type(), "nanguard::census",
                                   [&] { p = census_contiguous<scalar_t>(c); });
   return to_stats(p);
+}
+
+// Float64 values beyond ~1e154 can overflow the sums of values and squares
+// behind mean, std and l2_norm even where those are representable: then
+// they come out NaN or Inf from finite values.
+bool moments_overflowed(const tensor_stats& s) {
+  return s.finite > 0 && !(std::isfinite(s.mean) && std::isfinite(s.std) && std::isfinite(s.l2_norm));
+}
+
+// Mean, std and L2 norm measured again on `x` scaled by the power of two
+// that brings absmax into [1, 2) (exact, as LAPACK's dnrm2 or std::hypot
+// scale), then scaled back: Inf only where the statistic itself is beyond
+// float64. The counts, min and max of the first pass stay.
+void measure_moments_scaled(const at::Tensor& x, tensor_stats& s) {
+  const int exponent = std::ilogb(s.absmax);
+  const tensor_stats scaled = census_in_one_pass(x * std::ldexp(1.0, -exponent));
+  s.mean = std::ldexp(scaled.mean, exponent);
+  s.std = std::ldexp(scaled.std, exponent);
+  s.l2_norm = std::ldexp(scaled.l2_norm, exponent);
+}
+
+}  // namespace
+
+tensor_stats census(const at::Tensor& x) {
+  check_floating(x, "census");
+  tensor_stats s = census_in_one_pass(x);
+  if (moments_overflowed(s)) measure_moments_scaled(x, s);  // rare: the fast pass stays one pass
+  return s;
 }
 
 bool has_nonfinite(const at::Tensor& x) { return scan_for_nonfinite(x, /*parallel=*/true, "has_nonfinite"); }
@@ -326,8 +350,10 @@ tensor_stats census_aten(const at::Tensor& x) {
   s.zeros = count(a == 0);
   s.subnormal = count((a > 0) & (a < smallest_normal(x.scalar_type())));
   s.fp16_underflow = count((a > 0) & (a < fp16_min_normal));
-  s.fp16_overflow = count(a > fp16_max);
-  s.bf16_overflow = count(a > bf16_max);
+  // As torch casts: float64 through float32, whose rounding can reach the threshold first.
+  const at::Tensor cast_magnitude = a.to(at::kFloat);
+  s.fp16_overflow = count(cast_magnitude >= float(fp16_rounds_to_inf));
+  s.bf16_overflow = count(cast_magnitude >= float(bf16_rounds_to_inf));
   s.min = values.min().item<double>();
   s.max = values.max().item<double>();
   s.mean = values.mean().item<double>();

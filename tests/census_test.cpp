@@ -5,6 +5,8 @@
 #include "detail/value_range.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
 #include <gtest/gtest.h>
 
 #include <cfloat>
@@ -48,8 +50,8 @@ tensor_stats reference(const at::Tensor& x) {
     s.zeros += a == 0;
     s.subnormal += a > 0 && a < smallest_normal(x.scalar_type());
     s.fp16_underflow += a > 0 && a < 6.103515625e-05;
-    s.fp16_overflow += a > 65504;
-    s.bf16_overflow += a > 3.3895313892515355e38;
+    s.fp16_overflow += std::isinf(float(c10::Half(float(e))));  // torch casts float64 through float32
+    s.bf16_overflow += std::isinf(float(c10::BFloat16(float(e))));
     s.min = s.finite == 1 ? e : std::min(s.min, e);
     s.max = s.finite == 1 ? e : std::max(s.max, e);
     s.absmax = std::max(s.absmax, a);
@@ -272,6 +274,76 @@ TEST(census, huge_finite_values_do_not_overflow_the_sums) {
   at::Tensor x = at::full({4096}, 3e38f);
   x[1] = -3.3e38f;
   expect_matches(reference(x), nanguard::census(x), 1e-6);
+}
+
+// Float64 values whose sums or squares overflow where the statistics do
+// not: those stay finite and right (std is the population's, ddof = 0).
+TEST(census, float64_moments_stay_finite_where_their_sums_overflow) {
+  const auto census_of = [](std::vector<double> v) { return nanguard::census(at::tensor(v, at::kDouble)); };
+  expect_close(std::sqrt(2.0) * 1e200, census_of({1e200, 1e200}).l2_norm, 1e-15, "l2 of [1e200, 1e200]");
+  const tensor_stats opposite = census_of({1e308, -1e308});
+  EXPECT_EQ(0.0, opposite.mean);
+  expect_close(1e308, opposite.std, 1e-15, "std of [1e308, -1e308]");
+  expect_close(std::sqrt(2.0) * 1e308, opposite.l2_norm, 1e-15, "l2 of [1e308, -1e308]");
+  const tensor_stats top = census_of({1.7e308, 1.7e308});
+  EXPECT_EQ(1.7e308, top.mean);
+  EXPECT_EQ(0.0, top.std);
+  EXPECT_EQ(kInf, top.l2_norm) << "2.4e308 is beyond float64";
+  // The sum of squares overflows and the sum does not (the variance was clamped to 0).
+  expect_close(std::sqrt(2.0) / 3 * 1e160, census_of({0, 1e160, 1e160}).std, 1e-15, "std of [0, 1e160, 1e160]");
+  // Across blocks and threads, beside NaN and Inf, on every instruction set, and a negative view.
+  at::manual_seed(9);
+  at::Tensor x = at::randn({300001}, at::kDouble) * 1e303;  // l2 ~ 5e305
+  x[17] = kNaN;
+  x[200000] = -kInf;
+  for_each_isa([&] { expect_matches(reference(x), nanguard::census(x), 1e-12); });
+  expect_matches(reference(x.neg()), nanguard::census(at::_neg_view(x)), 1e-12);
+}
+
+// Values within float32 ulps of where a cast to float16 or bfloat16 turns
+// them into Inf, of both signs: the census counts what torch's cast makes Inf.
+at::Tensor around_the_overflow_thresholds(int64_t n) {
+  at::manual_seed(10);
+  const auto steps = [&](double centre, double ulp) {  // float32 values and the midpoints between them
+    return centre + at::randint(-64, 65, {n}, at::kDouble) * (ulp / 2);
+  };
+  const auto band = [&](double lo, double hi) { return lo + at::rand({n}, at::kDouble) * (hi - lo); };
+  const at::Tensor exact = at::tensor({65504.0, 65519.99609375, 65519.998046875, 65520.0, 65536.0,
+                                       3.3895313892515355e38, 3.3961775292304459e38, 3.4028234663852886e38},
+                                      at::kDouble);
+  const at::Tensor values = at::cat({steps(65520, std::ldexp(1.0, -8)), band(65490, 65540),
+                                     steps(3.3961775292304459e38, std::ldexp(1.0, 104)),
+                                     band(3.389e38, 3.41e38), exact, at::randn({n}, at::kDouble)});
+  return values * (at::randint(0, 2, values.sizes(), at::kDouble) * 2 - 1);
+}
+
+TEST(census, overflow_counts_are_the_values_a_cast_turns_into_inf) {
+  const at::Tensor wide = around_the_overflow_thresholds(20000);
+  for (const auto dtype : {at::kDouble, at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (const bool with_nan : {false, true}) {  // a NaN sends its block to the exact scalar path
+      SCOPED_TRACE(::testing::Message() << dtype << (with_nan ? " with a NaN" : ""));
+      at::Tensor x = wide.to(dtype);
+      if (with_nan) x[5] = kNaN;
+      const auto infs_once_cast_to = [&](at::ScalarType t) {
+        return (x.isfinite() & x.to(t).isinf()).sum().item<int64_t>();
+      };
+      const int64_t fp16 = infs_once_cast_to(at::kHalf), bf16 = infs_once_cast_to(at::kBFloat16);
+      if (dtype == at::kDouble || dtype == at::kFloat) {  // the data holds both kinds on both sides
+        const auto beyond = [&](double max) { return ((x.abs() > max) & x.isfinite()).sum().item<int64_t>(); };
+        ASSERT_GT(bf16, 5000);
+        ASSERT_GT(beyond(65504), fp16 + 1000) << "values that round down to 65504";
+        ASSERT_GT(beyond(3.3895313892515355e38), bf16 + 1000) << "values that round down to bfloat16's largest";
+      }
+      for_each_isa([&] {
+        const tensor_stats s = nanguard::census(x);
+        EXPECT_EQ(fp16, s.fp16_overflow);
+        EXPECT_EQ(bf16, s.bf16_overflow);
+      });
+      const tensor_stats by_aten = nanguard::detail::census_aten(x);
+      EXPECT_EQ(fp16, by_aten.fp16_overflow);
+      EXPECT_EQ(bf16, by_aten.bf16_overflow);
+    }
+  }
 }
 
 // A wrong dtype is a c10::TypeError (Python: TypeError).

@@ -108,6 +108,33 @@ TEST(cuda_census, reads_views_and_unaligned_tensors_in_logical_order) {
   }
 }
 
+// A negative view (at::_neg_view, z.conj().imag) holds its values negated
+// in memory: the CUDA census, census_many and the record's verdict read
+// them with their sign, as the CPU census does.
+TEST(cuda_census, reads_a_negative_view_with_its_sign) {
+  REQUIRE_CUDA();
+  for (const auto dtype : kDtypes) {
+    SCOPED_TRACE(testing::Message() << dtype);
+    const at::Tensor x = planted(8195, dtype, 21) + 1;  // +1: not symmetric about 0
+    const at::Tensor negative = at::_neg_view(x.cuda());
+    ASSERT_TRUE(negative.is_neg());
+    const tensor_stats want = nanguard::census(x.neg());
+    ASSERT_GT(want.pos_inf, 0);
+    expect_same_census(want, nanguard::census(negative));
+    expect_same_census(want, nanguard::census_many({negative})[0]);
+    const nanguard::record_verdict v = nanguard::check_many({negative});
+    EXPECT_EQ(want.pos_inf, v.pos_inf);
+    EXPECT_EQ(want.neg_inf, v.neg_inf);
+    expect_same_value(want.first_nonfinite_value, v.first_value, "first_value");
+  }
+  const at::Tensor z = at::complex(at::randn({1000}), at::rand({1000}) + 1).cuda();
+  const at::Tensor imag = at::imag(z.conj());
+  ASSERT_TRUE(imag.is_neg());
+  const tensor_stats s = nanguard::census(imag);
+  EXPECT_LT(s.max, -1.0) << "every imaginary part of z.conj() is below -1";
+  expect_same_census(nanguard::census(at::imag(z).cpu().neg()), s);
+}
+
 TEST(cuda_census, a_finite_tensor_has_no_nonfinite_and_its_range) {
   REQUIRE_CUDA();
   const at::Tensor x = at::randn({1 << 20}).cuda();

@@ -41,9 +41,12 @@ struct tensor_stats {
   double absmax = 0;   ///< largest |x| over finite values
 
   // Precision headroom of the finite values.
-  int64_t fp16_overflow = 0;   ///< |x| > 65504: Inf once cast to float16
+  // The overflow counts are of values that become Inf once cast (rounded to
+  // nearest even, as torch casts: float64 through float32), not of all those
+  // beyond the largest finite value: 65504 < |x| < 65520 rounds to 65504.
+  int64_t fp16_overflow = 0;   ///< |x| >= 65520: Inf once cast to float16
   int64_t fp16_underflow = 0;  ///< 0 < |x| < 6.1035e-5: subnormal or zero in float16
-  int64_t bf16_overflow = 0;   ///< |x| > 3.3895e38: Inf once cast to bfloat16
+  int64_t bf16_overflow = 0;   ///< |x| >= 3.3962e38: Inf once cast to bfloat16
 
   /// Flat (row-major, logical) index of the first non-finite element; -1 if none.
   int64_t first_nonfinite_index = -1;

@@ -3,7 +3,7 @@
 //
 // A `precision_advisor` observes every ATen op (forward, and backward inside
 // autograd nodes) while it lives and takes a census of each floating-point
-// output: how many values would overflow float16 (|x| > 65504), fall below
+// output: how many values would overflow float16 (|x| >= 65520 rounds to Inf), fall below
 // float16's smallest normal (0 < |x| < 6.1e-5: subnormal or zero once cast),
 // overflow bfloat16, and the largest magnitude, per module and per op. After
 // each backward, `end_step()` reads the parameters' gradients; from them and
@@ -85,9 +85,9 @@ struct value_range {
   int64_t values = 0;          ///< elements measured
   int64_t nonfinite = 0;       ///< already NaN/Inf in float32
   int64_t zeros = 0;           ///< exact zeros
-  int64_t fp16_overflow = 0;   ///< |x| > 65504: Inf in float16
+  int64_t fp16_overflow = 0;   ///< |x| >= 65520: Inf once cast to float16 (the census's count)
   int64_t fp16_underflow = 0;  ///< 0 < |x| < 6.1e-5: subnormal or zero in float16
-  int64_t bf16_overflow = 0;   ///< |x| > 3.39e38: Inf in bfloat16
+  int64_t bf16_overflow = 0;   ///< |x| >= 3.396e38: Inf once cast to bfloat16
   double absmax = 0;           ///< largest finite |x|
 };
 

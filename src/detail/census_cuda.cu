@@ -134,8 +134,8 @@ __device__ __forceinline__ void visit(tally& t, typename element<E>::bits b, int
     t.zeros += a == 0;
     t.subnormal += a != 0 && a < el::smallest_normal;
     t.fp16_underflow += a != 0 && a < fp16_min_normal;
-    t.fp16_overflow += a > fp16_max;
-    t.bf16_overflow += a > bf16_max;
+    t.fp16_overflow += inf_in_fp16(a);
+    t.bf16_overflow += inf_in_bf16(a);
     t.sum += v;
     t.sum_of_squares += v * v;
     t.min = fmin(t.min, v);

@@ -60,6 +60,15 @@ NANGUARD_HOT void prefetch_ahead(const T* p) {
   __builtin_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes);
 }
 
+// The sum of squared deviations from the mean, from the sums s1 of x - shift
+// and s2 of its squares over n values: clamped at 0 against rounding, but
+// NaN or Inf when the sums overflowed (census() then measures the tensor
+// again, scaled), never hidden by the clamp.
+inline double squared_deviations(double s1, double s2, double n) {
+  const double m2 = s2 - s1 * (s1 / n);  // s1 * s1 could overflow where the result does not
+  return m2 < 0 ? 0 : m2;
+}
+
 // Statistics of a finite block, from its shifted sums.
 template <typename T>
 NANGUARD_HOT census_partial finite_block(int64_t n, T shift, double s1, double s2, T lo, T hi) {
@@ -68,26 +77,26 @@ NANGUARD_HOT census_partial finite_block(int64_t n, T shift, double s1, double s
   p.min = lo;
   p.max = hi;
   p.mean = double(shift) + s1 / double(n);
-  p.m2 = std::max(0.0, s2 - s1 * s1 / double(n));
+  p.m2 = squared_deviations(s1, s2, double(n));
   return p;
 }
 
-// Counts float16 and bfloat16 overflows of a finite range: only called when
-// its max |x| says there is one.
+// Counts the values of a finite range that become Inf once cast to float16
+// or bfloat16: only called when its max |x| says there may be one.
 template <typename T>
 NANGUARD_HOT void count_huge(const T* x, int64_t n, census_partial& p) {
   int64_t fp16 = 0, bf16 = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const T a = std::fabs(x[i]);
-    fp16 += a > T(fp16_max);
-    bf16 += double(a) > bf16_max;
+    fp16 += inf_in_fp16(double(x[i]));
+    bf16 += inf_in_bf16(double(x[i]));
   }
   p.fp16_overflow += fp16;
   p.bf16_overflow += bf16;
 }
 
 // Exact scalar census of a block that holds a NaN or Inf (or whose squares
-// overflow T). Shifted double sums keep the mean and variance accurate.
+// overflow T). Shifted double sums keep the mean and variance accurate; for
+// float64 they can overflow too, which leaves mean or m2 not finite.
 template <typename T>
 census_partial exact_block(const T* x, int64_t n, int64_t base, T subnormal_below) {
   census_partial p;
@@ -116,14 +125,14 @@ census_partial exact_block(const T* x, int64_t n, int64_t base, T subnormal_belo
     p.zeros += a == T(0);
     p.subnormal += a != T(0) && a < subnormal_below;
     p.fp16_underflow += a != T(0) && double(a) < fp16_min_normal;
-    p.fp16_overflow += double(a) > fp16_max;
-    p.bf16_overflow += double(a) > bf16_max;
+    p.fp16_overflow += inf_in_fp16(double(v));
+    p.bf16_overflow += inf_in_bf16(double(v));
   }
   if (p.finite > 0) {
     p.min = lo;
     p.max = hi;
     p.mean = shift + s1 / double(p.finite);
-    p.m2 = std::max(0.0, s2 - s1 * s1 / double(p.finite));
+    p.m2 = squared_deviations(s1, s2, double(p.finite));
   }
   return p;
 }
@@ -407,7 +416,7 @@ NANGUARD_HOT census_partial census_block(const T* x, int64_t n, int64_t base, T 
     if (least < T(fp16_min_normal)) count_tiny<T, Bytes>(x + b * sub_block, sub_block, least, subnormal_below, p);
   }
   if (tail < n) count_tiny<T, Bytes>(x + tail, n - tail, T(0), subnormal_below, p);  // min |x| unknown: 0
-  if (std::max(std::fabs(mn), std::fabs(mx)) > T(fp16_max)) count_huge(x, n, p);
+  if (std::max(std::fabs(mn), std::fabs(mx)) > T(fp16_max)) count_huge(x, n, p);  // none up to fp16_max rounds to Inf
   return p;
 }
 

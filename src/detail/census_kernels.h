@@ -26,6 +26,8 @@ struct census_partial {
   int64_t fp16_overflow = 0, fp16_underflow = 0, bf16_overflow = 0;
   // Finite values: count, min, max, mean and sum of squared deviations,
   // merged with Chan et al.'s pairwise formula so 1e8 elements stay exact.
+  // Float64 sums can overflow (values beyond ~1e154): mean or m2 is then NaN
+  // or Inf, and census() measures the tensor again, scaled.
   int64_t finite = 0;
   double min = 0, max = 0, mean = 0, m2 = 0;
   int64_t first_bad = -1;  // global flat index

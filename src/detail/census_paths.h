@@ -12,6 +12,11 @@ inline bool census_dtype(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
 }
 
+/// `x`'s values in logical order in contiguous memory, as the census
+/// kernels (CPU and CUDA) read them: a negative view (z.conj().imag,
+/// at::_neg_view) holds its values negated in memory, so it is resolved.
+inline at::Tensor logical_values(const at::Tensor& x) { return x.resolve_neg().contiguous(); }
+
 /// The census computed with plain ATen ops on `x`'s own device: the
 /// reference the other paths are tested against.
 tensor_stats census_aten(const at::Tensor& x);

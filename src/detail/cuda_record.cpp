@@ -1,6 +1,7 @@
 #include "cuda_record.h"
 
 #include "census_cuda.h"
+#include "census_paths.h"
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -97,8 +98,8 @@ void cuda_record::add(at::TensorList xs, c10::ArrayRef<int64_t> ordinals) {
       ? static_cast<cu::device_tensor_stats*>(
             stats_blocks_.emplace_back(zeroed_bytes(xs.size() * sizeof(cu::device_tensor_stats), device_)).data_ptr())
       : nullptr;
-  // Contiguous copies of views: freed when this returns, to this stream,
-  // whose later work runs after the kernel.
+  // Contiguous copies of views and negative views: freed when this returns,
+  // to this stream, whose later work runs after the kernel.
   std::vector<at::Tensor> contiguous;
   contiguous.reserve(xs.size());
   cu::census_launch launch;
@@ -108,7 +109,7 @@ void cuda_record::add(at::TensorList xs, c10::ArrayRef<int64_t> ordinals) {
     launch.count = 0;
   };
   for (size_t i = 0; i < xs.size(); ++i) {
-    const at::Tensor& c = contiguous.emplace_back(xs[i].contiguous());
+    const at::Tensor& c = contiguous.emplace_back(logical_values(xs[i]));
     TORCH_CHECK(c.numel() < cu::kMaxElements, "nanguard: a tensor of ", c.numel(), " elements is over the CUDA "
                 "census's limit of 2^42; check it in slices (x.flatten().split(1 << 40))");
     const int64_t chunks = cu::chunks_of(c.numel(), c.element_size());
