@@ -225,3 +225,37 @@ def test_a_float8_nan_under_the_trace_is_a_finding_without_an_internal_error(cap
 def test_a_census_inside_vmap_says_to_call_it_outside():
     with pytest.raises(ValueError, match="stands for values it does not hold.*outside the transform"):
         torch.vmap(lambda x: torch.tensor(nanguard.has_nonfinite(x)))(torch.ones(2, 3))
+
+
+def test_overflow_counts_are_what_a_cast_to_16_bits_turns_into_inf():
+    """65504 < |x| < 65520 rounds down to float16's largest value, 65504; a
+    float64 value is cast through float32, as torch casts it."""
+    torch.manual_seed(0)
+    around = torch.cat([65520 + (torch.rand(20000, dtype=torch.float64) - 0.5) * 40,
+                        3.3961775292304459e38 * (1 + (torch.rand(20000, dtype=torch.float64) - 0.5) * 0.004),
+                        torch.tensor([65504.0, 65519.998046875, 65520.0, 3.3895313892515355e38], dtype=torch.float64)])
+    around = around * (torch.randint(0, 2, around.shape) * 2 - 1)
+    for dtype in (torch.float64, torch.float32):
+        x = around.to(dtype)
+        s = nanguard.census(x)
+        assert s.fp16_overflow == (x.isfinite() & x.to(torch.float16).isinf()).sum().item(), dtype
+        assert s.bf16_overflow == (x.isfinite() & x.to(torch.bfloat16).isinf()).sum().item(), dtype
+        assert s.fp16_overflow < ((x.abs() > 65504) & x.isfinite()).sum().item()
+
+
+def test_float64_statistics_stay_finite_where_their_sums_overflow():
+    def census(*values):
+        return nanguard.census(torch.tensor(values, dtype=torch.float64))
+    assert census(1e200, 1e200).l2_norm == pytest.approx(math.sqrt(2) * 1e200, rel=1e-15)
+    opposite = census(1e308, -1e308)
+    assert opposite.mean == 0.0
+    assert opposite.std == pytest.approx(1e308, rel=1e-15)  # population std, as the census defines it
+    assert opposite.l2_norm == pytest.approx(math.sqrt(2) * 1e308, rel=1e-15)
+    assert census(1.7e308, 1.7e308).mean == 1.7e308
+
+
+@cuda_only
+def test_the_cuda_core_reads_a_negative_view_with_its_sign():
+    shown = torch._neg_view(torch.tensor([100.0, 2.0, math.inf], device="cuda"))
+    for s in (nanguard._nanguard.census(shown), nanguard._nanguard.census_many([shown])[0]):
+        assert (s.min, s.max, s.pos_inf, s.neg_inf) == (-100.0, -2.0, 0, 1)
