@@ -3,6 +3,7 @@
 // them in order).
 #pragma once
 
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <pybind11/functional.h>
@@ -10,6 +11,7 @@
 
 #include <nanguard/training_host.h>
 
+#include <exception>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,6 +51,28 @@ auto interruptible(const Run& run) -> decltype(run()) {
     throw;
   }
 }
+
+/// The C++ warnings (TORCH_WARN: the guard's, ATen's) of a call, raised as
+/// Python warnings (UserWarning) when it returns: torch's PyWarningHandler
+/// over the call, as torch's own bindings do, told when the call throws (it
+/// then warns without replacing the error). Without it they are raw log
+/// lines on stderr that `warnings` and pytest.warns never see. A pybind11
+/// call guard; the bindings use it through without_gil.
+class python_warnings {
+ public:
+  ~python_warnings() noexcept(false) {
+    if (std::uncaught_exceptions() > uncaught_before_) handler_.set_in_exception();
+  }
+
+ private:
+  torch::PyWarningHandler handler_;
+  int uncaught_before_ = std::uncaught_exceptions();
+};
+
+/// The call guard of every binding that runs nanguard's work: the GIL
+/// released while it runs, its warnings raised in Python after (with the GIL
+/// held again).
+using without_gil = py::call_guard<python_warnings, py::gil_scoped_release>;
 
 /// census_bindings.cpp
 void bind_census(py::module_& m);

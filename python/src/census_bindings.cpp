@@ -63,13 +63,13 @@ void bind_census(py::module_& m) {
       .def("__repr__", [](const nanguard::tensor_stats& s) {
         return "<nanguard.TensorStats " + nanguard::to_string(s) + ">";
       });
-  m.def("census", &nanguard::census, py::arg("tensor"), py::call_guard<py::gil_scoped_release>(),
+  m.def("census", &nanguard::census, py::arg("tensor"), without_gil(),
         "One vectorised pass: NaN/Inf/zero/subnormal counts, min/max/mean/std, norms, headroom.");
   m.def("merge_census", &nanguard::merge_census, py::arg("parts"),
         "The census of a tensor made of parts (shards) from the census of each; each part's "
         "first_nonfinite_index must index the whole tensor.");
   m.def("has_nonfinite", &nanguard::has_nonfinite, py::arg("tensor"),
-        py::call_guard<py::gil_scoped_release>(), "True when the tensor holds a NaN or an Inf.");
+        without_gil(), "True when the tensor holds a NaN or an Inf.");
   py::class_<nanguard::record_verdict>(m, "RecordVerdict",
                                        "What check_many found over a list of tensors (nonfinite_record).")
       .def_readonly("tensors", &nanguard::record_verdict::tensors)
@@ -87,13 +87,13 @@ void bind_census(py::module_& m) {
                std::to_string(v.first_index) + "]>";
       });
   m.def("census_many", [](const std::vector<at::Tensor>& xs) { return nanguard::census_many(xs); },
-        py::arg("tensors"), py::call_guard<py::gil_scoped_release>(),
+        py::arg("tensors"), without_gil(),
         "The census of each tensor; on CUDA many per kernel launch and one host sync for all.");
   m.def("verdict_of", &verdict_of, py::arg("parts"),
         "A RecordVerdict from (nan, pos_inf, neg_inf, first_index, first_value) of each tensor, in order "
         "(check_many of DTensors).");
   m.def("check_many", [](const std::vector<at::Tensor>& xs) { return nanguard::check_many(xs); },
-        py::arg("tensors"), py::call_guard<py::gil_scoped_release>(),
+        py::arg("tensors"), without_gil(),
         "Whether any tensor holds a NaN or Inf, and the first that does; on CUDA one host sync for all.");
   m.def("pause_observers", &nanguard::pause_observers,
         "Pauses every nanguard observer on this thread until resume_observers() (torch.compile's compile).");

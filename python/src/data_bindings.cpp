@@ -5,6 +5,8 @@
 #include <nanguard/firewall.h>
 #include <nanguard/isolation_forest.h>
 
+#include <tuple>
+
 namespace {
 
 // Names in the order of the enums in firewall.h.
@@ -45,13 +47,13 @@ void bind_isolation_forest(py::module_& m) {
            py::arg("n_estimators") = 100, py::arg("max_samples") = 256, py::arg("contamination") = 0.0,
            py::arg("seed") = 0)
       .def("fit", &nanguard::isolation_forest::fit, py::arg("x"), py::return_value_policy::reference_internal,
-           py::call_guard<py::gil_scoped_release>(), "Grows the trees on finite x [rows, features]; returns self.")
+           without_gil(), "Grows the trees on finite x [rows, features]; returns self.")
       .def("score_samples", &nanguard::isolation_forest::score_samples, py::arg("x"),
-           py::call_guard<py::gil_scoped_release>(), "Per-row score (float64); lower is more abnormal.")
+           without_gil(), "Per-row score (float64); lower is more abnormal.")
       .def("decision_function", &nanguard::isolation_forest::decision_function, py::arg("x"),
-           py::call_guard<py::gil_scoped_release>(), "score_samples(x) - offset: negative for outliers.")
+           without_gil(), "score_samples(x) - offset: negative for outliers.")
       .def("predict", &nanguard::isolation_forest::predict, py::arg("x"),
-           py::call_guard<py::gil_scoped_release>(), "-1 for outliers, +1 for inliers (int64).")
+           without_gil(), "-1 for outliers, +1 for inliers (int64).")
       .def_property_readonly("offset", &nanguard::isolation_forest::offset)
       .def_property_readonly("fitted", &nanguard::isolation_forest::fitted)
       .def_property_readonly("features", &nanguard::isolation_forest::features);
@@ -103,16 +105,13 @@ void bind_firewall(py::module_& m) {
            py::arg("nan_value") = nanguard::firewall_options().nan_value(),
            py::arg("label_columns") = std::vector<int64_t>{}, py::arg("column_names") = std::vector<std::string>{})
       .def("fit", py::overload_cast<const at::Tensor&>(&nanguard::firewall::fit), py::arg("data"),
-           py::return_value_policy::reference_internal, py::call_guard<py::gil_scoped_release>(),
+           py::return_value_policy::reference_internal, without_gil(),
            "Fits medians and outlier bounds on data [rows, features]; returns self.")
       .def("apply", [](const nanguard::firewall& fw, const at::Tensor& batch) {
-             nanguard::firewall_result r;
-             {
-               py::gil_scoped_release release;
-               r = fw.apply(batch);
-             }
-             return py::make_tuple(r.batch, r.report);
-           }, py::arg("batch"), "(cleaned batch, FirewallReport); raises ValueError under a 'raise' policy.")
+             nanguard::firewall_result r = fw.apply(batch);
+             return std::make_tuple(std::move(r.batch), std::move(r.report));
+           },
+           py::arg("batch"), without_gil(), "(cleaned batch, FirewallReport); raises ValueError under a 'raise' policy.")
       .def_property_readonly("fitted", &nanguard::firewall::fitted)
       .def_property_readonly("lower_bounds", &nanguard::firewall::lower_bounds)
       .def_property_readonly("upper_bounds", &nanguard::firewall::upper_bounds);
@@ -121,13 +120,10 @@ void bind_firewall(py::module_& m) {
 /// read_csv (nanguard.data.read_csv checks the path and the delimiter).
 void bind_csv(py::module_& m) {
   m.def("read_csv", [](const std::string& path, char delimiter) {
-    nanguard::csv_table t;
-    {
-      py::gil_scoped_release release;
-      t = nanguard::read_csv(path, nanguard::csv_options().delimiter(delimiter));
-    }
-    return py::make_tuple(t.columns, t.data);
-  }, py::arg("path"), py::arg("delimiter") = ',', "(columns, [rows, columns] float64 tensor) of a numeric CSV file.");
+    nanguard::csv_table t = nanguard::read_csv(path, nanguard::csv_options().delimiter(delimiter));
+    return std::make_tuple(std::move(t.columns), std::move(t.data));
+  }, py::arg("path"), py::arg("delimiter") = ',', without_gil(),
+        "(columns, [rows, columns] float64 tensor) of a numeric CSV file.");
 }
 
 }  // namespace nanguard::python

@@ -71,7 +71,7 @@ class py_training_host : public nanguard::training_host {
     py::gil_scoped_acquire gil;
     const py::function f = py::get_override(static_cast<const nanguard::training_host*>(this), "bisect_compiled");
     if (!f) return {};
-    const py::cpp_function run([&step_finite] { return step_finite(); }, py::call_guard<py::gil_scoped_release>());
+    const py::cpp_function run([&step_finite] { return step_finite(); }, nanguard::python::without_gil());
     return nanguard::python::interruptible([&] { return f(run).cast<std::string>(); });
   }
 
@@ -229,7 +229,7 @@ void bind_guard(py::module_& m) {
              };
              return g.step_accumulated(batches, fn);
            },
-           py::arg("micro_batches"), py::arg("forward"), py::arg("names"), py::call_guard<py::gil_scoped_release>(),
+           py::arg("micro_batches"), py::arg("forward"), py::arg("names"), without_gil(),
            "One guarded step over the micro-batches (their tensors, named by `names` in findings); forward(i) is "
            "the loss of the i-th. Returns its StepEvent.")
       .def("begin_step", &nanguard::guard::begin_step)
@@ -243,7 +243,7 @@ void bind_guard(py::module_& m) {
              return g.check(loss, fn, batch);
            },
            py::arg("loss"), py::arg("replay"), py::arg("batch"), py::arg("names"),
-           py::call_guard<py::gil_scoped_release>(),
+           without_gil(),
            "Checks a step a framework ran (the batch's tensors named by `names` in findings); returns its "
            "StepEvent.")
       .def("last_event", [](const nanguard::guard& g) { return g.last_event(); },

@@ -37,6 +37,8 @@ PYBIND11_MODULE(_nanguard, m) {
       if (p) std::rethrow_exception(p);
     } catch (nanguard::python::python_interrupt& e) {
       e.error.restore();  // the KeyboardInterrupt or SystemExit itself
+    } catch (python_error& e) {
+      e.restore();  // a C++ warning a warnings filter made an error (python_warnings)
     } catch (const nanguard::nonfinite_error& e) {
       // The guard's abort: nanguard.Guard raises NonFiniteError with the finding.
       PyErr_SetObject(guard_abort_type(), py::str(nanguard::to_json(e.finding())).ptr());

@@ -33,9 +33,9 @@ void bind_sentinel(py::module_& m) {
         return std::make_pair(ok, v);
       }, py::arg("loss"), "(finite, value) of a one-element loss.")
       .def("inspect_grads", &nanguard::sentinel::inspect_grads, py::arg("inv_scale") = 1.0,
-           py::call_guard<py::gil_scoped_release>())
+           without_gil())
       .def("apply_factor_", &nanguard::sentinel::apply_factor_, py::arg("factor"),
-           py::call_guard<py::gil_scoped_release>())
+           without_gil())
       .def("observe", [](nanguard::sentinel& s, double loss, double norm) {
         std::vector<std::tuple<std::string, double, double>> out;
         for (const auto& sp : s.observe(loss, norm)) out.emplace_back(sp.series, sp.value, sp.z);

@@ -5,6 +5,7 @@ import json
 import os
 import pickle
 import subprocess
+import warnings
 
 import pytest
 import torch
@@ -179,3 +180,39 @@ def test_an_abort_that_could_not_write_its_bundle_says_so(tmp_path):
             as e:
         g.step(loss_fn(model), bad, y)
     assert e.value.result.bundle == ""
+
+
+def abort_without_bundle(tmp_path):
+    """A guard that aborts on its first step, its bundle_dir under a file; and that step."""
+    x, y = data()
+    bad = x.clone()
+    bad[7, 2] = float("inf")
+    (tmp_path / "afile").write_text("x")
+    model = Net()
+    g = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), policy="abort", verbose=False,
+                       bundle_dir=tmp_path / "afile" / "bundles")
+    return lambda: g.step(loss_fn(model), bad, y)
+
+
+def test_the_cores_warning_is_a_python_warning_not_a_raw_cpp_line(tmp_path, capfd):
+    """The C++ guard's TORCH_WARN (no repro bundle) reaches Python as a
+    UserWarning that pytest.warns catches; stderr holds no "[W ...]" line."""
+    step = abort_without_bundle(tmp_path)
+    with pytest.warns(UserWarning, match=r"nanguard::guard: step 1: no repro bundle: .*afile/bundles.*Not a "
+                                         r"directory") as caught:
+        with pytest.raises(nanguard.NonFiniteError):
+            step()
+    assert not any(isinstance(w.message, nanguard.NanGuardWarning) for w in caught)  # verbose=False
+    err = capfd.readouterr().err
+    assert "Warning: nanguard::guard" not in err and "no repro bundle" not in err, err
+
+
+def test_a_warnings_filter_that_makes_the_cores_warning_an_error_keeps_the_abort(tmp_path, capfd):
+    """Under warnings.simplefilter("error") the step still raises its
+    NonFiniteError (the warning turned error is printed, not raised over it)."""
+    step = abort_without_bundle(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(nanguard.NonFiniteError, match="no repro bundle"):
+            step()
+    assert "no repro bundle" in capfd.readouterr().err
