@@ -2,6 +2,7 @@
 
 #include "nanguard/float_formats.h"
 #include "nanguard/nonfinite_record.h"
+#include "nanguard/spelling.h"
 
 #include "detail/census_kernels.h"
 #include "detail/census_paths.h"
@@ -66,13 +67,14 @@ void check_floating(const at::Tensor& x, const char* fn) {
   check_has_data(x, fn);
   const auto t = x.scalar_type();
   TORCH_CHECK_TYPE(!x.is_complex(), "nanguard::", fn, ": expected a real floating-point tensor but got ", t,
-                   " with shape ", x.sizes(), "; take the census of the real and imaginary parts, "
-                   "at::view_as_real(x) (Python: torch.view_as_real(x))");
+                   " with shape ", x.sizes(), "; take the census of the real and imaginary parts, ",
+                   spelled("at::view_as_real(x)", "torch.view_as_real(x)"));
   TORCH_CHECK_TYPE(detail::census_dtype(t), "nanguard::", fn, ": expected a float32, float64, float16 or bfloat16 tensor "
                    "but got ", t, " with shape ", x.sizes(),
-                   x.is_floating_point() ? "; convert with x.to(at::kFloat) (NaN and Inf are kept) to measure it"
-                                         : "; integer and bool tensors cannot hold NaN or Inf (convert with "
-                                           "x.to(at::kFloat) to measure them anyway)");
+                   x.is_floating_point() ? "; convert with " : "; integer and bool tensors cannot hold NaN or Inf "
+                                                               "(convert with ",
+                   spelled("x.to(at::kFloat)", "x.float()"),
+                   x.is_floating_point() ? " (NaN and Inf are kept) to measure it" : " to measure them anyway)");
 }
 
 template <typename T>

@@ -1,5 +1,7 @@
 #include "nanguard/column_stats.h"
 
+#include "nanguard/spelling.h"
+
 #include "detail/random.h"
 
 #include <ATen/ATen.h>
@@ -74,7 +76,7 @@ void column_stats::check_batch(const at::Tensor& batch, const char* fn) const {
               "; flatten each sample to one row first (x.flatten(1))");
   TORCH_CHECK_TYPE(batch.is_floating_point(), "nanguard::column_stats::", fn,
                    ": expected a floating-point tensor but got ", batch.scalar_type(),
-                   "; convert it with x.to(at::kFloat)");
+                   "; convert it with ", spelled("x.to(at::kFloat)", "x.float()"));
   const int64_t f = batch.dim() == 1 ? 1 : batch.size(1);
   TORCH_CHECK(features() == 0 || f == features(), "nanguard::column_stats::", fn,
               ": the batch has ", f, " features but the statistics were fitted on ", features(),

@@ -1,5 +1,7 @@
 #include "nanguard/csv.h"
 
+#include "nanguard/spelling.h"
+
 #include "detail/chunked_parallel.h"
 #include "detail/default_init_allocator.h"
 #include "detail/printable.h"
@@ -69,8 +71,9 @@ std::string other_delimiter_hint(const std::vector<std::string>& columns, char d
     if (d == delimiter || columns[0].find(d) == std::string::npos) continue;
     const std::string shown = d == '\t' ? "\\t" : std::string(1, d);
     return fmt::format("; the header is one column ('{}'): if the file is delimited by '{}', read it with that "
-                       "delimiter (csv_options().delimiter, Python read_csv(path, delimiter='{}')) or convert it",
-                       detail::printable(columns[0]), shown, shown);
+                       "delimiter ({}) or convert it",
+                       detail::printable(columns[0]), shown,
+                       spelled("csv_options().delimiter('", "read_csv(path, delimiter='") + shown + "')");
   }
   return "";
 }

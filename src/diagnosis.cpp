@@ -3,6 +3,7 @@
 #include "nanguard/finding.h"
 #include "nanguard/float_formats.h"
 #include "nanguard/sentinel.h"
+#include "nanguard/spelling.h"
 
 #include "detail/median.h"
 
@@ -135,7 +136,11 @@ std::string more_findings(front_end e) {
 }
 
 std::string remedy_for(cause c, const finding& f, const diagnosis_context& ctx) {
-  const front_end e = ctx.front_end;
+  // A finding of no known front end (a tracer on its own) is written for
+  // the process's language: Python's alone once the module is imported.
+  const front_end e = ctx.front_end == front_end::unknown && message_spelling() == spelling::python
+                          ? front_end::python
+                          : ctx.front_end;
   switch (c) {
     case cause::log_of_nonpositive:
       return "take the log in log space: log_softmax / logsigmoid instead of log(softmax(x)) / log(sigmoid(x)) (" +

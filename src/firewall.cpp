@@ -1,5 +1,7 @@
 #include "nanguard/firewall.h"
 
+#include "nanguard/spelling.h"
+
 #include "detail/dtype_limits.h"
 
 #include <ATen/ATen.h>
@@ -353,8 +355,9 @@ firewall_result firewall::apply(const at::Tensor& batch) const {
   TORCH_CHECK(raised.row < 0, "nanguard::firewall: row ", raised.row, ", ", column_name(raised.column), " ",
               raised.what(fills), "; the batch has ", raised.nonfinite, " non-finite value(s) and ", raised.outliers,
               " outlier(s) under a raise policy, in rows ", list_rows(raised.rows),
-              ". Fix the data, or choose a policy that drops or repairs them, e.g. "
-              "firewall_options().nonfinite(nonfinite_policy::impute_median)");
+              ". Fix the data, or choose a policy that drops or repairs them, e.g. ",
+              spelled("firewall_options().nonfinite(nonfinite_policy::impute_median)",
+                      "nanguard.Firewall(nonfinite=\"impute_median\")"));
 
   rep.rows_out = n - int64_t(rep.dropped_rows.size());
   if (!rep.dropped_rows.empty()) x = x.index_select(0, kept_rows(n, rep.dropped_rows));

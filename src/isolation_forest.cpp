@@ -1,5 +1,7 @@
 #include "nanguard/isolation_forest.h"
 
+#include "nanguard/spelling.h"
+
 #include "detail/random.h"
 
 #include <ATen/ATen.h>
@@ -23,7 +25,7 @@ at::Tensor as_rows(const at::Tensor& x, const char* fn, int64_t features) {
               "; flatten each sample to one row first (x.flatten(1))");
   TORCH_CHECK_TYPE(x.is_floating_point(), "nanguard::isolation_forest::", fn,
                    ": expected a floating-point tensor but got ", x.scalar_type(),
-                   "; convert it with x.to(at::kDouble)");
+                   "; convert it with ", spelled("x.to(at::kDouble)", "x.double()"));
   TORCH_CHECK(features <= 0 || x.size(1) == features, "nanguard::isolation_forest::", fn,
               ": the forest was fitted on ", features, " features but x has ", x.size(1),
               "; score data with the same columns");

@@ -1,5 +1,7 @@
 #include "nanguard/nonfinite_record.h"
 
+#include "nanguard/spelling.h"
+
 #ifdef NANGUARD_WITH_CUDA
 #include "detail/cuda_record.h"
 #endif
@@ -29,7 +31,7 @@ void check_addable(const at::Tensor& x) {
   TORCH_CHECK_TYPE(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16,
                    "nanguard::nonfinite_record::add: expected a float32, float64, float16 or bfloat16 tensor but "
                    "got ", t, " with shape ", x.sizes(), "; integer and bool tensors hold no NaN or Inf, and a complex one is "
-                   "checked as at::view_as_real(x)");
+                   "checked as ", spelled("at::view_as_real(x)", "torch.view_as_real(x)"));
 }
 
 }  // namespace

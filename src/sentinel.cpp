@@ -1,6 +1,7 @@
 #include "nanguard/sentinel.h"
 
 #include "nanguard/nonfinite_record.h"
+#include "nanguard/spelling.h"
 
 #include "nanguard/census.h"
 
@@ -77,7 +78,7 @@ double median_of(std::vector<double>& v) {
 
 spike_detector::spike_detector(spike_options options) : options_(std::move(options)) {
   TORCH_CHECK(options_.window() >= 3, "nanguard::spike_options: window must be at least 3 but is ",
-              options_.window(), "; set spike_options().window(50) or larger");
+              options_.window(), "; set ", spelled("spike_options().window(50)", "spike_window=50"), " or larger");
   TORCH_CHECK(options_.min_samples() >= 3 && options_.min_samples() <= options_.window(),
               "nanguard::spike_options: min_samples must be in [3, window=", options_.window(),
               "] but is ", options_.min_samples(), "; lower min_samples or raise window");

@@ -1,4 +1,5 @@
 #include "nanguard/census.h"
+#include "nanguard/spelling.h"
 
 #include "detail/census_kernels.h"
 #include "detail/census_paths.h"
@@ -360,6 +361,26 @@ TEST(census, rejects_integer_tensors_with_a_clear_message) {
   }
   EXPECT_THROW(nanguard::census(at::ones({2}, at::kBool)), c10::TypeError);
   EXPECT_THROW(nanguard::census(at::ones({2}, at::kComplexFloat)), c10::TypeError);
+}
+
+// The message's fix in the process's language: C++ unless the Python
+// module chose Python (nanguard::spelling).
+TEST(census, names_the_fix_in_the_language_set_for_the_process) {
+  const auto message = [] {
+    try {
+      nanguard::census(at::arange(10));
+    } catch (const c10::TypeError& e) {
+      return std::string(e.what_without_backtrace());
+    }
+    return std::string("no error");
+  };
+  ASSERT_EQ(nanguard::message_spelling(), nanguard::spelling::cpp);
+  EXPECT_NE(std::string::npos, message().find("(convert with x.to(at::kFloat) to measure them anyway)")) << message();
+  nanguard::set_message_spelling(nanguard::spelling::python);
+  const std::string python = message();
+  nanguard::set_message_spelling(nanguard::spelling::cpp);
+  EXPECT_NE(std::string::npos, python.find("(convert with x.float() to measure them anyway)")) << python;
+  EXPECT_EQ(std::string::npos, python.find("at::")) << python;
 }
 
 TEST(census, rejects_undefined_tensors) {

@@ -51,7 +51,8 @@ struct diagnosis {
 /// The front end a run trains through: a remedy names the option or the
 /// one-liner that works there (docs/diagnosis.md).
 enum class front_end {
-  unknown,       ///< not known (a tracer on its own): C++ and Python one-liners both
+  unknown,       ///< not known (a tracer on its own): C++ and Python one-liners both, or the
+                 ///< process's language once set (the Python module's: spelling.h)
   cpp,           ///< nanguard::guard in a C++ loop
   python,        ///< nanguard.Guard in a Python loop
   lightning,     ///< the Lightning callback (nanguard.integrations.lightning.NanGuard)

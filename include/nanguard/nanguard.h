@@ -23,6 +23,7 @@
 #include <nanguard/diagnosis.h>
 #include <nanguard/finding.h>
 #include <nanguard/float_formats.h>
+#include <nanguard/spelling.h>
 #include <nanguard/scope.h>
 #include <nanguard/tracer.h>
 #include <nanguard/observer_pause.h>

@@ -82,7 +82,7 @@ class Finding:
         rank: distributed: the rank that saw it (-1: one process).
         cause: the likely cause, a class of docs/diagnosis.md ("unclassified" when none fits).
         evidence: the evidence for the cause, with its numbers.
-        remedy: what to change, with C++ and Python one-liners.
+        remedy: what to change, as one-liners for the front end (Python's for nanguard.trace).
         confidence: how far the evidence goes: "low", "medium" or "high".
     """
 

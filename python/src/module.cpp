@@ -10,6 +10,7 @@
 #include <nanguard/distributed.h>
 #include <nanguard/events.h>
 #include <nanguard/finding.h>
+#include <nanguard/spelling.h>
 #include <nanguard/version.h>
 
 namespace {
@@ -25,6 +26,8 @@ PyObject*& guard_abort_type() {
 PYBIND11_MODULE(_nanguard, m) {
   m.doc() = "nanguard's C++ core (census, tracer, scope, sentinel, loss scaler)";
   m.attr("__version__") = NANGUARD_VERSION;
+  // Error messages and a tracer's remedies spell code in Python from now on.
+  nanguard::set_message_spelling(nanguard::spelling::python);
   guard_abort_type() = PyErr_NewException("nanguard._nanguard.GuardAbort", PyExc_RuntimeError, nullptr);
   m.attr("GuardAbort") = py::handle(guard_abort_type());
   // C++ errors as the Python exception of their kind, as torch maps them,

@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import nanguard
+import nanguard.data
 
 
 def model_and_guard(**options):
@@ -180,3 +181,53 @@ def test_check_without_a_backward_says_to_call_backward():
     guard.begin_step()
     guard.cancel_step()  # a step the framework skipped: not counted
     assert guard.steps == 1
+
+
+def one_column_csv(tmp_path):
+    (tmp_path / "a.csv").write_text("a;b\n1;2\n")
+    return str(tmp_path / "a.csv")
+
+
+#: Bad input whose error names a fix, and the fix's Python spelling.
+FIXES = [
+    (lambda tmp: nanguard.census(torch.arange(3)), TypeError, "convert with x.float() to measure them anyway"),
+    (lambda tmp: nanguard.census(torch.zeros(3, dtype=torch.complex64)), TypeError, "parts, torch.view_as_real(x)"),
+    (lambda tmp: nanguard.check_many([torch.arange(3)]), TypeError, "checked as torch.view_as_real(x)"),
+    (lambda tmp: nanguard.Firewall().fit(torch.randn(10, 2)).apply(torch.tensor([[1.0, float("nan")]])), ValueError,
+     'e.g. nanguard.Firewall(nonfinite="impute_median")'),
+    (lambda tmp: nanguard.Firewall().fit(torch.arange(10).reshape(5, 2)), TypeError, "convert it with x.float()"),
+    (lambda tmp: nanguard.IsolationForest().fit(torch.arange(10).reshape(5, 2)), TypeError,
+     "convert it with x.double()"),
+    (lambda tmp: model_and_guard(spike_window=2), ValueError, "window must be at least 3 but is 2; set spike_window=50"),
+    (lambda tmp: nanguard.data.read_csv(one_column_csv(tmp)), ValueError,
+     "read it with that delimiter (read_csv(path, delimiter=';'))"),
+]
+
+
+@pytest.mark.parametrize("call, error, fix", FIXES, ids=["census_int", "census_complex", "check_many_int",
+                                                        "firewall_raise", "firewall_int", "isolation_forest_int",
+                                                        "spike_window", "csv_delimiter"])
+def test_an_error_names_the_python_spelling_of_its_fix(tmp_path, call, error, fix):
+    """What the C++ core's messages tell a Python user to write is Python
+    (x.float(), not x.to(at::kFloat); Firewall(...), not firewall_options())."""
+    with pytest.raises(error) as e:
+        call(tmp_path)
+    message = str(e.value)
+    assert fix in message, message
+    for cpp in ("at::", "torch::", "_options()", "C++"):
+        assert cpp not in message, message
+
+
+def test_a_trace_on_its_own_gives_python_remedies():
+    """A tracer that knows no front end (nanguard.trace) writes its
+    remedies for Python, the process's language, not C++ and Python both."""
+    class Overflow(nn.Module):
+        def forward(self, x):
+            return torch.exp(x * 1000) - torch.exp(x * 1000)
+
+    model = Overflow()
+    with nanguard.trace(model) as t:
+        model(torch.ones(3))
+    remedy = t.findings[0].remedy
+    assert "`torch.exp(x.clamp(max=80))`" in remedy and "`nanguard.Guard(model, opt, max_norm=1.0)`" in remedy, remedy
+    assert "C++" not in remedy and "torch::" not in remedy and "_options()" not in remedy, remedy

@@ -1,5 +1,7 @@
 #include "cuda_record.h"
 
+#include "nanguard/spelling.h"
+
 #include "census_cuda.h"
 #include "census_paths.h"
 
@@ -26,7 +28,8 @@ cu::element_type element_type_of(const at::Tensor& x) {
     case at::kBFloat16: return cu::element_type::bf16;
     default:
       TORCH_CHECK_TYPE(false, "nanguard: the CUDA census reads float32, float64, float16 or bfloat16 but got ",
-                       x.scalar_type(), " with shape ", x.sizes(), "; convert with x.to(at::kFloat)");
+                       x.scalar_type(), " with shape ", x.sizes(), "; convert with ",
+                       spelled("x.to(at::kFloat)", "x.float()"));
   }
 }
 
