@@ -59,6 +59,9 @@ void bind_census(py::module_& m) {
       .def("to_dict", &stats_dict, "Every field as a dict.")
       .def_static("from_dict", &stats_from_dict, py::arg("fields"),
                   "The TensorStats whose to_dict() is `fields` (counts may come as floats).")
+      // Pickled as its to_dict(): a census crosses to DataLoader workers and
+      // other processes, and is saved with the findings that hold it.
+      .def(py::pickle(&stats_dict, &stats_from_dict))
       .def("__str__", [](const nanguard::tensor_stats& s) { return nanguard::to_string(s); })
       .def("__repr__", [](const nanguard::tensor_stats& s) {
         return "<nanguard.TensorStats " + nanguard::to_string(s) + ">";

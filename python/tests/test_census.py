@@ -1,5 +1,7 @@
 """nanguard.census and has_nonfinite from Python."""
+import copy
 import math
+import pickle
 
 import pytest
 import torch
@@ -21,6 +23,27 @@ def test_census_counts_every_kind():
     assert s.max == pytest.approx(1e5)
     assert set(s.to_dict()) == set(FIELDS)
     assert "nan=1" in str(s)
+
+
+def same_value(a, b):
+    """Equal and of the same type, NaN equal to NaN."""
+    return type(a) is type(b) and (a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b)))
+
+
+@pytest.mark.parametrize("values", [[1.0, float("nan"), float("inf"), -float("inf"), 0.0, 1e5, 1e-8],
+                                    [-float("inf"), float("inf")], [2.0, 3.0], []],
+                         ids=["nan_first", "inf_only", "finite", "empty"])
+def test_tensor_stats_pickle_round_trips_every_field(values):
+    """A census goes through pickle (DataLoader workers, multiprocessing,
+    saved findings) with each field's value and type, NaN and Inf too."""
+    s = nanguard.census(torch.tensor(values))
+    for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):  # pybind11 objects need protocol 2's __reduce_ex__
+        back = pickle.loads(pickle.dumps(s, protocol=protocol))
+        assert isinstance(back, nanguard.TensorStats)
+        for name in FIELDS:
+            assert same_value(getattr(back, name), getattr(s, name)), (name, getattr(back, name), getattr(s, name))
+        assert str(back) == str(s)
+    assert copy.deepcopy(s).to_dict().keys() == s.to_dict().keys()
 
 
 def test_census_matches_torch_on_views():
