@@ -733,14 +733,19 @@ def _loss_scaler(loss_scale: Union[bool, LossScaleOptions]) -> Optional[_nanguar
 
 def _schedule(schedule: Union[_nanguard.WarmupCosine, ScheduleOptions, None]) -> Optional[_nanguard.WarmupCosine]:
     """The WarmupCosine of ``Guard(schedule=...)``: as given, or of a dict's
-    arguments; a TypeError naming the option for anything else (a
-    torch.optim.lr_scheduler is stepped by the loop, not by the guard)."""
+    arguments; a TypeError naming the option for anything else, and for a
+    torch.optim.lr_scheduler the option that takes it (``lr_scheduler``:
+    the loop steps it, not the guard)."""
     if schedule is None or isinstance(schedule, _nanguard.WarmupCosine):
         return schedule
     if not isinstance(schedule, Mapping):
+        torch_scheduler = ("; a torch.optim.lr_scheduler goes to lr_scheduler= instead, e.g. "
+                           "nanguard.Guard(model, opt, lr_scheduler=sched): it stays in the loop, which calls its "
+                           "step() after guard.step, and a rollback lowers it with the LR"
+                           if isinstance(schedule, (LRScheduler, ReduceLROnPlateau)) else "")
         raise TypeError("nanguard.Guard: schedule must be a nanguard.WarmupCosine or a dict of its arguments, e.g. "
-                        f"schedule={{'base_lr': 1e-3, 'warmup_steps': 100}}, got {type(schedule).__name__} (a "
-                        "torch.optim.lr_scheduler stays in the loop: call its step() after guard.step)")
+                        f"schedule={{'base_lr': 1e-3, 'warmup_steps': 100}}, got {type(schedule).__name__}"
+                        + torch_scheduler)
     options = _known_keys("schedule", schedule, SCHEDULE_KEYS)
     if "base_lr" not in options:
         raise TypeError("nanguard.Guard: schedule needs base_lr, e.g. schedule={'base_lr': 1e-3, "

@@ -287,7 +287,10 @@ def test_bad_options_are_clear_errors():
     ("loss_scale", 65536.0, r"loss_scale must be True, False or a dict of LossScaler options, e\.g\..*got float"),
     ("loss_scale", "yes", r"loss_scale must be True, False or a dict .*got str"),
     ("schedule", 0.1, r"schedule must be a nanguard\.WarmupCosine or a dict of its arguments, e\.g\..*got float"),
-    ("schedule", "lambda_lr", r"schedule must be .*got LambdaLR \(a torch\.optim\.lr_scheduler stays in the loop"),
+    ("schedule", "lambda_lr", r"schedule must be .*got LambdaLR; a torch\.optim\.lr_scheduler goes to "
+                              r"lr_scheduler= instead, e\.g\. nanguard\.Guard\(model, opt, lr_scheduler=sched\): it "
+                              r"stays in the loop, which calls its step\(\) after guard\.step"),
+    ("schedule", "plateau", r"got ReduceLROnPlateau; a torch\.optim\.lr_scheduler goes to lr_scheduler= instead"),
     ("schedule", {"warmup_steps": 3}, r"schedule needs base_lr, e\.g\. schedule=\{'base_lr'"),
 ])
 def test_a_loss_scale_or_schedule_of_the_wrong_type_names_the_option(option, value, message):
@@ -295,6 +298,8 @@ def test_a_loss_scale_or_schedule_of_the_wrong_type_names_the_option(option, val
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     if value == "lambda_lr":
         value = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    if value == "plateau":
+        value = torch.optim.lr_scheduler.ReduceLROnPlateau(opt)
     with pytest.raises(TypeError, match=message):
         nanguard.Guard(model, opt, **{option: value})
 
