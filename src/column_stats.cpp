@@ -2,6 +2,7 @@
 
 #include "nanguard/spelling.h"
 
+#include "detail/median.h"
 #include "detail/random.h"
 
 #include <ATen/ATen.h>
@@ -35,8 +36,7 @@ double sorted_quantile(const std::vector<double>& s, double q) {
   const double pos = q * double(s.size() - 1);
   const size_t lo = size_t(std::floor(pos));
   const size_t hi = std::min(lo + 1, s.size() - 1);
-  const double frac = pos - double(lo);
-  return s[lo] + (s[hi] - s[lo]) * frac;
+  return detail::lerp(s[lo], s[hi], pos - double(lo));
 }
 
 // Column j's sum and its sum of squared deviations from `mean`, in long

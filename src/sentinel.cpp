@@ -6,6 +6,7 @@
 #include "nanguard/census.h"
 
 #include "detail/census_kernels.h"
+#include "detail/median.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -70,7 +71,7 @@ double median_of(std::vector<double>& v) {
   const size_t mid = v.size() / 2;
   std::nth_element(v.begin(), v.begin() + mid, v.end());
   double m = v[mid];
-  if (v.size() % 2 == 0) m = (m + *std::max_element(v.begin(), v.begin() + mid)) / 2;
+  if (v.size() % 2 == 0) m = detail::midpoint(*std::max_element(v.begin(), v.begin() + mid), m);
   return m;
 }
 

@@ -86,6 +86,17 @@ TEST(column_stats, huge_finite_values_keep_a_finite_mean_and_std) {
   EXPECT_NEAR(near_max.std().item<double>() / 9.428090415820634e307, 1.0, 1e-12);
 }
 
+// b - a overflows for -1.7e308 and 1.7e308: the interpolation must not.
+TEST(column_stats, quantiles_between_values_near_the_double_limit_stay_finite) {
+  column_stats s;
+  s.update(at::tensor({1.7e308, -1.7e308}, at::kDouble));
+  EXPECT_EQ(s.median().item<double>(), 0.0);
+  EXPECT_NEAR(s.quantile(0.001).item<double>() / -1.6966e308, 1.0, 1e-12);
+  EXPECT_NEAR(s.quantile(0.999).item<double>() / 1.6966e308, 1.0, 1e-12);
+  EXPECT_EQ(s.quantile(0).item<double>(), -1.7e308);
+  EXPECT_EQ(s.quantile(1).item<double>(), 1.7e308);
+}
+
 TEST(column_stats, quantiles_median_and_mad_are_exact_within_the_reservoir) {
   const at::Tensor x = messy_data(999);
   column_stats s(column_stats_options().reservoir_rows(1000));

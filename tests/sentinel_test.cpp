@@ -152,6 +152,16 @@ TEST(spike_detector, flags_a_spike_after_warmup_only) {
   EXPECT_FALSE(d.is_spike(d.observe(1.02)));
 }
 
+// The median of an even window averages its two middle values: 1.7e308 +
+// 1.75e308 overflows, the median must not (an inf median made every z NaN).
+TEST(spike_detector, a_window_near_the_double_limit_gives_finite_scores) {
+  nanguard::spike_detector d(nanguard::spike_options().window(10).min_samples(4).threshold(6));
+  for (double x : {1.7e308, 1.75e308, 1.7e308, 1.75e308}) d.observe(x);
+  const double z = d.observe(1.725e308);
+  EXPECT_TRUE(std::isfinite(z)) << z;
+  EXPECT_NEAR(z, 0.0, 1e-9);
+}
+
 TEST(spike_detector, validates_options) {
   try {
     nanguard::spike_detector d(nanguard::spike_options().window(2));
