@@ -1,5 +1,6 @@
-// printable.h — user text (a CSV cell, a line of an event log) quoted in an
-// error message, with its control bytes shown rather than sent to the terminal.
+// printable.h — user text (a CSV cell or column name, a line of an event
+// log) quoted in an error message or a table, with its control bytes shown
+// rather than sent to the terminal, and cut without splitting a UTF-8 character.
 #pragma once
 
 #include <fmt/format.h>
@@ -21,6 +22,22 @@ inline std::string printable(std::string_view s) {
       out += c;
   }
   return out;
+}
+
+/// The number of characters (code points) of UTF-8 `s`; a byte that starts
+/// none (invalid UTF-8) counts as one.
+inline size_t utf8_length(std::string_view s) {
+  size_t n = 0;
+  for (const char c : s) n += (static_cast<unsigned char>(c) & 0xc0) != 0x80;
+  return n;
+}
+
+/// The first `n` characters of UTF-8 `s`: a cut that never splits one.
+inline std::string_view utf8_prefix(std::string_view s, size_t n) {
+  size_t end = 0;
+  for (size_t chars = 0; end < s.size(); ++end)
+    if ((static_cast<unsigned char>(s[end]) & 0xc0) != 0x80 && chars++ == n) break;
+  return s.substr(0, end);
 }
 
 }  // namespace nanguard::detail

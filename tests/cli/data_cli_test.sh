@@ -89,6 +89,24 @@ case_clean_counts_what_it_writes() {
   expect 'a: missing=0 +inf=0 -inf=0 repaired=0 clipped=1'
 }
 
+# Column names come from the file: their control bytes are shown escaped,
+# never sent to the terminal, and a long name is cut to 24 characters
+# without splitting a UTF-8 one (x and 30 two-byte 'é': a cut at 24 bytes split the 12th).
+case_scan_shows_column_names_safely() {
+  long="x$(printf 'é%.0s' $(seq 30))"
+  printf 'a\033[31mred,%s,c\n1,2,3\n1,5,7\n' "$long" > names.csv
+  run 0 "$NANGUARD" scan names.csv
+  grep -q $'\033' <<<"$out" && fail "an escape byte of a column name reached the terminal: $out"
+  expect 'a\x1b[31mred'
+  expect "column 'a\x1b[31mred' is constant"
+  expect "x$(printf 'é%.0s' $(seq 23)) "
+  python3 -c 'import sys; sys.stdin.buffer.read().decode("utf-8")' <<<"$out" \
+    || fail "scan printed invalid UTF-8 (a cut inside a character): $out"
+  run 2 "$NANGUARD" scan names.csv --label nope
+  expect "its columns are: a\x1b[31mred, $long, c"
+  grep -q $'\033' <<<"$out" && fail "an escape byte of a column name reached the terminal: $out"
+}
+
 # Bad input: exit 2 and one line naming the problem.
 case_bad_input() {
   run 2 "$NANGUARD" scan missing.csv
@@ -122,6 +140,7 @@ run_cases scan_reports \
   clean_repair \
   clean_clip \
   clean_counts_what_it_writes \
+  scan_shows_column_names_safely \
   bad_input
 
 [ "$failures" -eq 0 ] && echo "data CLI: all checks passed"

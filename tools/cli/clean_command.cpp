@@ -14,6 +14,8 @@
 #include <nanguard/csv.h>
 #include <nanguard/firewall.h>
 
+#include "detail/printable.h"
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -117,8 +119,8 @@ int run_clean(const clean_args& a) {
   for (size_t j = 0; j < names.size(); ++j) {
     const column_report& c = total.columns[j];
     if (c.nan + c.pos_inf + c.neg_inf + c.clipped == 0) continue;
-    fmt::print("  {}: missing={} +inf={} -inf={} repaired={} clipped={}\n", names[j], c.nan, c.pos_inf,
-               c.neg_inf, c.repaired, c.clipped);
+    fmt::print("  {}: missing={} +inf={} -inf={} repaired={} clipped={}\n", detail::printable(names[j]), c.nan,
+               c.pos_inf, c.neg_inf, c.repaired, c.clipped);
   }
   if (total.rows_in == 0) fmt::print("  (the file has a header and no rows)\n");
   return exit_ok;

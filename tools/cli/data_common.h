@@ -9,6 +9,8 @@
 #include <nanguard/column_stats.h>
 #include <nanguard/csv.h>
 
+#include "detail/printable.h"
+
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
@@ -94,8 +96,10 @@ inline int64_t find_column(const std::vector<std::string>& columns, const std::s
   if (name.empty()) return -1;
   for (size_t j = 0; j < columns.size(); ++j)
     if (columns[j] == name) return int64_t(j);
-  throw usage_error(fmt::format("no column '{}' in '{}'; its columns are: {}", name, path,
-                                fmt::join(columns, ", ")));
+  std::vector<std::string> shown;  // control bytes in a header must not reach the terminal
+  for (const auto& c : columns) shown.push_back(detail::printable(c));
+  throw usage_error(fmt::format("no column '{}' in '{}'; its columns are: {}", detail::printable(name), path,
+                                fmt::join(shown, ", ")));
 }
 
 /// Makes glibc serve batch-sized buffers (>= 1 MiB) with mmap and give them

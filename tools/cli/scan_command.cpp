@@ -12,6 +12,8 @@
 #include <nanguard/csv.h>
 #include <nanguard/isolation_forest.h>
 
+#include "detail/printable.h"
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -77,6 +79,15 @@ struct scan_report {
 double at_(const at::Tensor& t, int64_t j) { return t.data_ptr<double>()[j]; }
 int64_t count_at(const at::Tensor& t, int64_t j) { return t.data_ptr<int64_t>()[j]; }
 double num(double v) { return v; }
+
+// A column name (or a label the user named) as the terminal shows it: its
+// control bytes escaped. The JSON output keeps the name itself (JSON escapes them).
+std::string shown(const std::string& name) { return detail::printable(name); }
+
+// A column name as the table shows it: escaped, and at most 24 characters
+// (never a byte cut out of a UTF-8 character).
+constexpr size_t kNameWidth = 24;
+std::string table_name(const std::string& name) { return std::string(detail::utf8_prefix(shown(name), kNameWidth)); }
 
 // Pass 1's statistics of each column.
 std::vector<column_summary> summarize_columns(const column_stats& stats, const std::vector<std::string>& names,
@@ -201,7 +212,7 @@ std::vector<std::string> advise(const scan_args& a, const scan_report& r) {
   std::vector<std::string> advice;
   std::vector<std::string> which;
   for (const auto& c : r.columns)
-    if (c.nonfinite() > 0 && !c.is_label) which.push_back(c.name);
+    if (c.nonfinite() > 0 && !c.is_label) which.push_back(shown(c.name));
   if (!which.empty())
     advice.push_back(fmt::format(
         "{} rows hold missing or non-finite values (columns {}): they turn a loss into NaN. Run "
@@ -209,23 +220,23 @@ std::vector<std::string> advise(const scan_args& a, const scan_report& r) {
         "--policy drop to drop those rows", r.bad_feature_rows, fmt::join(which, ", "), a.path));
   if (r.label >= 0 && r.columns[size_t(r.label)].nonfinite() > 0)
     advice.push_back(fmt::format("the label column '{}' has missing values: `nanguard clean` drops "
-                                 "those rows under every policy (a label cannot be made up)", a.label));
+                                 "those rows under every policy (a label cannot be made up)", shown(a.label)));
   for (int64_t j : r.constant) {
     const column_summary& c = r.columns[size_t(j)];
     if (j == r.label) continue;
     if (c.nonfinite() == r.rows)  // no value to be constant: every row misses it
       advice.push_back(fmt::format("column '{}' has no finite value (every row is missing or non-finite): "
-                                   "drop it; neither repair nor drop can save it", c.name));
+                                   "drop it; neither repair nor drop can save it", shown(c.name)));
     else
       advice.push_back(fmt::format("column '{}' is constant (std = 0): standardising it computes 0/0 = "
-                                   "NaN; drop it, or divide by (std + eps)", c.name));
+                                   "NaN; drop it, or divide by (std + eps)", shown(c.name)));
   }
   for (const auto& c : r.columns) {
     if (c.is_label) continue;
     const double absmax = std::max(std::fabs(c.min), std::fabs(c.max));
     if (std::isfinite(absmax) && absmax > 65504)
       advice.push_back(fmt::format("column '{}' reaches |x| = {:.4g}, beyond float16's 65504: "
-                                   "standardise it before training in fp16/AMP", c.name, absmax));
+                                   "standardise it before training in fp16/AMP", shown(c.name), absmax));
   }
   if (r.rows_robust > 0)
     advice.push_back(fmt::format(
@@ -266,21 +277,22 @@ void print_json(const scan_args& a, const scan_report& r) {
 
 void print_text(const scan_args& a, const scan_report& r) {
   fmt::print("{}: {} rows x {} columns{}\n", a.path, r.rows, r.columns.size(),
-             r.label >= 0 ? fmt::format(" (label: {})", a.label) : "");
+             r.label >= 0 ? fmt::format(" (label: {})", shown(a.label)) : "");
   fmt::print("rows are numbered from 0, the first row after the header\n\n");
   size_t w = 6;
-  for (const auto& c : r.columns) w = std::max(w, std::min<size_t>(c.name.size(), 24));
+  for (const auto& c : r.columns) w = std::max(w, detail::utf8_length(table_name(c.name)));
   fmt::print("{:<{}} {:>8} {:>6} {:>6} {:>11} {:>11} {:>11} {:>11} {:>11} {:>6} {:>6}\n", "column", w,
              "missing", "+inf", "-inf", "mean", "std", "min", "median", "max", ">3σ", "|rz|>" );
   for (const auto& c : r.columns)
     fmt::print("{:<{}} {:>8} {:>6} {:>6} {:>11.4g} {:>11.4g} {:>11.4g} {:>11.4g} {:>11.4g} {:>6} {:>6}{}\n",
-               c.name.substr(0, 24), w, c.missing, c.pos_inf, c.neg_inf, num(c.mean), num(c.std),
+               table_name(c.name), w, c.missing, c.pos_inf, c.neg_inf, num(c.mean), num(c.std),
                num(c.min), num(c.median), num(c.max), c.out_sigma, c.out_robust,
                c.is_label ? "  (label)" : c.constant ? "  (constant)" : "");
   fmt::print("\nrows with missing or non-finite values: {}{}\n", r.bad_row_count,
              r.bad_row_count ? " (rows " + list_rows(r.bad_rows, r.bad_row_count) + ")" : "");
-  fmt::print("zero-variance columns: {}\n",
-             r.constant.empty() ? "none" : fmt::format("{}", fmt::join(r.constant_names(), ", ")));
+  std::vector<std::string> constant = r.constant_names();
+  std::transform(constant.begin(), constant.end(), constant.begin(), shown);
+  fmt::print("zero-variance columns: {}\n", constant.empty() ? "none" : fmt::format("{}", fmt::join(constant, ", ")));
   fmt::print("rows with a 3σ outlier: {}; with |robust z| > {}: {}\n", r.rows_sigma, a.robust_z, r.rows_robust);
   if (r.forest_fitted) {
     fmt::print("isolation forest (100 trees, fitted on {} sampled rows; scikit-learn's score_samples, "
