@@ -94,7 +94,8 @@ def report(events: Union[PathLike, Sequence[PathLike]], out_html: PathLike, *, t
     Raises:
         FileNotFoundError: an event log does not exist.
         ValueError: an event log is malformed (the message names the file
-            and line), or ``out_html`` is one of the logs.
+            and line), no log holds an event, or ``out_html`` is one of
+            the logs.
     """
     logs: List[str] = [os.fspath(events)] if isinstance(events, (str, os.PathLike)) else [os.fspath(e) for e in events]
     for log in logs:

@@ -170,6 +170,18 @@ case_bad_input() {
   expect 2 "$NANGUARD" report baseline/events.jsonl keep.jsonl -o ./keep.jsonl
   grep -q "the output ./keep.jsonl is the event log keep.jsonl" err.txt || fail "output onto a log: $(cat err.txt)"
   cmp -s keep.jsonl baseline/events.jsonl || fail "report -o onto its own log changed the log"
+  # A log without events (0 bytes, blank lines): said, with where to look; exit 2 and nothing written.
+  expect 2 "$NANGUARD" report empty.jsonl -o nothing.html
+  grep -q "the event log 'empty.jsonl' holds no events (it is empty): the run wrote none" err.txt ||
+    fail "empty log: $(cat err.txt)"
+  grep -q "check the path" err.txt || fail "empty log: no fix said: $(cat err.txt)"
+  [[ ! -e nothing.html ]] || fail "a report of an empty log was written"
+  printf '\n  \n' >blank.jsonl
+  expect 2 "$NANGUARD" report blank.jsonl --tensorboard tb_blank
+  grep -q "the event log 'blank.jsonl' holds no events (only blank lines)" err.txt || fail "blank log: $(cat err.txt)"
+  # Beside a log with events, the empty one is a warning (an "empty" run on the page).
+  expect 0 "$NANGUARD" report baseline/events.jsonl empty.jsonl -o mixed.html
+  grep -q "nanguard: warning: the event log 'empty.jsonl' holds no events" err.txt || fail "no warning: $(cat err.txt)"
 }
 
 run_cases the_report_in_a_browser bad_input

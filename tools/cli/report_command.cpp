@@ -5,7 +5,8 @@
 // Each log is a run named after its file, or after its
 // directory when the file is called events.jsonl (`baseline/events.jsonl` is
 // the run "baseline"). A missing or malformed log is exit 2, naming the file
-// and the line.
+// and the line; so are logs that hold no event (one beside others that do
+// is a warning, and an "empty" run on the page).
 #include "commands.h"
 #include "temp_file.h"
 
@@ -17,6 +18,7 @@
 #include <fmt/format.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -63,6 +65,27 @@ std::vector<step_event> read_log(const std::string& path) {
   }
 }
 
+// What is wrong with a log that holds no event, and what to check.
+std::string no_events(const std::string& path) {
+  std::error_code ec;
+  const auto bytes = std::filesystem::file_size(path, ec);
+  return fmt::format("the event log '{}' holds no events ({}): the run wrote none (it stopped before its first "
+                     "step, or its guard logs to another file); check the path: the guard's event_log, or "
+                     "DIR/events.jsonl of `nanguard train --out DIR`",
+                     path, !ec && bytes > 0 ? "only blank lines" : "it is empty");
+}
+
+// A report of logs without events would look like runs that did nothing:
+// when none holds an event it is an error, otherwise each empty one is
+// said (the page shows it as an "empty" run beside the others).
+void check_some_events(const std::vector<report_run>& runs, const std::vector<std::string>& paths) {
+  std::vector<std::string> empty;
+  for (size_t i = 0; i < runs.size(); ++i)
+    if (runs[i].events.empty()) empty.push_back(paths[i]);
+  if (empty.size() == runs.size()) throw usage_error(no_events(empty.front()));
+  for (const auto& path : empty) std::fprintf(stderr, "nanguard: warning: %s\n", no_events(path).c_str());
+}
+
 // The page must not replace one of the logs it is made from.
 void check_output_is_no_log(const report_args& a) {
   std::error_code ec;
@@ -105,6 +128,7 @@ int run_report(const report_args& a) {
     if (same) r.name += fmt::format(" ({})", same + 1);
     runs.push_back(std::move(r));
   }
+  check_some_events(runs, a.logs);
   if (!a.tensorboard.empty()) write_tensorboard(runs, a.tensorboard);
   if (a.output.empty()) return exit_ok;
   write_file_atomically(a.output, render_html_report(runs, a.title));
