@@ -57,12 +57,20 @@ std::string cause_of(const step_event& e) {
   return to_string(e.findings.front().diagnosis.cause);
 }
 
-// The diagnosis's remedy on one line ("" when there is none).
-std::string remedy_of(const step_event& e) {
-  if (e.findings.empty()) return "";
-  std::string r = e.findings.front().diagnosis.remedy;
-  std::replace(r.begin(), r.end(), '\n', ' ');
-  return r;
+// `s` on one line.
+std::string one_line(std::string s) {
+  std::replace(s.begin(), s.end(), '\n', ' ');
+  return s;
+}
+
+// What to do about a bad step, on one line: the diagnosis's remedy, or of
+// a NaN/Inf only the compiled code makes (no op to diagnose) the note of
+// the compiler's bisection: its stage, kernel and remedy, the note an
+// abort's error ends with ("" when there is neither).
+std::string advice_of(const step_event& e) {
+  if (e.verdict == verdict::compiled_only) return one_line(e.note);
+  if (e.findings.empty() || e.findings.front().diagnosis.remedy.empty()) return "";
+  return "remedy: " + one_line(e.findings.front().diagnosis.remedy);
 }
 
 bool bad(const step_event& e) { return e.action != action::step && e.action != action::data; }
@@ -75,8 +83,8 @@ std::string warning_line(const step_event& e, int64_t times) {
   std::string line = fmt::format("nanguard: step {}: {}{}", e.step, failure(e), cause.empty() ? "" : " [" + cause + "]");
   if (times > 1) line += fmt::format(" again ({} time)", ordinal(times));
   line += ": " + (e.remedy.empty() ? std::string(to_string(e.action)) : e.remedy);
-  const std::string fix = remedy_of(e);
-  if (times == 1 && !fix.empty()) line += "; remedy: " + fix;
+  const std::string advice = advice_of(e);
+  if (times == 1 && !advice.empty()) line += "; " + advice;
   return line;
 }
 

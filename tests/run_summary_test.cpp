@@ -59,6 +59,21 @@ TEST(run_summary, a_bad_step_is_one_line_and_its_repeats_say_how_often) {
   EXPECT_EQ(n.summary().steps, 3);  // the data event is no step
 }
 
+// A NaN only the compiled code makes has no finding to take a remedy from:
+// the first line ends with the bisection's note (stage, kernel, remedy).
+TEST(run_summary, a_nan_only_compiled_code_makes_is_told_with_its_kernel_and_remedy) {
+  step_event e = bad(5, action::skip, "skipped the step");
+  e.reason = "non-finite loss";
+  e.nonfinite_params.clear();
+  e.verdict = nanguard::verdict::compiled_only;
+  e.note = "compiled only: the eager step and the aot_eager graph are finite; Inductor's kernel cpp_fused_log_0 "
+           "made the NaN/Inf; remedy: run that part of the model eagerly";
+  EXPECT_EQ(nanguard::warning_line(e),
+            "nanguard: step 5: non-finite loss (only in the compiled code): skipped the step; " + e.note);
+  EXPECT_EQ(nanguard::warning_line(e, 2),
+            "nanguard: step 5: non-finite loss (only in the compiled code) again (2nd time): skipped the step");
+}
+
 TEST(run_summary, the_summary_says_what_a_user_must_know) {
   run_narrator n;
   n.observe(taken(1, 9.7));

@@ -89,6 +89,9 @@ class run_narrator {
 
 /// The warning line of bad step `e` seen `times` times (1: the first; a
 /// repeat is shorter: "again (3rd time)", no remedy). "" for a step taken.
+/// The first ends with what to do: its finding's remedy, or of verdict
+/// "compiled only" (no finding) the note: the compiler's stage, its kernel
+/// and the remedy.
 std::string warning_line(const step_event& e, int64_t times = 1);
 
 }  // namespace nanguard

@@ -172,7 +172,12 @@ def test_a_healthy_compiled_loop_reports_nothing_and_never_recompiles(models):
 def test_a_nan_only_the_compiled_code_makes_is_compiled_only_with_its_kernel(models):
     eager, compiled = models
     assert not guard_step(eager, "compiled_only").skipped
-    r = guard_step(compiled, "compiled_only")
+    with pytest.warns(nanguard.NanGuardWarning) as warned:
+        r = guard_step(compiled, "compiled_only")
+    # The step's line says the kernel and the remedy, as an abort's error does.
+    warning = next(str(w.message) for w in warned if w.category is nanguard.NanGuardWarning)
+    assert "only in the compiled code" in warning and "cpp_fused_" in warning, warning
+    assert "remedy: " in warning and "torch.compiler.disable" in warning, warning
     assert r.skipped and r.verdict == "compiled only"
     assert r.finding is None  # the eager replay found nothing to blame: never the data
     assert "cpp_fused_" in r.note and "clamped_log" in r.note, r.note
