@@ -147,6 +147,7 @@ std::string write_bundle(const std::string& parent, const bundle& b) {
   meta["verdict"] = to_string(b.verdict);
   meta["versions"] = {{"nanguard", version()}, {"torch", TORCH_VERSION}};
   meta["finding"] = b.finding ? json::parse(to_json(*b.finding)) : json(nullptr);
+  meta["note"] = b.note;
   meta["tags"] = json::object();
   for (const auto& [key, value] : b.tags) meta["tags"][key] = value;
   meta["files"] = {"batch.pt", "rng_state.pt", "cuda_rng_state.pt", "culprit_inputs.pt", "parameters.pt"};
@@ -200,6 +201,7 @@ bundle read_bundle(const std::string& dir) {
   const json versions = json_field<json::object_t>(meta, "versions", {}, where);
   b.nanguard_version = json_field<std::string>(versions, "nanguard", "", where);
   b.torch_version = json_field<std::string>(versions, "torch", "", where);
+  b.note = json_field<std::string>(meta, "note", "", where);  // none in bundles written before it was kept
   for (const auto& [key, value] : json_field<json::object_t>(meta, "tags", {}, where))
     b.tags.emplace_back(key, value.is_string() ? value.get<std::string>() : value.dump());
   if (meta.contains("finding") && !meta["finding"].is_null()) {

@@ -636,6 +636,7 @@ struct guard::impl {
     b.rng_state = rng_before.cpu;
     b.cuda_rng_states = rng_before.cuda;
     if (!e.findings.empty()) b.finding = e.findings.front();
+    b.note = e.note;  // a NaN only the compiled code makes: its stage, kernel and remedy
     if (options.bundle_parameters())
       b.parameters = host->named_parameters();
     if (b.finding && b.finding->role == role::producer) b.culprit_inputs = b.finding->input_values;

@@ -31,6 +31,7 @@ nanguard::bundle sample() {
   b.loss = INFINITY;
   b.policy = nanguard::policy::abort;
   b.verdict = nanguard::verdict::reproduced;
+  b.note = "replay: the loss was inf";
   nanguard::finding f;
   f.step = 42;
   f.op = "aten::exp";
@@ -65,6 +66,7 @@ TEST(bundle, round_trip) {
   ASSERT_TRUE(back.finding.has_value());
   EXPECT_EQ("aten::exp", back.finding->op);
   EXPECT_EQ("head", back.finding->module);
+  EXPECT_EQ(b.note, back.note);
   ASSERT_EQ(2u, back.batch.size());
   EXPECT_TRUE(at::equal(b.batch[0], back.batch[0]));
   EXPECT_TRUE(at::equal(b.batch[1], back.batch[1]));

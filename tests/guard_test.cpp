@@ -727,6 +727,50 @@ TEST(guard, traces_every_step_without_a_replay) {
   nanguard::tracer after;  // no tracer of the guard's is left on the thread
 }
 
+namespace {
+
+// A host whose model stands for a compiled one, run eagerly in a traced
+// run (as Python's host does): the step function reads `compiled` (only
+// the compiled code makes the NaN), and the bisection names a stage and a
+// kernel when the step is not finite.
+class compiled_host : public nanguard::module_host {
+ public:
+  using module_host::module_host;
+  std::function<void()> begin_traced_run() override {
+    compiled = false;
+    return [this] { compiled = true; };
+  }
+  std::string bisect_compiled(const std::function<bool()>& step_finite) override {
+    return step_finite() ? "" : "compiled only: Inductor's kernel cpp_fused_log_0 made the NaN/Inf; remedy: run it eagerly";
+  }
+  bool compiled = true;
+};
+
+}  // namespace
+
+// A NaN only the compiled code makes (the eager replay runs finite): the
+// abort's bundle keeps the bisection's note, its stage, kernel and remedy.
+TEST(guard, an_aborts_bundle_of_a_nan_only_compiled_code_makes_keeps_its_note) {
+  regression r;
+  torch::optim::SGD opt(r.model->parameters(), 0.1);
+  const fs::path dir = fresh_dir("compiled_only");
+  auto host = std::make_shared<compiled_host>(*r.model, opt);
+  guard g(host, guard_options().policy(policy::abort).bundle_dir((dir / "bundles").string()));
+  const nanguard::step_fn step = [&](const std::vector<at::Tensor>& b) {
+    const at::Tensor loss = r.loss_fn()(b);
+    return host->compiled ? loss / 0.0 : loss;
+  };
+  EXPECT_THROW(g.step({r.x, r.y}, step), nanguard::nonfinite_error);
+  const step_event& e = g.last_event();
+  EXPECT_EQ(nanguard::verdict::compiled_only, e.verdict);
+  ASSERT_FALSE(e.bundle.empty()) << e.note;
+  const nanguard::bundle b = nanguard::read_bundle(e.bundle);
+  EXPECT_EQ(nanguard::verdict::compiled_only, b.verdict);
+  EXPECT_FALSE(b.finding.has_value());
+  EXPECT_NE(std::string::npos, b.note.find("kernel cpp_fused_log_0 made the NaN/Inf; remedy: run it eagerly")) << b.note;
+  fs::remove_all(dir);
+}
+
 // An abort's bundle carries the tags set for its step, and last_event() is
 // the abort's event; a bundle that cannot be written does not hide the NaN.
 TEST(guard, an_abort_tags_its_bundle_and_leaves_its_event) {

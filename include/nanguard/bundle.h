@@ -1,7 +1,9 @@
 // bundle.h — the repro bundle: everything needed to look at (and re-run) a
 // step that went non-finite, written atomically as one directory:
 //
-// - meta.json: step, lr, loss scale, policy, versions, the finding, tags
+// - meta.json: step, lr, loss scale, policy, verdict, versions, the finding,
+//   the guard's note (of a NaN only compiled code makes: the compiler's stage,
+//   its kernel and the remedy), tags
 // - batch.pt: the batch (a list of tensors)
 // - rng_state.pt: the CPU generator state at the start of the step
 // - cuda_rng_state.pt: each CUDA device's generator state then (a list; empty without a GPU)
@@ -39,6 +41,10 @@ struct bundle {
   std::optional<nanguard::policy> policy;  ///< the guard's policy (none: not written by a guard)
   nanguard::verdict verdict = verdict::none;  ///< the replay's verdict
   std::optional<nanguard::finding> finding;  ///< the tracer's finding, if any
+  /// What the guard noted about the step (step_event::note): of verdict
+  /// "compiled only" (no finding: the eager replay ran finite) the
+  /// compiler's stage that made the NaN/Inf, its kernel and the remedy.
+  std::string note;
   std::vector<at::Tensor> batch;   ///< the step's batch
   at::Tensor rng_state;            ///< CPU generator state at step start (uint8)
   /// Each CUDA device's generator state at step start (uint8; none without a GPU).

@@ -7,7 +7,9 @@ Compiling is slow on a small machine (seconds per graph): the tests share
 one compiled model (module-scoped fixtures), whose input selects the fault.
 """
 import copy
+import json
 import math
+import pathlib
 
 import pytest
 import torch
@@ -185,14 +187,23 @@ def test_a_nan_only_the_compiled_code_makes_is_compiled_only_with_its_kernel(mod
     assert "remedy: " in r.note and "torch.compiler.disable" in r.note, r.note
 
 
-def test_an_abort_on_a_nan_only_the_compiled_code_makes_names_its_kernel_and_remedy(models):
+def test_an_abort_on_a_nan_only_the_compiled_code_makes_names_its_kernel_and_remedy(models, tmp_path):
     _, compiled = models
     with pytest.raises(nanguard.NonFiniteError) as e:
-        guard_step(compiled, "compiled_only", policy="abort", verbose=False)
+        guard_step(compiled, "compiled_only", policy="abort", verbose=False, bundle_dir=tmp_path)
     assert e.value.result.verdict == "compiled only"
     message = str(e.value)
     assert "cpp_fused_" in message and "clamped_log" in message and "torch.compiler.disable" in message, message
     assert "nanguard.trace" not in message  # the eager trace cannot see it
+    # The bundle keeps the note, and `nanguard inspect` says why it has no finding.
+    bundle = e.value.result.bundle
+    meta = json.loads((pathlib.Path(bundle) / "meta.json").read_text())
+    assert meta["verdict"] == "compiled only" and meta["finding"] is None
+    assert "cpp_fused_" in meta["note"] and "torch.compiler.disable" in meta["note"], meta
+    shown = nanguard.inspect(bundle)
+    assert "finding: none (only the compiled code made the NaN/Inf" in shown, shown
+    assert "note: compiled only:" in shown and "torch.compiler.disable" in shown, shown
+    assert "not replayed" not in shown, shown
 
 
 def test_the_kernel_is_named_when_its_fresh_buffers_hold_old_nans(models, monkeypatch):

@@ -206,6 +206,21 @@ assert f['op'] == 'aten::div' and f['module'] == 'norm', f"
   expect "parameters: lin.weight"
   expect "culprit_inputs[0]"
   expect "cause:     division_by_zero (high confidence)"
+  # A compiled model's bundle (verdict "compiled only": the eager replay ran finite,
+  # no finding): inspect says why there is no finding, and the note (stage, kernel, remedy).
+  cp -r "$B" compiled_only
+  python3 - compiled_only/meta.json <<'EOF'
+import json, sys
+meta = json.load(open(sys.argv[1]))
+meta.update(verdict="compiled only", finding=None,
+            note="compiled only: Inductor's kernel cpp_fused_log_0 made the NaN/Inf; remedy: run it eagerly")
+json.dump(meta, open(sys.argv[1], "w"))
+EOF
+  run 0 "$NANGUARD" inspect compiled_only
+  expect "verdict compiled only"
+  expect "finding: none (only the compiled code made the NaN/Inf: the eager replay under the tracer ran finite"
+  expect "note: compiled only: Inductor's kernel cpp_fused_log_0 made the NaN/Inf; remedy: run it eagerly"
+  grep -qF "not replayed" <<<"$out" && fail "inspect says a replayed step was not replayed: $out"
   run 3 "$NANGUARD" replay "$B" --model "$M/norm_net.pt"
   expect "reproduced: loss nan"
   expect "aten::div"

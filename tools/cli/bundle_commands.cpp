@@ -1,4 +1,5 @@
-// `nanguard inspect BUNDLE`: what a repro bundle holds, readable.
+// `nanguard inspect BUNDLE`: what a repro bundle holds, readable (its
+// finding, or why it has none, and the guard's note).
 // `nanguard replay BUNDLE --model M.pt`: re-runs the bundled step (batch,
 // parameters, RNG states) of a TorchScript model through the guard's replay
 // (guard::replay: its tracer, its verdict) and prints the finding. Exit code 3 when the step is non-finite again, 0 when
@@ -10,6 +11,8 @@
 #include <nanguard/census.h>
 #include <nanguard/finding.h>
 #include <nanguard/guard.h>
+
+#include "detail/printable.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -64,6 +67,20 @@ std::string tensor_line(const std::string& name, const at::Tensor& t) {
   return s;
 }
 
+// Why a bundle holds no finding, by the verdict of the step's replay.
+const char* why_no_finding(verdict v) {
+  switch (v) {
+    case verdict::none: return "the step was not replayed under the tracer";
+    case verdict::reproduced: return "the replay made the NaN/Inf again, and the tracer named no op";
+    case verdict::not_reproduced: return "the replay under the tracer ran finite";
+    case verdict::replay_failed: return "the replay failed: the note says why";
+    case verdict::compiled_only:
+      return "only the compiled code made the NaN/Inf: the eager replay under the tracer ran finite; the note "
+             "names the compiler's stage";
+  }
+  return "";
+}
+
 int run_inspect(const inspect_args& a) {
   const bundle b = load_bundle(a.bundle);
   fmt::print("repro bundle {}\n", a.bundle);
@@ -84,8 +101,9 @@ int run_inspect(const inspect_args& a) {
       pos = end + 1;
     }
   } else {
-    fmt::print("finding: none (the step was not replayed under the tracer)\n");
+    fmt::print("finding: none ({})\n", why_no_finding(b.verdict));
   }
+  if (!b.note.empty()) fmt::print("note: {}\n", detail::printable(b.note));
   fmt::print("tensors:\n");
   for (size_t i = 0; i < b.batch.size(); ++i) fmt::print("{}\n", tensor_line(fmt::format("batch[{}]", i), b.batch[i]));
   fmt::print("{}\n", tensor_line("rng_state", b.rng_state));
