@@ -1,9 +1,7 @@
 // bundle.h — the repro bundle: everything needed to look at (and re-run) a
 // step that went non-finite, written atomically as one directory:
 //
-// - meta.json: step, lr, loss scale, policy, verdict, versions, the finding,
-//   the guard's note (of a NaN only compiled code makes: the compiler's stage,
-//   its kernel and the remedy), tags
+// - meta.json: step, lr, loss scale, policy, verdict, versions, the finding, the note, tags
 // - batch.pt: the batch (a list of tensors)
 // - rng_state.pt: the CPU generator state at the start of the step
 // - cuda_rng_state.pt: each CUDA device's generator state then (a list; empty without a GPU)

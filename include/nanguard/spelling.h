@@ -4,7 +4,7 @@
 // language, and a finding diagnosed without a front end (a tracer on its
 // own) gets that language's remedies.
 //
-//   TORCH_CHECK_TYPE(ok, "nanguard::census: ...; convert with ", nanguard::spelled("x.to(at::kFloat)", "x.float()"));
+//   TORCH_CHECK_TYPE(x.is_floating_point(), "nanguard::census: ...; convert with ", nanguard::spelled("x.to(at::kFloat)", "x.float()"));
 //   // C++: "... convert with x.to(at::kFloat)"; from Python: "... convert with x.float()"
 #pragma once
 

@@ -22,11 +22,13 @@ class TensorStats:
         """
         The TensorStats whose to_dict() is `fields` (counts may come as floats).
         """
-    def __getstate__(self) -> dict[str, float]:
+    def __init__(self, fields: dict[str, float]) -> None:
+        """
+        The TensorStats whose to_dict() is `fields`, as from_dict (what unpickling calls).
+        """
+    def __reduce__(self) -> tuple[typing.Any, ...]:
         ...
     def __repr__(self) -> str:
-        ...
-    def __setstate__(self, arg0: dict[str, float]) -> None:
         ...
     def __str__(self) -> str:
         ...
@@ -255,9 +257,11 @@ class StepEvent:
     """
     nanguard::step_event: what one guarded step did (nanguard.StepResult).
     """
-    def __getstate__(self) -> str:
-        ...
-    def __setstate__(self, arg0: str) -> None:
+    def __init__(self, line: str) -> None:
+        """
+        The event of an event log's line (its to_json(); what unpickling calls).
+        """
+    def __reduce__(self) -> tuple[typing.Any, ...]:
         ...
     def to_json(self) -> str:
         """

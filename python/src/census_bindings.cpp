@@ -54,14 +54,20 @@ namespace nanguard::python {
 void bind_census(py::module_& m) {
   py::class_<nanguard::tensor_stats> stats(m, "TensorStats", "One-pass statistics of a tensor (census).");
   nanguard::for_each_stats_field([&](const char* name, auto field) { stats.def_readonly(name, field); });
+  stats.def(py::init(&stats_from_dict), py::arg("fields"),
+            "The TensorStats whose to_dict() is `fields`, as from_dict (what unpickling calls).");
   stats.def_property_readonly("nonfinite", &nanguard::tensor_stats::nonfinite, "NaN and Inf elements.")
       .def("all_finite", &nanguard::tensor_stats::all_finite, "True when every element is finite.")
       .def("to_dict", &stats_dict, "Every field as a dict.")
       .def_static("from_dict", &stats_from_dict, py::arg("fields"),
                   "The TensorStats whose to_dict() is `fields` (counts may come as floats).")
-      // Pickled as its to_dict(): a census crosses to DataLoader workers and
-      // other processes, and is saved with the findings that hold it.
-      .def(py::pickle(&stats_dict, &stats_from_dict))
+      // Pickled as TensorStats(its to_dict()): a census crosses to DataLoader
+      // workers and other processes, and is saved with the findings that
+      // hold it. __reduce__ rather than py::pickle, whose __setstate__ aborts
+      // the interpreter under protocols 0 and 1.
+      .def("__reduce__", [](const py::object& self) {
+        return py::make_tuple(py::type::of(self), py::make_tuple(self.attr("to_dict")()));
+      })
       .def("__str__", [](const nanguard::tensor_stats& s) { return nanguard::to_string(s); })
       .def("__repr__", [](const nanguard::tensor_stats& s) {
         return "<nanguard.TensorStats " + nanguard::to_string(s) + ">";

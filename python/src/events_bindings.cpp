@@ -19,6 +19,8 @@ void bind_events(py::module_& m) {
   // to_json() is the event log's line, for StepResult.to_dict().
   using nanguard::step_event;
   py::class_<step_event>(m, "StepEvent", "nanguard::step_event: what one guarded step did (nanguard.StepResult).")
+      .def(py::init(&nanguard::step_event_from_json), py::arg("line"),
+           "The event of an event log's line (its to_json(); what unpickling calls).")
       .def_readonly("step", &step_event::step)
       .def_readonly("loss", &step_event::loss)
       .def_readonly("grad_norm", &step_event::grad_norm)
@@ -62,9 +64,12 @@ void bind_events(py::module_& m) {
       .def_readonly("remedy", &step_event::remedy)
       .def_readonly("note", &step_event::note)
       .def("to_json", [](const step_event& e) { return nanguard::to_json(e); }, "The event log's line (JSON).")
-      // Pickled as its line: a StepResult (a NonFiniteError's) crosses processes.
-      .def(py::pickle([](const step_event& e) { return nanguard::to_json(e); },
-                      [](const std::string& line) { return nanguard::step_event_from_json(line); }));
+      // Pickled as StepEvent(its line): a StepResult (a NonFiniteError's)
+      // crosses processes. __reduce__ rather than py::pickle, whose
+      // __setstate__ aborts the interpreter under protocols 0 and 1.
+      .def("__reduce__", [](const py::object& self) {
+        return py::make_tuple(py::type::of(self), py::make_tuple(self.attr("to_json")()));
+      });
   // nanguard.data writes its data events to the guard's log through it, in
   // the schema `nanguard report` reads.
   py::class_<nanguard::event_log>(m, "EventLog", "nanguard::event_log: the guard's JSONL event log.")

@@ -69,11 +69,13 @@ def test_the_event_log_is_the_cpp_schema(tmp_path):
 def test_a_step_result_holds_its_event_log_line(tmp_path):
     """A StepResult's fields are read from the C++ step event as it is (no
     JSON on the way): the values of the event log's line, which to_dict()
-    is; it pickles (a NonFiniteError's result crosses processes)."""
+    is; it pickles under every protocol (a NonFiniteError's result crosses
+    processes; protocol 0 aborted the interpreter)."""
     results, lines = logged_steps(tmp_path, nan_at=(2,))
     for r, line in zip(results, lines):
         assert r.to_dict() == line
-        assert pickle.loads(pickle.dumps(r)).to_dict() == line
+        for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+            assert pickle.loads(pickle.dumps(r, protocol=protocol)).to_dict() == line
         assert (r.step, r.action, r.skipped, r.reason, r.verdict, r.rank, r.rollback_to) == (
             line["step"], line["action"], line["skipped"], line.get("reason", ""), line.get("verdict", ""),
             line.get("rank", -1), line.get("rollback_to", -1))
