@@ -445,11 +445,11 @@ void advise(const advisor_state& st, precision_report& r) {
     std::vector<std::string> why;
     for (const auto& m : r.modules)
       if (m.keep_fp32)
-        why.push_back(fmt::format("{} ({} values > 65504, largest {:.4g})", label(m.module), m.forward.fp16_overflow,
+        why.push_back(fmt::format("{} ({} values overflow fp16, largest {:.4g})", label(m.module), m.forward.fp16_overflow,
                                   m.forward.absmax));
     a.push_back(fmt::format("keep these modules in fp32: {}", fmt::join(why, ", ")));
   } else {
-    a.push_back(fmt::format("fp16 forward is in range: no forward value exceeds 65504 (largest {:.4g})",
+    a.push_back(fmt::format("fp16 forward is in range: no forward value overflows it (largest {:.4g})",
                             r.forward.absmax));
   }
   advise_fp16(st, r);
@@ -527,7 +527,7 @@ std::string to_text(const precision_report& r) {
                               r.gradient.values);
   for (const auto& a : r.advice) s += "  - " + a + "\n";
   s += fmt::format("modules (forward values; backward |x| max):\n  {:<24} {:>10} {:>11} {:>12} {:>10} {:>11} {:>11}  {}\n",
-                   "module", "values", "fp16>65504", "fp16<6.1e-5", "bf16 ovf", "max |x|", "bwd max", "advice");
+                   "module", "values", "fp16 ovf", "fp16<6.1e-5", "bf16 ovf", "max |x|", "bwd max", "advice");
   for (const auto& m : r.modules)
     s += fmt::format("  {:<24} {:>10} {:>11} {:>12} {:>10} {:>11.4g} {:>11.4g}  {}\n", label(m.module), m.forward.values,
                      m.forward.fp16_overflow, pct(m.forward.fp16_underflow, m.forward.values),
@@ -536,7 +536,7 @@ std::string to_text(const precision_report& r) {
   for (const auto& o : r.ops) {
     if (o.values.fp16_overflow == 0 && o.values.bf16_overflow == 0) continue;
     if (!header) s += "ops whose values overflow fp16:\n", header = true;
-    s += fmt::format("  {:<24} {:<22} {:<8} {} of {} values > 65504, max |x| {:.4g}\n", label(o.module), o.op,
+    s += fmt::format("  {:<24} {:<22} {:<8} {} of {} values overflow fp16, max |x| {:.4g}\n", label(o.module), o.op,
                      to_string(o.direction), o.values.fp16_overflow, o.values.values, o.values.absmax);
   }
   if (!r.gradients.empty()) {
