@@ -170,20 +170,6 @@ def test_report_and_inspect_take_files_whose_names_begin_with_a_dash(tmp_path, m
     assert "aten::addmm" in nanguard.inspect("-step")
 
 
-def test_an_abort_that_could_not_write_its_bundle_says_so(tmp_path):
-    x, y = data()
-    bad = x.clone()
-    bad[7, 2] = float("inf")
-    (tmp_path / "afile").write_text("x")
-    model = Net()
-    g = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), policy="abort", verbose=False,
-                       bundle_dir=tmp_path / "afile" / "bundles")
-    with pytest.raises(nanguard.NonFiniteError, match=r"; note: no repro bundle: .*afile/bundles.*Not a directory") \
-            as e:
-        g.step(loss_fn(model), bad, y)
-    assert e.value.result.bundle == ""
-
-
 def abort_without_bundle(tmp_path):
     """A guard that aborts on its first step, its bundle_dir under a file; and that step."""
     x, y = data()
@@ -194,6 +180,14 @@ def abort_without_bundle(tmp_path):
     g = nanguard.Guard(model, torch.optim.SGD(model.parameters(), lr=0.1), policy="abort", verbose=False,
                        bundle_dir=tmp_path / "afile" / "bundles")
     return lambda: g.step(loss_fn(model), bad, y)
+
+
+def test_an_abort_that_could_not_write_its_bundle_says_so(tmp_path):
+    step = abort_without_bundle(tmp_path)
+    with pytest.raises(nanguard.NonFiniteError, match=r"; note: no repro bundle: .*afile/bundles.*Not a directory") \
+            as e:
+        step()
+    assert e.value.result.bundle == ""
 
 
 def test_the_cores_warning_is_a_python_warning_not_a_raw_cpp_line(tmp_path, capfd):
