@@ -38,8 +38,12 @@ build: configure
 demo: build
 	$(NANGUARD) demo
 
+# Tests run TEST_JOBS at a time (a job per core); the ones that compile
+# nanguard again (python_wheel, packaging_*) start first and one at a time
+# (COST and RESOURCE_LOCK compiler), the others fill the cores around them.
+TEST_JOBS ?= $(shell nproc)
 test: build
-	ctest --test-dir $(BUILD) --output-on-failure --timeout 900
+	ctest --test-dir $(BUILD) -j$(TEST_JOBS) --output-on-failure --timeout 900
 
 # Every test under AddressSanitizer (leaks included) and UndefinedBehavior-
 # Sanitizer, in its own build tree: on 2 cores shared with other builds (load
