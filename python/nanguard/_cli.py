@@ -13,9 +13,12 @@ import importlib.util
 import os
 import subprocess
 import sys
+import warnings
 from typing import Dict, List, NoReturn, Optional, Sequence, Union
 
 PathLike = Union[str, "os.PathLike[str]"]
+#: How the command begins a warning on its standard error.
+WARNING = "nanguard: warning: "
 
 
 def executable() -> str:
@@ -61,7 +64,9 @@ def main(argv: Optional[Sequence[str]] = None) -> NoReturn:
 
 
 def run(args: Sequence[str], what: str) -> str:
-    """The standard output of ``nanguard ARGS``.
+    """The standard output of ``nanguard ARGS``; each warning the command
+    printed (``nanguard: warning: ...`` on its standard error) is raised as a
+    Python ``UserWarning``.
 
     Raises:
         ValueError: the command refused its input (exit 2: a missing,
@@ -73,6 +78,9 @@ def run(args: Sequence[str], what: str) -> str:
         message = (done.stderr.strip() or done.stdout.strip()).removeprefix("nanguard: error: ")
         error = ValueError if done.returncode == 2 else RuntimeError
         raise error(f"nanguard.{what}: {message}")
+    for line in done.stderr.splitlines():
+        if line.startswith(WARNING):
+            warnings.warn(f"nanguard.{what}: {line.removeprefix(WARNING)}", UserWarning, stacklevel=3)
     return done.stdout
 
 
@@ -96,6 +104,10 @@ def report(events: Union[PathLike, Sequence[PathLike]], out_html: PathLike, *, t
         ValueError: an event log is malformed (the message names the file
             and line), no log holds an event, or ``out_html`` is one of
             the logs.
+
+    Warns:
+        UserWarning: one of several logs holds no event (the page shows it
+            as an empty run).
     """
     logs: List[str] = [os.fspath(events)] if isinstance(events, (str, os.PathLike)) else [os.fspath(e) for e in events]
     for log in logs:

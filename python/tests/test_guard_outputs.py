@@ -102,6 +102,10 @@ def test_nanguard_report_shows_a_python_runs_findings(tmp_path):
     # nanguard.report: the same page from Python (the command the package carries)
     assert nanguard.report(log, tmp_path / "api.html", title="a python run") == str(tmp_path / "api.html")
     assert "aten::sqrt" in (tmp_path / "api.html").read_text() and "a python run" in (tmp_path / "api.html").read_text()
+    # A log with no event among real ones: the command's warning, as a Python warning
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.warns(UserWarning, match=r"^nanguard.report: the event log '.*empty.jsonl' holds no events"):
+        nanguard.report([log, tmp_path / "empty.jsonl"], tmp_path / "two.html")
 
 
 @needs_cli
