@@ -1,6 +1,6 @@
 // printable.h — user text (a CSV cell or column name, a line of an event
 // log) quoted in an error message or a table, with its control bytes shown
-// rather than sent to the terminal, and cut without splitting a UTF-8 character.
+// rather than sent to the terminal, and measured in the columns it takes.
 #pragma once
 
 #include <fmt/format.h>
@@ -24,20 +24,17 @@ inline std::string printable(std::string_view s) {
   return out;
 }
 
-/// The number of characters (code points) of UTF-8 `s`; a byte that starts
-/// none (invalid UTF-8) counts as one.
-inline size_t utf8_length(std::string_view s) {
-  size_t n = 0;
-  for (const char c : s) n += (static_cast<unsigned char>(c) & 0xc0) != 0x80;
-  return n;
-}
-
-/// The first `n` characters of UTF-8 `s`: a cut that never splits one.
-inline std::string_view utf8_prefix(std::string_view s, size_t n) {
-  size_t end = 0;
-  for (size_t chars = 0; end < s.size(); ++end)
-    if ((static_cast<unsigned char>(s[end]) & 0xc0) != 0x80 && chars++ == n) break;
-  return s.substr(0, end);
+/// The columns UTF-8 `s` takes in a terminal, counted as fmt counts them
+/// when it pads a field (`{:<{}}`) or cuts one (`{:.{}}`): two for an East
+/// Asian wide character, one for any other. So a table whose widths come
+/// from here lines up with what fmt prints.
+inline size_t display_width(std::string_view s) {
+  size_t width = 0;
+  fmt::detail::for_each_codepoint(fmt::string_view(s.data(), s.size()), [&](uint32_t cp, fmt::string_view) {
+    width += fmt::detail::display_width_of(cp);
+    return true;
+  });
+  return width;
 }
 
 }  // namespace nanguard::detail

@@ -107,6 +107,20 @@ case_scan_shows_column_names_safely() {
   grep -q $'\033' <<<"$out" && fail "an escape byte of a column name reached the terminal: $out"
 }
 
+# A name of wide (CJK) characters takes two columns a character: the table
+# is as wide as it shows (padding by characters left the header 6 columns
+# short of it), and a long one is cut at 24 columns, 12 such characters.
+case_scan_aligns_wide_column_names() {
+  printf '日本語の列名,c,%s\n1,2,3\n2,5,7\n' "$(printf '列%.0s' $(seq 15))" > wide.csv
+  run 0 "$NANGUARD" scan wide.csv
+  expect "$(printf 'column%18s  missing' '')"
+  expect "$(printf '日本語の列名%12s        0' '')"
+  expect "$(printf 'c%23s        0' '')"
+  expect "$(printf '列%.0s' $(seq 12))$(printf '%8s' '')0"
+  grep -qF "$(printf '列%.0s' $(seq 13))" <<<"$out" && fail "a wide name was not cut at 24 columns: $out"
+  true
+}
+
 # Bad input: exit 2 and one line naming the problem.
 case_bad_input() {
   run 2 "$NANGUARD" scan missing.csv
@@ -141,6 +155,7 @@ run_cases scan_reports \
   clean_clip \
   clean_counts_what_it_writes \
   scan_shows_column_names_safely \
+  scan_aligns_wide_column_names \
   bad_input
 
 [ "$failures" -eq 0 ] && echo "data CLI: all checks passed"

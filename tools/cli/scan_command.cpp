@@ -84,10 +84,10 @@ double num(double v) { return v; }
 // control bytes escaped. The JSON output keeps the name itself (JSON escapes them).
 std::string shown(const std::string& name) { return detail::printable(name); }
 
-// A column name as the table shows it: escaped, and at most 24 characters
-// (never a byte cut out of a UTF-8 character).
+// A column name as the table shows it: escaped, and at most 24 columns wide
+// (fmt's precision cuts by display width, never inside a UTF-8 character).
 constexpr size_t kNameWidth = 24;
-std::string table_name(const std::string& name) { return std::string(detail::utf8_prefix(shown(name), kNameWidth)); }
+std::string table_name(const std::string& name) { return fmt::format("{:.{}}", shown(name), kNameWidth); }
 
 // Pass 1's statistics of each column.
 std::vector<column_summary> summarize_columns(const column_stats& stats, const std::vector<std::string>& names,
@@ -280,7 +280,7 @@ void print_text(const scan_args& a, const scan_report& r) {
              r.label >= 0 ? fmt::format(" (label: {})", shown(a.label)) : "");
   fmt::print("rows are numbered from 0, the first row after the header\n\n");
   size_t w = 6;
-  for (const auto& c : r.columns) w = std::max(w, detail::utf8_length(table_name(c.name)));
+  for (const auto& c : r.columns) w = std::max(w, detail::display_width(table_name(c.name)));
   fmt::print("{:<{}} {:>8} {:>6} {:>6} {:>11} {:>11} {:>11} {:>11} {:>11} {:>6} {:>6}\n", "column", w,
              "missing", "+inf", "-inf", "mean", "std", "min", "median", "max", ">3σ", "|rz|>" );
   for (const auto& c : r.columns)
