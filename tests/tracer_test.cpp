@@ -486,13 +486,16 @@ TEST(tracer, names_a_batched_matmul_that_overflows_and_sees_the_ops_after_it) {
   EXPECT_EQ("aten::exp", t.findings()[1].op);
 }
 
-// The CPU allocator while it lives: the block freed last is handed out
-// again to the next request of its size. glibc may give a freed block to
-// another allocation first, depending on the heap's layout (even the
-// length of the test binary's path changed that).
+// The CPU allocator while it lives: a freed block is handed out again to
+// the next request of its size. glibc may give a freed block to another
+// allocation first, depending on the heap's layout (even the length of the
+// test binary's path changed that).
 class reusing_cpu_allocator final : public c10::Allocator {
  public:
-  reusing_cpu_allocator() { c10::SetCPUAllocator(this, kPriority); }
+  reusing_cpu_allocator() {
+    active() = true;
+    c10::SetCPUAllocator(this, kPriority);
+  }
   ~reusing_cpu_allocator() override {
     c10::SetCPUAllocator(c10::GetDefaultCPUAllocator(), kPriority);
     std::lock_guard<std::mutex> lock(mutex());
@@ -502,7 +505,6 @@ class reusing_cpu_allocator final : public c10::Allocator {
   }
   c10::DataPtr allocate(size_t bytes) override {
     std::lock_guard<std::mutex> lock(mutex());
-    active() = true;
     void* block = nullptr;
     if (const auto it = freed().find(bytes); it != freed().end()) {
       block = it->second;
