@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <deque>
 #include <mutex>
 #include <numeric>
@@ -34,6 +35,14 @@ namespace nanguard {
 namespace {
 
 using step_clock = std::chrono::steady_clock;
+
+// Prints one of the guard's lines on stderr after what the program printed
+// on stdout before it: piped or written to a log, stdout is buffered, and
+// the line would land pages ahead of the output it follows.
+void say(const std::string& line) {
+  std::fflush(stdout);
+  fmt::print(stderr, "{}\n", line);
+}
 
 // How findings name the i-th tensor of the batch: its name in `names`, else
 // its position.
@@ -311,7 +320,7 @@ struct guard::impl {
     last = e;
     if (log) log->write(e);
     const std::string& warning = narrator.observe(e);
-    if (!warning.empty() && speaks(e)) fmt::print(stderr, "{}\n", warning);
+    if (!warning.empty() && speaks(e)) say(warning);
   }
 
   // Whether this guard prints to the user what happened at step `e`.
@@ -1128,7 +1137,7 @@ guard::guard(std::shared_ptr<training_host> host, guard_options options) {
 guard::~guard() {
   const impl& s = *impl_;
   if (s.last && s.narrator.summary().not_taken > 0 && s.speaks(*s.last))
-    fmt::print(stderr, "{}\n", s.narrator.summary_line());
+    say(s.narrator.summary_line());
 }
 
 namespace {

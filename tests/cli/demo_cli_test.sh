@@ -85,6 +85,18 @@ $out"
   [ -e demo/zero-std ] && fail "--scenario left the previous run's zero-std folder"
 }
 
+# Piped (stdout buffered), the guard's lines on stderr still come after
+# the demo's output that preceded them: under the scenario they belong to.
+case_guard_lines_in_order() {
+  run 0 "$NANGUARD" demo --scenario masked-attention --out ordered
+  local header guard_line
+  header=$(grep -nF "[1/1] masked-attention" <<<"$out" | cut -d: -f1)
+  guard_line=$(grep -nF "nanguard: step 1: nan from aten::_softmax in attn" <<<"$out" | cut -d: -f1)
+  [ -n "$header" ] && [ -n "$guard_line" ] && [ "$guard_line" -gt "$header" ] ||
+    fail "the guard's line (line ${guard_line:-none}) came before the scenario's header (line ${header:-none}):
+$out"
+}
+
 # Bad usage: exit 2, one line naming what and how to fix it.
 case_bad_usage() {
   run 2 "$NANGUARD" demo --scenario nope --out demo
@@ -114,7 +126,7 @@ $out"
   expect "tpu"
 }
 
-run_cases the_demo bad_usage on_cuda
+run_cases the_demo guard_lines_in_order bad_usage on_cuda
 
 if [ "$failures" -ne 0 ]; then
   echo "$failures check(s) failed"
