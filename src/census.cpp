@@ -8,6 +8,7 @@
 #include "detail/census_paths.h"
 #include "detail/chunked_parallel.h"
 #include "detail/op_tensors.h"
+#include "detail/root_sum_squares.h"
 #include "detail/value_range.h"
 
 #include <ATen/Dispatch.h>
@@ -367,9 +368,40 @@ tensor_stats census_aten(const at::Tensor& x) {
 
 }  // namespace detail
 
+namespace {
+
+// The mean of the parts' finite values, weighted by how many each has:
+// the form that stays finite where sum(mean * count) overflows.
+double mean_of_means(const std::vector<tensor_stats>& parts) {
+  int64_t finite = 0;
+  for (const tensor_stats& p : parts) finite += p.finite;
+  double mean = 0;
+  for (const tensor_stats& p : parts)
+    if (p.finite > 0) mean += static_cast<double>(p.finite) / static_cast<double>(finite) * p.mean;
+  return mean;
+}
+
+// The pooled population standard deviation of the parts around `mean`, summed scaled
+// (the form that stays finite where the sum of squares overflows).
+double pooled_std(const std::vector<tensor_stats>& parts, double mean) {
+  int64_t finite = 0;
+  for (const tensor_stats& p : parts) finite += p.finite;
+  std::vector<double> spreads, weights;
+  for (const tensor_stats& p : parts) {
+    if (p.finite == 0) continue;
+    const double w = static_cast<double>(p.finite) / static_cast<double>(finite);
+    spreads.insert(spreads.end(), {p.std, p.mean - mean});
+    weights.insert(weights.end(), {w, w});
+  }
+  return detail::root_sum_squares(spreads, weights);
+}
+
+}  // namespace
+
 tensor_stats merge_census(const std::vector<tensor_stats>& parts) {
   tensor_stats m;
   double sum = 0, sumsq_norm = 0;
+  std::vector<double> norms;
   for (const tensor_stats& p : parts) {
     m.numel += p.numel;
     m.nan += p.nan;
@@ -385,6 +417,7 @@ tensor_stats merge_census(const std::vector<tensor_stats>& parts) {
     m.max = std::fmax(m.max, p.max);
     m.absmax = std::max(m.absmax, p.absmax);
     sumsq_norm += p.l2_norm * p.l2_norm;
+    norms.push_back(p.l2_norm);
     if (p.finite > 0) sum += p.mean * static_cast<double>(p.finite);
     if (p.first_nonfinite_index >= 0 &&
         (m.first_nonfinite_index < 0 || p.first_nonfinite_index < m.first_nonfinite_index)) {
@@ -392,15 +425,17 @@ tensor_stats merge_census(const std::vector<tensor_stats>& parts) {
       m.first_nonfinite_value = p.first_nonfinite_value;
     }
   }
-  m.l2_norm = std::sqrt(sumsq_norm);
+  // Float64 parts beyond 1e154 square past float64's range: summed again, scaled.
+  m.l2_norm = std::isfinite(sumsq_norm) ? std::sqrt(sumsq_norm) : detail::root_sum_squares(norms);
   if (m.finite == 0) return m;
   const double n = static_cast<double>(m.finite);
   m.mean = sum / n;
+  if (!std::isfinite(m.mean)) m.mean = mean_of_means(parts);
   // Pooled population variance: each part's own spread plus its mean's distance from the whole's.
   double m2 = 0;
   for (const tensor_stats& p : parts)
     if (p.finite > 0) m2 += static_cast<double>(p.finite) * (p.std * p.std + (p.mean - m.mean) * (p.mean - m.mean));
-  m.std = std::sqrt(m2 / n);
+  m.std = std::isfinite(m2) ? std::sqrt(m2 / n) : pooled_std(parts, m.mean);
   return m;
 }
 

@@ -7,6 +7,7 @@
 
 #include "detail/census_kernels.h"
 #include "detail/median.h"
+#include "detail/root_sum_squares.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
@@ -180,14 +181,20 @@ grad_report sentinel::inspect_grads(double inv_scale) const {
     sumsq[items[k].param] += parts[k].sumsq;
     r.nonfinite_counts[items[k].param] += parts[k].nonfinite;
   }
+  std::vector<double> norms(n);
+  for (int64_t i = 0; i < n; ++i) norms[i] = std::sqrt(sumsq[i]);
   const std::vector<tensor_stats> other_stats = census_many(others);
   for (size_t k = 0; k < others.size(); ++k) {
     sumsq[other_params[k]] = other_stats[k].l2_norm * other_stats[k].l2_norm;
+    norms[other_params[k]] = other_stats[k].l2_norm;
     r.nonfinite_counts[other_params[k]] = other_stats[k].nonfinite();
   }
   double total = 0;
   for (int64_t i = 0; i < n; ++i) {
-    r.norms[i] = std::sqrt(sumsq[i]) * inv_scale;
+    // A float64 gradient beyond 1e154 squares past float64's range in the
+    // fused pass: the census measures it again, scaled.
+    if (std::isinf(norms[i]) && r.nonfinite_counts[i] == 0) norms[i] = census(grads[i]).l2_norm;
+    r.norms[i] = norms[i] * inv_scale;
     total += sumsq[i];
     if (r.nonfinite_counts[i] > 0) {
       if (r.nonfinite == 0) r.first_nonfinite_name = names_[i];
@@ -195,8 +202,8 @@ grad_report sentinel::inspect_grads(double inv_scale) const {
       r.norms[i] = std::numeric_limits<double>::quiet_NaN();
     }
   }
-  r.total_norm = r.nonfinite > 0 ? std::numeric_limits<double>::quiet_NaN()
-                                 : std::sqrt(total) * inv_scale;
+  if (r.nonfinite > 0) r.total_norm = std::numeric_limits<double>::quiet_NaN();
+  else r.total_norm = (std::isfinite(total) ? std::sqrt(total) : detail::root_sum_squares(norms)) * inv_scale;
   return r;
 }
 

@@ -484,6 +484,22 @@ TEST(merge_census, the_census_of_shards_is_the_census_of_the_whole) {
   expect_matches(reference(x), nanguard::merge_census(parts), 1e-5);
 }
 
+TEST(merge_census, float64_shards_beyond_1e154_keep_finite_moments) {
+  // Their squares (and the count-weighted sum of their means) pass float64's
+  // range; the whole's L2 norm, mean and std do not.
+  const at::Tensor x = at::linspace(1.0, 3.0, 1000, at::kDouble) * 1e300;
+  std::vector<tensor_stats> parts;
+  const std::vector<int64_t> bounds = {0, 250, 600, 1000};
+  for (size_t i = 0; i + 1 < bounds.size(); ++i)
+    parts.push_back(nanguard::census(x.narrow(0, bounds[i], bounds[i + 1] - bounds[i])));
+  const tensor_stats whole = nanguard::census(x);
+  const tensor_stats m = nanguard::merge_census(parts);
+  ASSERT_TRUE(std::isfinite(whole.l2_norm) && std::isfinite(whole.std));
+  EXPECT_NEAR(whole.l2_norm, m.l2_norm, 1e-12 * whole.l2_norm);
+  EXPECT_NEAR(whole.mean, m.mean, 1e-12 * whole.mean);
+  EXPECT_NEAR(whole.std, m.std, 1e-9 * whole.std);
+}
+
 TEST(merge_census, shards_without_finite_values_leave_min_max_and_mean_to_the_others) {
   const at::Tensor nan = at::full({3}, kNaN);
   const at::Tensor x = at::tensor({-2.0f, 5.0f});

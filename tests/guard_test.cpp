@@ -358,6 +358,26 @@ TEST(guard, clipping_and_unscaling_match_a_plain_loop) {
   for (size_t i = 0; i < p1.size(); ++i) EXPECT_TRUE(torch::allclose(p1[i], p2[i], 1e-5, 1e-6)) << i;
 }
 
+TEST(guard, clips_float64_gradients_beyond_1e154_to_max_norm) {
+  // Their squares pass float64's range: an infinite norm would make the
+  // clip factor 0 and the step a silent no-op.
+  torch::manual_seed(3);
+  torch::nn::Linear model(4, 2);
+  model->to(at::kDouble);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  guard g(*model, opt, guard_options().max_norm(1.0));
+  const at::Tensor before = model->weight.detach().clone();
+  const at::Tensor x = torch::randn({8, 4}, at::kDouble);
+  const step_event e =
+      g.step({x}, [&](const std::vector<at::Tensor>& b) { return model->forward(b[0]).sum() * 1e160; });
+  EXPECT_EQ(e.action, nanguard::action::step) << e.reason;
+  EXPECT_TRUE(std::isfinite(e.grad_norm)) << e.grad_norm;
+  EXPECT_GT(e.grad_norm, 1e160);
+  const double moved = (model->weight.detach() - before).norm().item<double>();
+  EXPECT_GT(moved, 0.01) << "the clipped step moved the weights by " << moved;
+  EXPECT_LE(moved, 0.1 + 1e-9);
+}
+
 TEST(guard, rollback_without_skipping_runs_the_batch_again) {
   regression r;
   torch::optim::SGD opt(r.model->parameters(), torch::optim::SGDOptions(0.1));

@@ -42,6 +42,29 @@ TEST(sentinel, norms_match_at_norm) {
   }
 }
 
+TEST(sentinel, float64_gradients_beyond_1e154_have_finite_norms) {
+  // Their squares pass float64's range; their norms do not: a diverging
+  // float64 run is clipped to max_norm, not zeroed by an infinite norm.
+  std::vector<std::pair<std::string, at::Tensor>> p;
+  for (int64_t n : {3, (1 << 17) + 5}) {  // the second spans several work items
+    at::Tensor w = torch::zeros({n}, at::TensorOptions(at::kDouble).requires_grad(true));
+    w.mutable_grad() = torch::randn({n}, at::kDouble) * 1e160;
+    p.emplace_back("p" + std::to_string(n), w);
+  }
+  at::Tensor strided = torch::zeros({4, 4}, at::TensorOptions(at::kDouble).requires_grad(true));
+  strided.mutable_grad() = (torch::randn({4, 4}, at::kDouble) * 1e200).t();  // through census_many
+  p.emplace_back("strided", strided);
+  const sentinel s(p);
+  const auto r = s.inspect_grads();
+  ASSERT_TRUE(r.finite());
+  std::vector<double> want;
+  for (const auto& [name, w] : p) want.push_back((w.grad() / 1e150).norm().item<double>() * 1e150);
+  for (size_t i = 0; i < p.size(); ++i) EXPECT_NEAR(want[i], r.norms[i], 1e-9 * want[i]) << p[i].first;
+  const double total = std::sqrt(want[0] / 1e200 * (want[0] / 1e200) + want[1] / 1e200 * (want[1] / 1e200) +
+                                 want[2] / 1e200 * (want[2] / 1e200)) * 1e200;
+  EXPECT_NEAR(total, r.total_norm, 1e-9 * total);
+}
+
 TEST(sentinel, every_kernel_isa_gives_the_same_sums) {
   const at::Tensor x = torch::randn({100003});
   at::Tensor y = x.clone();

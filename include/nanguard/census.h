@@ -111,7 +111,8 @@ bool has_nonfinite(const at::Tensor& x);
 /// The census of a tensor made of `parts` (the shards of a sharded tensor),
 /// from the census of each part: counts summed, min/max/absmax over the
 /// parts, mean and std pooled over their finite elements, the L2 norm of
-/// their norms, and the first non-finite element the one with the smallest
+/// their norms (summed scaled where their squares pass float64's range, as
+/// census does), and the first non-finite element the one with the smallest
 /// index.
 ///
 /// REQUIRES: each part's first_nonfinite_index is already an index into the

@@ -69,7 +69,7 @@ struct spike {
 
 /// What one pass over the gradients found. Norms are of the unscaled gradients.
 struct grad_report {
-  double total_norm = 0;            ///< global L2 norm; NaN/Inf when a gradient is not finite
+  double total_norm = 0;            ///< global L2 norm (float64 ones beyond 1e154 too); NaN when one is not finite
   int64_t nonfinite = 0;            ///< NaN and Inf elements over every gradient
   std::vector<double> norms;        ///< per parameter (sentinel::names order); 0 without grad
   std::vector<int64_t> nonfinite_counts;  ///< per parameter
