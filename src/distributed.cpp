@@ -227,7 +227,7 @@ distributed::distributed(c10::intrusive_ptr<c10d::ProcessGroup> process_group, d
   impl_->options = options;
   impl_->rank = impl_->pg->getRank();
   impl_->world = impl_->pg->getSize();
-  impl_->consensus_buffer = at::zeros({impl_->world + 2}, at::kDouble);
+  impl_->consensus_buffer = at::zeros({impl_->world + 3}, at::kDouble);
   impl_->store = impl_->pg->getStore();
   if (impl_->store && !record_identity(*impl_->store, impl_->rank, impl_->host)) impl_->store.reset();
 }
@@ -281,22 +281,26 @@ int64_t distributed::world_size() const { return impl_->world; }
 const distributed_options& distributed::options() const { return impl_->options; }
 const c10::intrusive_ptr<c10d::ProcessGroup>& distributed::process_group() const { return impl_->pg; }
 
-consensus distributed::agree(bool nonfinite, double sumsq, double loss, int64_t step) {
+consensus distributed::agree(bool nonfinite, double grad_norm, double loss, int64_t step) {
+  // Squares of norms up to float64's largest stay finite scaled by 2^-600.
+  constexpr int kScaleExponent = 600;
   impl& s = *impl_;
   at::Tensor& buf = s.consensus_buffer;
   double* p = buf.data_ptr<double>();
-  std::fill(p, p + s.world + 2, 0.0);
+  std::fill(p, p + s.world + 3, 0.0);
+  const double scaled = std::ldexp(grad_norm, -kScaleExponent);
   p[s.rank] = nonfinite ? 1.0 : 0.0;
-  p[s.world] = nonfinite ? 0.0 : sumsq;
-  p[s.world + 1] = nonfinite ? 0.0 : loss;
+  p[s.world] = nonfinite ? 0.0 : grad_norm * grad_norm;
+  p[s.world + 1] = nonfinite ? 0.0 : scaled * scaled;
+  p[s.world + 2] = nonfinite ? 0.0 : loss;
   std::vector<at::Tensor> tensors{buf};
   wait_for(*this, s.pg->allreduce(tensors, c10d::AllreduceOptions{}),
            step >= 0 ? fmt::format("the consensus all-reduce of step {}", step) : "the consensus all-reduce");
   consensus c;
   for (int64_t r = 0; r < s.world; ++r)
     if (p[r] != 0) c.nonfinite_ranks.push_back(r);
-  c.sumsq = p[s.world];
-  c.loss_sum = p[s.world + 1];
+  c.grad_norm = std::isinf(p[s.world]) ? std::ldexp(std::sqrt(p[s.world + 1]), kScaleExponent) : std::sqrt(p[s.world]);
+  c.loss_sum = p[s.world + 2];
   return c;
 }
 

@@ -506,14 +506,14 @@ struct guard::impl {
     distributed& d = *options.distributed();
     e.rank = d.rank();
     const double nan = std::numeric_limits<double>::quiet_NaN();
-    const double sumsq = report.finite() ? e.grad_norm * e.grad_norm : nan;  // NaN: every rank learns of it
-    const consensus c = d.agree(!finite, finite ? sumsq : 0.0, finite ? e.loss : 0.0, step);
+    const double norm = report.finite() ? e.grad_norm : nan;  // NaN: every rank learns of it
+    const consensus c = d.agree(!finite, finite ? norm : 0.0, finite ? e.loss : 0.0, step);
     e.nonfinite_ranks = c.nonfinite_ranks;
     if (!c.finite()) {
       if (e.reason.empty()) e.reason = "non-finite on rank(s) " + rank_list(c.nonfinite_ranks);
       return false;
     }
-    if (!std::isfinite(c.sumsq)) {
+    if (!std::isfinite(c.grad_norm)) {
       // Every rank's loss was finite: the replay tells whose own gradients were not (name_origin).
       e.reason = "non-finite gradients after the " + std::string(to_string(collective()));
       return false;
@@ -521,7 +521,7 @@ struct guard::impl {
     e.loss = c.loss_sum / static_cast<double>(d.world_size());  // the spike windows see the same loss everywhere
     if (collective() == backward_collective::all_reduce) return true;  // averaged: the same norm on every rank
     if (collective() == backward_collective::reduce_scatter || !d.options().average_gradients()) {
-      e.grad_norm = std::sqrt(c.sumsq);  // each rank holds a shard of the gradients
+      e.grad_norm = c.grad_norm;  // each rank holds a shard of the gradients
       return true;
     }
     d.average_gradients_(sentinel.parameters(), step);

@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
@@ -65,14 +66,17 @@ TEST(distributed, consensus_of_one_rank) {
   auto d = one_rank("consensus");
   EXPECT_EQ(d->rank(), 0);
   EXPECT_EQ(d->world_size(), 1);
-  nanguard::consensus c = d->agree(false, 4.0, 0.25);
+  nanguard::consensus c = d->agree(false, 2.0, 0.25);
   EXPECT_TRUE(c.finite());
-  EXPECT_EQ(c.sumsq, 4.0);
+  EXPECT_EQ(c.grad_norm, 2.0);
   EXPECT_EQ(c.loss_sum, 0.25);
-  c = d->agree(true, 4.0, 0.25);
+  c = d->agree(false, 1e200, 0.25);  // its square passes float64's range
+  EXPECT_DOUBLE_EQ(c.grad_norm, 1e200);
+  EXPECT_TRUE(std::isnan(d->agree(false, NAN, 0.25).grad_norm));
+  c = d->agree(true, 2.0, 0.25);
   EXPECT_FALSE(c.finite());
   EXPECT_EQ(c.nonfinite_ranks, std::vector<int64_t>{0});
-  EXPECT_EQ(c.sumsq, 0.0);  // a bad rank's norm does not count
+  EXPECT_EQ(c.grad_norm, 0.0);  // a bad rank's norm does not count
   EXPECT_EQ(d->broadcast("finding", 0), "finding");
   EXPECT_NE(error_of([&] { d->broadcast("x", 1); }).find("root 1 is not a rank in [0, 1)"), std::string::npos);
 }

@@ -106,7 +106,7 @@ class rank_failure : public c10::Error {
 /// What the ranks agreed on in one consensus all-reduce.
 struct consensus {
   std::vector<int64_t> nonfinite_ranks;  ///< ranks whose loss or gradients were not finite
-  double sumsq = 0;                      ///< sum over ranks of the squared grad norms
+  double grad_norm = 0;                  ///< the finite ranks' grad norms combined: sqrt of the sum of their squares
   double loss_sum = 0;                   ///< sum over ranks of the losses (finite ranks)
   /// True when every rank was finite.
   bool finite() const { return nonfinite_ranks.empty(); }
@@ -116,7 +116,7 @@ struct consensus {
 ///
 ///   nanguard::distributed d(pg);
 ///   d.average_gradients_(params);                       // data parallel
-///   nanguard::consensus c = d.agree(!finite, sumsq, loss_value);  // one small all-reduce
+///   nanguard::consensus c = d.agree(!finite, grad_norm, loss_value);  // one small all-reduce
 ///   if (!c.finite()) std::cerr << "rank " << c.nonfinite_ranks[0] << " saw NaN\n";
 ///
 /// NOTE: every method is a collective: every rank must call it, in the same order.
@@ -137,11 +137,13 @@ class distributed {
   /// The process group.
   const c10::intrusive_ptr<c10d::ProcessGroup>& process_group() const;
 
-  /// The consensus: ONE all-reduce of a float64 vector [flag per rank, sumsq,
-  /// loss] with SUM. Slot r holds only rank r's flag, so the sum is the
-  /// gathered flags (which ranks were bad) and the other slots are sums.
-  /// `step` names the step in the error a failed all-reduce raises.
-  consensus agree(bool nonfinite, double sumsq, double loss, int64_t step = -1);
+  /// The consensus: ONE all-reduce of a float64 vector [flag per rank,
+  /// grad_norm², (grad_norm·2^-600)², loss] with SUM. Slot r holds only rank
+  /// r's flag, so the sum is the gathered flags (which ranks were bad) and
+  /// the other slots are sums; the scaled squares give the combined norm
+  /// where the plain ones overflow (a float64 norm beyond 1e154). `step`
+  /// names the step in the error a failed all-reduce raises.
+  consensus agree(bool nonfinite, double grad_norm, double loss, int64_t step = -1);
 
   /// Data-parallel averaging: every gradient of `parameters` (undefined ones
   /// become zeros) is all-reduced in flat buckets of about bucket_mb and

@@ -43,7 +43,7 @@ extern nanguard::finding f, finding;
 extern nanguard::precision_report report;
 extern std::vector<nanguard::step_event> events;
 extern std::vector<double> norms, rows;
-extern double loss_value, sumsq, numerator, denominator;
+extern double loss_value, grad_norm, numerator, denominator;
 extern bool finite;
 
 // The user's functions.
