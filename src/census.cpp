@@ -370,26 +370,23 @@ tensor_stats census_aten(const at::Tensor& x) {
 
 namespace {
 
-// The mean of the parts' finite values, weighted by how many each has:
-// the form that stays finite where sum(mean * count) overflows.
-double mean_of_means(const std::vector<tensor_stats>& parts) {
-  int64_t finite = 0;
-  for (const tensor_stats& p : parts) finite += p.finite;
+// The mean of the parts' `n` finite values, each part's weighted by its
+// share: the form that stays finite where sum(mean * count) overflows.
+double mean_of_means(const std::vector<tensor_stats>& parts, double n) {
   double mean = 0;
   for (const tensor_stats& p : parts)
-    if (p.finite > 0) mean += static_cast<double>(p.finite) / static_cast<double>(finite) * p.mean;
+    if (p.finite > 0) mean += static_cast<double>(p.finite) / n * p.mean;
   return mean;
 }
 
-// The pooled population standard deviation of the parts around `mean`, summed scaled
-// (the form that stays finite where the sum of squares overflows).
-double pooled_std(const std::vector<tensor_stats>& parts, double mean) {
-  int64_t finite = 0;
-  for (const tensor_stats& p : parts) finite += p.finite;
+// The pooled population standard deviation of the parts' `n` finite values
+// around `mean`, summed scaled (the form that stays finite where the sum of
+// squares overflows).
+double pooled_std(const std::vector<tensor_stats>& parts, double n, double mean) {
   std::vector<double> spreads, weights;
   for (const tensor_stats& p : parts) {
     if (p.finite == 0) continue;
-    const double w = static_cast<double>(p.finite) / static_cast<double>(finite);
+    const double w = static_cast<double>(p.finite) / n;
     spreads.insert(spreads.end(), {p.std, p.mean - mean});
     weights.insert(weights.end(), {w, w});
   }
@@ -430,12 +427,12 @@ tensor_stats merge_census(const std::vector<tensor_stats>& parts) {
   if (m.finite == 0) return m;
   const double n = static_cast<double>(m.finite);
   m.mean = sum / n;
-  if (!std::isfinite(m.mean)) m.mean = mean_of_means(parts);
+  if (!std::isfinite(m.mean)) m.mean = mean_of_means(parts, n);
   // Pooled population variance: each part's own spread plus its mean's distance from the whole's.
   double m2 = 0;
   for (const tensor_stats& p : parts)
     if (p.finite > 0) m2 += static_cast<double>(p.finite) * (p.std * p.std + (p.mean - m.mean) * (p.mean - m.mean));
-  m.std = std::isfinite(m2) ? std::sqrt(m2 / n) : pooled_std(parts, m.mean);
+  m.std = std::isfinite(m2) ? std::sqrt(m2 / n) : pooled_std(parts, n, m.mean);
   return m;
 }
 

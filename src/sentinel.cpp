@@ -153,7 +153,7 @@ grad_report sentinel::inspect_grads(double inv_scale) const {
   // census_many: on CUDA, many gradients per launch and one host sync.
   std::vector<work_item> items;
   int64_t elements = 0;
-  std::vector<at::Tensor> grads(n);
+  std::vector<at::Tensor> grads(n);  // what is measured of each gradient
   std::vector<at::Tensor> others;
   std::vector<int64_t> other_params;
   for (int64_t i = 0; i < n; ++i) {
@@ -163,7 +163,8 @@ grad_report sentinel::inspect_grads(double inv_scale) const {
     if (!fused(g)) {
       // Sparse gradients (Embedding(sparse=true)) are measured by their values.
       const bool strided = g.layout() == at::kStrided;
-      others.push_back(strided ? g : g.is_sparse() ? g.coalesce().values() : g.to_dense());
+      grads[i] = strided ? g : g.is_sparse() ? g.coalesce().values() : g.to_dense();
+      others.push_back(grads[i]);
       other_params.push_back(i);
       continue;
     }
