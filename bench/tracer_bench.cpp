@@ -97,6 +97,7 @@ void own_costs(nanguard::bench::reference_workload& w, double plain_step_s, doub
   for (int i = 0; i < kSteps; ++i) {
     t.set_step(i);  // as the guard does: what the tracer knew of the last step goes
     w.plain_step();
+    t.keep_known_across_steps(w.optimizer);  // but AdamW's moments, which only AdamW writes
   }
   const nanguard::tracer_cost c = t.cost();
   const double own_s = c.seconds / kSteps, ops = double(c.ops) / kSteps;
@@ -125,6 +126,7 @@ int main(int argc, char** argv) {
     nanguard::tracer t;  // every forward and backward op checked, NaN and Inf
     t.name_parameters(*w.model);
     w.plain_step();
+    t.keep_known_across_steps(w.optimizer);  // AdamW's moments: not read again next step
     findings += int64_t(t.findings().size());
   };
   const auto anomaly = [&] {

@@ -33,6 +33,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/jit/runtime/interpreter.h>
 #include <torch/nn/module.h>
+#include <torch/optim.h>
 
 #include <algorithm>
 #include <atomic>
@@ -454,6 +455,27 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   if (traits.writes_unreturned) check_unreturned_writes(*st, fn, *ctx, memo);
 }
 
+// The tensors a LibTorch optimizer keeps per parameter (LBFGS's state
+// keeps none per parameter; an optimizer of the program's own, unknown
+// here, gives none).
+std::vector<at::Tensor> state_tensors(const torch::optim::Optimizer& optimizer) {
+  std::vector<at::Tensor> tensors;
+  for (const auto& [param, state] : optimizer.state()) {
+    const torch::optim::OptimizerParamState* s = state.get();
+    if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(s))
+      tensors.insert(tensors.end(), {adam->exp_avg(), adam->exp_avg_sq(), adam->max_exp_avg_sq()});
+    else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(s))
+      tensors.insert(tensors.end(), {adamw->exp_avg(), adamw->exp_avg_sq(), adamw->max_exp_avg_sq()});
+    else if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(s))
+      tensors.push_back(sgd->momentum_buffer());
+    else if (const auto* adagrad = dynamic_cast<const torch::optim::AdagradParamState*>(s))
+      tensors.push_back(adagrad->sum());
+    else if (const auto* rmsprop = dynamic_cast<const torch::optim::RMSpropParamState*>(s))
+      tensors.insert(tensors.end(), {rmsprop->square_avg(), rmsprop->momentum_buffer(), rmsprop->grad_avg()});
+  }
+  return tensors;
+}
+
 }  // namespace
 }  // namespace nanguard::detail
 
@@ -504,6 +526,16 @@ void tracer::set_step(int64_t step) {
   range_memo::forget_all();
   detail::forget_forward_ops(*state_);
   state_->allowed.clear();
+}
+
+void tracer::keep_known_across_steps(const std::vector<at::Tensor>& tensors) {
+  range_memo& memo = this_thread_memo();
+  for (const at::Tensor& t : tensors)
+    if (t.defined()) memo.keep_across_steps(t);
+}
+
+void tracer::keep_known_across_steps(const torch::optim::Optimizer& optimizer) {
+  keep_known_across_steps(detail::state_tensors(optimizer));
 }
 
 void tracer::judge_by_outputs(const std::vector<at::Tensor>& outputs) {

@@ -212,8 +212,12 @@ TEST(range_rules, take_any_finite_argument_where_the_kernel_computes_nothing_els
   ASSERT_TRUE(root.has_value());
   EXPECT_LE(root->hi, 1.01e15);
   EXPECT_TRUE(range_rule_for("aten::log")->output(op_arguments(view(huge), lookup), 0).has_value());
-  EXPECT_FALSE(range_rule_for("aten::mul")->output(op_arguments(view(huge), lookup), 0).has_value())
-      << "other rules keep the limit";
+  const std::vector<c10::IValue> decayed{at::full({2}, 1e30), 0.999};
+  EXPECT_TRUE(range_rule_for("aten::mul")->output(op_arguments(view(decayed), lookup), 0).has_value());
+  const std::vector<c10::IValue> updated{at::full({2}, 1e30), at::ones({2}), at::ones({2}), 0.001};
+  EXPECT_TRUE(range_rule_for("aten::addcmul")->output(op_arguments(view(updated), lookup), 0).has_value());
+  EXPECT_FALSE(range_rule_for("aten::gelu")->output(op_arguments(view(huge), lookup), 0).has_value())
+      << "a kernel that computes more keeps the limit";
 }
 
 TEST(range_rules, store_ranges_finite_in_the_output_dtype) {

@@ -588,9 +588,10 @@ TEST(tracer, does_not_rescan_values_it_saw_finite) {
   const int64_t kept = t.cost().scanned_bytes;
   y.mul_(2.0).add_(x);  // bounded by x's range: not scanned
   EXPECT_EQ(kept, t.cost().scanned_bytes) << scans_of(t);
-  // Sums of 100 values of x are at most 100 max|x|, which times 1e36 may
-  // overflow (though these sums, near 10 in size, do not): scanned.
-  const at::Tensor sums = x.view({10, 100}).sum(1) * 1e36;
+  // Sums of 100 values of x are at most 100 max|x| (over 200 for 1000
+  // normal values), which times 1e37 may overflow (though these sums, near
+  // 10 in size, do not): scanned.
+  const at::Tensor sums = x.view({10, 100}).sum(1) * 1e37;
   EXPECT_GE(t.cost().scanned_bytes, kept + 40);
   EXPECT_GT(t.cost().ops, 0);
   EXPECT_GT(t.cost().scan_seconds, 0);
@@ -769,6 +770,72 @@ TEST(tracer, a_buffer_rewritten_behind_libtorch_is_rechecked_each_step) {
   const auto& f = only_finding(t);
   EXPECT_EQ("aten::div_", f.op);
   EXPECT_EQ(role::input, f.role);
+}
+
+// How many times the tracer `t` read the old values of a tensor aten::mul_ overwrote.
+int64_t mul_old_value_reads(const nanguard::tracer& t) {
+  int64_t reads = 0;
+  for (const auto& o : t.cost().scans_by_op)
+    if (o.op == "aten::mul_ (old values)") reads += o.scans;
+  return reads;
+}
+
+TEST(tracer, keeps_what_it_saw_of_optimizer_state_across_steps_and_tracers) {
+  // Adam's moments, written only by the optimizer's own ops: what the
+  // tracer saw of them at one step vouches for them at the next, and in the
+  // next tracer, until a recorded write changes them.
+  EAGER_ONLY();
+  at::Tensor moment = at::ones({1024});
+  {
+    nanguard::tracer t(options().measure_cost(true));
+    moment.mul_(0.9);
+    EXPECT_EQ(1, mul_old_value_reads(t)) << "first seen: read";
+    t.keep_known_across_steps({moment});
+    t.set_step(1);
+    moment.mul_(0.9);
+    EXPECT_EQ(1, mul_old_value_reads(t)) << "kept across set_step()";
+    t.set_step(2);
+    moment.mul_(0.9);
+    EXPECT_EQ(2, mul_old_value_reads(t)) << "the last write was not kept: read again";
+    t.keep_known_across_steps({moment});
+  }
+  {
+    nanguard::tracer t(options().measure_cost(true));
+    moment.mul_(0.9);
+    EXPECT_EQ(0, mul_old_value_reads(t)) << "kept for the next tracer";
+    t.keep_known_across_steps({moment});
+    EXPECT_FALSE(t.found());
+  }
+  moment[3] = NAN;  // a recorded write while nothing traces: the version counter moves on
+  nanguard::tracer t(options());
+  moment.mul_(0.9);
+  const auto& f = only_finding(t);
+  EXPECT_EQ("aten::mul_", f.op);
+  EXPECT_EQ(role::input, f.role);
+}
+
+TEST(tracer, keeps_what_it_saw_of_a_libtorch_optimizers_state) {
+  EAGER_ONLY();
+  torch::manual_seed(0);
+  torch::nn::Linear layer(16, 4);
+  torch::optim::AdamW adamw(layer->parameters(), torch::optim::AdamWOptions(1e-3));
+  const at::Tensor x = at::randn({8, 16});
+  // Old values of AdamW's moments read in the third of three steps, each
+  // traced by a tracer of its own, with or without keeping the state.
+  const auto third_step_reads = [&](bool keep) {
+    int64_t reads = 0;
+    for (int step = 0; step < 3; ++step) {
+      nanguard::tracer t(options().measure_cost(true));
+      adamw.zero_grad();
+      layer(x).square().mean().backward();
+      adamw.step();
+      if (keep) t.keep_known_across_steps(adamw);
+      reads = mul_old_value_reads(t);
+    }
+    return reads;
+  };
+  EXPECT_EQ(4, third_step_reads(false)) << "exp_avg and exp_avg_sq of the weight and the bias";
+  EXPECT_EQ(0, third_step_reads(true));
 }
 
 TEST(tracer, costs_nothing_when_paused_or_gone) {

@@ -42,6 +42,10 @@ namespace torch::nn {
 class Module;
 }  // namespace torch::nn
 
+namespace torch::optim {
+class Optimizer;
+}  // namespace torch::optim
+
 namespace nanguard {
 
 namespace detail {
@@ -142,6 +146,20 @@ class tracer {
   /// recorded write does not scan its old values again. A tensor written
   /// behind LibTorch's back within a step needs `mark_written`.
   void set_step(int64_t step);
+  /// What this thread's tracing knows of `tensors` now (the range their
+  /// values lie in) outlasts set_step() and this tracer, until a recorded
+  /// write changes them. For an optimizer's state, which only the
+  /// optimizer's own in-place ops write: call it after each optimizer step
+  /// (`nanguard.trace` does for torch.optim's optimizers), and the next
+  /// step's update does not read the state again to learn its old values
+  /// (27 MB a step for the reference workload's AdamW). Never for a tensor
+  /// something refills behind LibTorch's back (through data_ptr()): such a
+  /// write would go unseen.
+  void keep_known_across_steps(const std::vector<at::Tensor>& tensors);
+  /// The same for the state `optimizer` keeps per parameter, when it is one
+  /// of LibTorch's (Adam, AdamW, SGD, Adagrad, RMSprop; LBFGS keeps none):
+  /// `optimizer.step(); t.keep_known_across_steps(optimizer);`.
+  void keep_known_across_steps(const torch::optim::Optimizer& optimizer);
 
   /// The traced model's forward returned `outputs` (its tensors): judges
   /// every chain recorded so far by whether its values reach them. For a

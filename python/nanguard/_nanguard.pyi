@@ -165,6 +165,10 @@ class Tracer:
         """
         The traced model returned these tensors: judges every chain by whether it reaches them.
         """
+    def keep_known_across_steps(self, tensors: collections.abc.Sequence[torch.Tensor]) -> None:
+        """
+        What the tracer knows of these tensors (an optimizer's state) outlasts the step.
+        """
     def name_parameters(self, named_parameters: collections.abc.Sequence[tuple[str, torch.Tensor]]) -> None:
         """
         Names parameters (and through them modules) from (name, tensor) pairs.

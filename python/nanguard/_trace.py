@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal, 
 
 import torch
 import torch.utils._pytree
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _compile, _nanguard
 
@@ -283,6 +284,7 @@ class Trace:
         self._close_scopes: Optional[Callable[[], None]] = None
         self._judge_outputs: Optional[Any] = None  # the hook's RemovableHandle
         self._end_eager_run: Optional[Callable[[], None]] = None
+        self._optimizer_hook: Optional[Any] = None  # the RemovableHandle of _optimizer_stepped
         self._findings: Optional[List[Finding]] = None
 
     # -- the context manager ------------------------------------------------
@@ -297,6 +299,7 @@ class Trace:
         try:
             self._end_eager_run = _compile.begin_eager_run()
             self._tracer.set_step(int(self.step))
+            self._optimizer_hook = register_optimizer_step_post_hook(self._optimizer_stepped)
             if self.model is not None:
                 self.name_parameters(self.model, self.prefix)
                 self._close_scopes = open_module_scopes(self.model, self.prefix)
@@ -331,7 +334,19 @@ class Trace:
             return torch.nn.modules.module.register_module_forward_hook(judge)
         return model.register_forward_hook(judge)
 
+    def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """After the step of any torch.optim optimizer: what the tracer knows of
+        its state (Adam's moments) outlasts the step, so the next step's update
+        does not read the state again (``tracer::keep_known_across_steps``).
+        Only the optimizer's own ops write its state."""
+        if self._tracer is not None:
+            self._tracer.keep_known_across_steps([v for state in optimizer.state.values() if isinstance(state, dict)
+                                                  for v in state.values() if isinstance(v, torch.Tensor)])
+
     def _close(self) -> None:
+        if self._optimizer_hook is not None:
+            self._optimizer_hook.remove()
+            self._optimizer_hook = None
         if self._judge_outputs is not None:
             self._judge_outputs.remove()
             self._judge_outputs = None

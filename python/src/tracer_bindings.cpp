@@ -116,6 +116,9 @@ void bind_tracer(py::module_& m) {
         t.get().name_tensor(x, name);
       })
       .def("set_step", [](py_tracer& t, int64_t step) { t.get().set_step(step); })
+      .def("keep_known_across_steps", [](py_tracer& t, const std::vector<at::Tensor>& tensors) {
+        t.get().keep_known_across_steps(tensors);
+      }, py::arg("tensors"), "What the tracer knows of these tensors (an optimizer's state) outlasts the step.")
       .def("judge_by_outputs", [](py_tracer& t, const std::vector<at::Tensor>& outputs) {
         t.get().judge_by_outputs(outputs);
       }, py::arg("outputs"), "The traced model returned these tensors: judges every chain by whether it reaches them.")

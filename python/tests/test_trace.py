@@ -629,3 +629,33 @@ def test_a_nan_born_in_the_backward_of_a_checkpointed_block_names_its_module(use
     with nanguard.trace(healthy) as t:
         healthy(torch.randn(3, 4)).sum().backward()
     assert t.findings == []
+
+
+def test_per_step_traces_keep_what_they_saw_of_the_optimizer_state(on_device):
+    # torch.optim's optimizers own their state: what one step's trace saw of
+    # AdamW's moments vouches for them in the next step's trace
+    # (tracer::keep_known_across_steps), whose update need not read them again.
+    if on_device != "cpu":
+        pytest.skip("range rules run on CPU tensors; a GPU's are checked on the deferred path")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(16, 64), torch.randint(0, 4, (16,))
+
+    def step():
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    old_values_read = []
+    for _ in range(3):
+        with nanguard.trace(model, measure_cost=True) as t:
+            step()
+        old_values_read.append(sum(n for op, n, _ in t.cost["scans_by_op"] if op.endswith("(old values)")))
+    assert old_values_read[0] > 0 and old_values_read[1:] == [0, 0], old_values_read
+    # A write the optimizer did not make moves the moment's version on: read again.
+    opt.state[model[0].weight]["exp_avg"][0, 0] = float("nan")
+    with nanguard.trace(model) as t:
+        step()
+    f = t.findings[0]
+    assert (f.op, f.role) == ("aten::lerp_", "input"), f

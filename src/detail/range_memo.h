@@ -35,7 +35,8 @@ enum class range_origin { read, bounded };
 // StorageImpl's memory from going to a new one, which would otherwise match
 // a dead one's entry. Writes behind LibTorch's back (through data_ptr())
 // bump nothing, so what the memo knows lasts one tracer step (see
-// generation).
+// generation), except for the entries kept across steps (keep_across_steps):
+// an optimizer's state, which only the optimizer's recorded ops write.
 //
 // A weak reference pins the TensorImpl or StorageImpl object (not the data)
 // of a dead tensor until its entry goes. Pinned all over the heap, such
@@ -98,7 +99,12 @@ class range_memo {
     const void* data = first_element(t);
     if (entry* e = way_with(&slots_[first_way(data)], data)) *e = entry();
   }
-  /// Forgets what every thread's memo knows.
+  /// Keeps what the memo knows of `t`, if anything, through forget_all()
+  /// until a recorded write to `t` replaces it.
+  void keep_across_steps(const at::TensorBase& t) {
+    if (entry* e = const_cast<entry*>(find_entry(t))) e->generation = kLasting;
+  }
+  /// Forgets what every thread's memo knows, but for the entries kept across steps.
   static void forget_all() { generation.fetch_add(1, std::memory_order_relaxed); }
   /// Drops the entries that can no longer match: of a past generation, or
   /// over a storage that died (what they pin goes back to the allocator).
@@ -107,7 +113,7 @@ class range_memo {
     size_t kept = 0;
     for (const uint32_t slot : in_use_) {
       entry& e = slots_[slot];
-      if (e.data && (e.generation != now || e.storage.expired())) e = entry();
+      if (e.data && (!current(e, now) || e.storage.expired())) e = entry();
       if (e.data) in_use_[kept++] = slot;
       else listed_[slot] = false;
     }
@@ -142,7 +148,7 @@ class range_memo {
     const entry* found = way_with(&slots_[first_way(data)], data);
     if (!found) return nullptr;
     const entry& e = *found;
-    if (e.generation != generation.load(std::memory_order_relaxed) || e.dtype != t.scalar_type() ||
+    if (!current(e, generation.load(std::memory_order_relaxed)) || e.dtype != t.scalar_type() ||
         e.storage._unsafe_get_target() != t.storage().unsafeGetStorageImpl())
       return nullptr;
     const c10::TensorImpl* remembered = e.impl._unsafe_get_target();
@@ -159,6 +165,9 @@ class range_memo {
     if (e.impl.use_count() > 0) return remembered->version_counter().current_version() == e.version ? &e : nullptr;
     return t._version() == e.version || t._version() == 0 ? &e : nullptr;
   }
+  // The generation of the entries kept across steps: no forget_all() reaches it.
+  static constexpr uint64_t kLasting = UINT64_MAX;
+  static bool current(const entry& e, uint64_t now) { return e.generation == now || e.generation == kLasting; }
   static bool unchanged_since(const weak_impl& impl, int64_t version) {
     return impl.use_count() > 0 && impl._unsafe_get_target()->version_counter().current_version() == version;
   }
@@ -216,13 +225,17 @@ class range_memo {
     return nullptr;
   }
   // The slot for a write to `t`: the one that has its first element, else
-  // an empty or forgotten one, else the older.
+  // an empty or forgotten one, else the one not kept across steps (a step's
+  // thousands of other writes would evict those first: they are older),
+  // else the older.
   entry& slot_for(const void* data) {
     entry* set = &slots_[first_way(data)];
     if (entry* e = way_with(set, data)) return *e;
     const uint64_t now = generation.load(std::memory_order_relaxed);
     for (size_t way = 0; way < kWays; ++way)
-      if (set[way].generation != now) return set[way];
+      if (!current(set[way], now)) return set[way];
+    if ((set[0].generation == kLasting) != (set[1].generation == kLasting))
+      return set[0].generation == kLasting ? set[1] : set[0];
     return set[0].write < set[1].write ? set[0] : set[1];
   }
   // Pins held longer cost page faults (see above); a sweep costs a few us.

@@ -99,8 +99,10 @@ maybe_range neg(const op_arguments& a, size_t) {
   return x ? maybe_range(-*x) : x;
 }
 
+// One product, nothing computed inside it: any finite factors (Adam's
+// second moment, bounded by the square of a gradient's bound, times beta2).
 maybe_range mul(const op_arguments& a, size_t) {
-  const maybe_range x = a.range(0), y = a.range(1);
+  const maybe_range x = a.any_finite_range(0), y = a.any_finite_range(1);
   return x && y ? rounded(*x * *y, 1) : c10::nullopt;
 }
 
@@ -253,9 +255,10 @@ value_range square(const value_range& x) {
 }
 
 // addcmul(self, t1, t2, value): self + value * t1 * t2 (a square when t1
-// and t2 are one tensor, as Adam's second moment has it).
+// and t2 are one tensor, as Adam's second moment has it). Only the product
+// is computed inside: self may be any finite range.
 maybe_range addcmul(const op_arguments& a, size_t) {
-  const maybe_range s = a.range(0), x = a.range(1), y = a.range(2);
+  const maybe_range s = a.any_finite_range(0), x = a.range(1), y = a.range(2);
   const double value = a.number(3, 1.0);
   if (!s || !x || !y || !std::isfinite(value)) return c10::nullopt;
   const at::Tensor *t1 = a.tensor(1), *t2 = a.tensor(2);
