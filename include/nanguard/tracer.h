@@ -158,7 +158,9 @@ class tracer {
   void keep_known_across_steps(const std::vector<at::Tensor>& tensors);
   /// The same for the state `optimizer` keeps per parameter, when it is one
   /// of LibTorch's (Adam, AdamW, SGD, Adagrad, RMSprop; LBFGS keeps none):
-  /// `optimizer.step(); t.keep_known_across_steps(optimizer);`.
+  ///
+  ///     optimizer.step();
+  ///     tracer.keep_known_across_steps(optimizer);
   void keep_known_across_steps(const torch::optim::Optimizer& optimizer);
 
   /// The traced model's forward returned `outputs` (its tensors): judges
