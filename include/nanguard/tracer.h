@@ -153,8 +153,8 @@ class tracer {
   /// (`nanguard.trace` does for torch.optim's optimizers), and the next
   /// step's update does not read the state again to learn its old values
   /// (27 MB a step for the reference workload's AdamW). Never for a tensor
-  /// something refills behind LibTorch's back (through data_ptr()): such a
-  /// write would go unseen.
+  /// something writes between steps behind LibTorch's back (through
+  /// data_ptr(), or untraced through its .data): such a write would go unseen.
   void keep_known_across_steps(const std::vector<at::Tensor>& tensors);
   /// The same for the state `optimizer` keeps per parameter, when it is one
   /// of LibTorch's (Adam, AdamW, SGD, Adagrad, RMSprop; LBFGS keeps none):
