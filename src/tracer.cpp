@@ -460,12 +460,15 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
 // here, gives none).
 std::vector<at::Tensor> state_tensors(const torch::optim::Optimizer& optimizer) {
   std::vector<at::Tensor> tensors;
+  const auto add_moments = [&](const auto& adam) {  // Adam's and AdamW's states, alike but unrelated types
+    tensors.insert(tensors.end(), {adam.exp_avg(), adam.exp_avg_sq(), adam.max_exp_avg_sq()});
+  };
   for (const auto& [param, state] : optimizer.state()) {
     const torch::optim::OptimizerParamState* s = state.get();
     if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(s))
-      tensors.insert(tensors.end(), {adam->exp_avg(), adam->exp_avg_sq(), adam->max_exp_avg_sq()});
+      add_moments(*adam);
     else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(s))
-      tensors.insert(tensors.end(), {adamw->exp_avg(), adamw->exp_avg_sq(), adamw->max_exp_avg_sq()});
+      add_moments(*adamw);
     else if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(s))
       tensors.push_back(sgd->momentum_buffer());
     else if (const auto* adagrad = dynamic_cast<const torch::optim::AdagradParamState*>(s))

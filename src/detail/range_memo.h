@@ -167,7 +167,8 @@ class range_memo {
   }
   // The generation of the entries kept across steps: no forget_all() reaches it.
   static constexpr uint64_t kLasting = UINT64_MAX;
-  static bool current(const entry& e, uint64_t now) { return e.generation == now || e.generation == kLasting; }
+  static bool kept(const entry& e) { return e.generation == kLasting; }
+  static bool current(const entry& e, uint64_t now) { return e.generation == now || kept(e); }
   static bool unchanged_since(const weak_impl& impl, int64_t version) {
     return impl.use_count() > 0 && impl._unsafe_get_target()->version_counter().current_version() == version;
   }
@@ -234,8 +235,7 @@ class range_memo {
     const uint64_t now = generation.load(std::memory_order_relaxed);
     for (size_t way = 0; way < kWays; ++way)
       if (!current(set[way], now)) return set[way];
-    if ((set[0].generation == kLasting) != (set[1].generation == kLasting))
-      return set[0].generation == kLasting ? set[1] : set[0];
+    if (kept(set[0]) != kept(set[1])) return kept(set[0]) ? set[1] : set[0];
     return set[0].write < set[1].write ? set[0] : set[1];
   }
   // Pins held longer cost page faults (see above); a sweep costs a few us.
