@@ -14,7 +14,7 @@ export OMP_NUM_THREADS ?= 2
 # cores OpenBLAS's own threads needed (a step 1.8x slower with the default
 # policy). On torch 2.11 (MKL) the default policy is the faster one for the
 # reference step (0.175 s against 0.218 s) but the census of 2^20 floats
-# falls to 0.66 of x.sum(): docs/performance.md, "On torch 2.11". Kept until decided.
+# falls to 0.66 of x.sum(): docs/performance.md, "The OpenMP wait policy". Kept until decided.
 export OMP_WAIT_POLICY ?= passive
 
 .PHONY: all setup configure build demo test test-sanitize fuzz bench bench-census bench-tracer bench-data bench-guard bench-python bench-integrations bench-compile bench-distributed clean
