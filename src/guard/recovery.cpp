@@ -1,0 +1,242 @@
+#include "guard/recovery.h"
+
+#include "guard/rank_agreement.h"
+
+#include "detail/median.h"
+
+#include <c10/util/hash.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <string_view>
+
+namespace nanguard::detail {
+
+namespace {
+
+// A batch's fingerprint: the shapes, dtypes and bytes of its tensors (a
+// CUDA tensor is copied to the CPU for it: only bad steps read it). None
+// for a batch with no tensor.
+std::optional<uint64_t> fingerprint(const guard::micro_batches& batches) {
+  size_t h = 0;
+  bool any = false;
+  for (const auto& batch : batches)
+    for (const at::Tensor& t : batch) {
+      if (!t.defined()) continue;
+      any = true;
+      const at::Tensor c = t.detach().cpu().contiguous();
+      h = c10::hash_combine(h, static_cast<size_t>(c.scalar_type()));
+      for (int64_t d : c.sizes()) h = c10::hash_combine(h, static_cast<size_t>(d));
+      if (c.layout() == at::kStrided)
+        h = c10::hash_combine(h, std::hash<std::string_view>{}(std::string_view(
+                                     static_cast<const char*>(c.data_ptr()), c.nbytes())));
+    }
+  if (!any) return std::nullopt;
+  return h;
+}
+
+// "moved most since the snapshot: fc.weight (x3.2) fc.bias (by 0.031 from 0)": the
+// first 3 changes, each relative to the parameter's norm then, or absolute
+// where that norm is ~0 (a zero-initialised bias: any move is a ratio of 1e10),
+// listed after the others.
+std::string moved_most(std::vector<param_change> changes) {
+  std::stable_partition(changes.begin(), changes.end(),
+                        [](const param_change& c) { return !c.finite || c.norm_then > 1e-6; });
+  std::string moved = "moved most since the snapshot:";
+  for (size_t i = 0; i < changes.size() && i < 3; ++i) {
+    const param_change& c = changes[i];
+    moved += " " + c.name;
+    if (!c.finite) moved += " (now non-finite)";
+    else if (c.norm_then > 1e-6) moved += fmt::format(" (x{:.3g})", c.relative);
+    else moved += fmt::format(" (by {:.3g} from {:.3g})", c.absolute, c.norm_then);
+  }
+  return moved;
+}
+
+// The cause of the first finding of `e` (none without one).
+std::optional<cause> first_cause(const step_event& e) {
+  return e.findings.empty() ? std::nullopt : std::optional(e.findings.front().diagnosis.cause);
+}
+
+}  // namespace
+
+recovery::recovery(training_host& host, const loss_scaler& scaler, const guard_options& options,
+                   rank_agreement* ranks)
+    : host_(host), scaler_(scaler), options_(options), ranks_(ranks),
+      ring_(host, options.snapshot_keep(), 10 * options.snapshot_every()) {}
+
+bool recovery::rolls_back() const {
+  return options_.policy() == policy::rollback || options_.policy() == policy::automatic;
+}
+
+// ---- what the steps were
+
+// A converged loss has so small a spread that a rise within noise scores a
+// high z: a spike must also reach 10 times the median of the steps before.
+void recovery::observe_finite(step_event& e) {
+  ++steps_observed_;
+  const bool watching = options_.policy() == policy::automatic && options_.spike_rollback_z() > 0;
+  const bool spiked = watching && std::any_of(e.spikes.begin(), e.spikes.end(), [&](const spike& s) {
+    return s.series == "loss" && s.z >= options_.spike_rollback_z() &&
+           s.value > 10 * median({losses_.begin(), losses_.end()});
+  });
+  spiking_ = spiked ? spiking_ + 1 : 0;
+  runaway_ = spiking_ >= 3;
+  if (runaway_) {
+    e.reason = fmt::format("loss diverging: a spike of z >= {:g} on 3 steps in a row (loss {:.6g})",
+                           options_.spike_rollback_z(), e.loss);
+    return;
+  }
+  losses_.push_back(e.loss);
+  grad_norms_.push_back(e.grad_norm);
+  if (int64_t(losses_.size()) > options_.spikes().window()) {
+    losses_.pop_front();
+    grad_norms_.pop_front();
+  }
+}
+
+void recovery::count_taken() {
+  bad_in_a_row_ = 0;
+  count_step(false);
+}
+
+void recovery::count_not_taken() {
+  ++skipped_;
+  ++bad_in_a_row_;
+  count_step(true);
+}
+
+// max_bad_fraction's window: whether this step was bad.
+void recovery::count_step(bool bad) {
+  recent_bad_.push_back(bad);
+  if (int64_t(recent_bad_.size()) > max_bad_window) recent_bad_.pop_front();
+}
+
+// auto in one process: the record of a bad step's batch (none when the step
+// has no batch; distributed, each rank's batch is its own, and the ranks
+// must decide alike).
+recovery::bad_batch_record* recovery::bad_batch_of(const step_record& r) {
+  if (options_.policy() != policy::automatic || options_.distributed()) return nullptr;
+  const std::optional<uint64_t> id = fingerprint(r.batches);
+  return id ? &bad_batches_[*id] : nullptr;
+}
+
+bool recovery::quarantined(step_record& r) {
+  const bad_batch_record* b = bad_batch_of(r);
+  if (!b || !b->quarantined) return false;
+  r.event.findings = b->findings;
+  add_note(r.event.note, fmt::format("quarantined batch (bad at step {} first, {} times now): not replayed",
+                                     b->first_step, b->times + 1));
+  return true;
+}
+
+void recovery::remember_bad_batch(step_record& r) {
+  bad_batch_record* b = bad_batch_of(r);
+  if (!b) return;
+  step_event& e = r.event;
+  const std::optional<cause> c = first_cause(e);
+  if (c == cause::divergence || c == cause::overflow || c == cause::precision_range || scale_overflow(e, c)) return;
+  if (b->times++ == 0) {
+    b->first_step = e.step;
+    b->findings = e.findings;
+  }
+  if (!b->quarantined && (b->times >= 2 || c == cause::bad_data)) {
+    b->quarantined = true;
+    add_note(e.note, fmt::format("batch quarantined (bad at step {}{})", b->first_step,
+                                 b->times >= 2 ? fmt::format(" and {}", e.step) : std::string()));
+  }
+}
+
+// ---- the decision
+
+decision recovery::decide(const step_record& r) const {
+  const std::string too_many = too_many_bad();
+  if (!too_many.empty()) return {policy::abort, too_many};
+  if (r.runaway) return {policy::rollback, ""};
+  return {options_.policy() == policy::automatic ? by_cause(r) : options_.policy(), ""};
+}
+
+// Why the run is stopped: max_bad_steps bad steps in a row, or more than
+// max_bad_fraction of the recent ones ("" : neither).
+std::string recovery::too_many_bad() const {
+  if (options_.max_bad_steps() > 0 && bad_in_a_row_ >= options_.max_bad_steps())
+    return fmt::format("max_bad_steps={}: {} bad step{} in a row", options_.max_bad_steps(), bad_in_a_row_,
+                       bad_in_a_row_ == 1 ? "" : "s");
+  const auto bad = std::count(recent_bad_.begin(), recent_bad_.end(), true);
+  const auto n = static_cast<int64_t>(recent_bad_.size());
+  if (n >= max_bad_min_steps && double(bad) > options_.max_bad_fraction() * double(n))
+    return fmt::format("max_bad_fraction={:g}: {} of the last {} steps were bad", options_.max_bad_fraction(), bad, n);
+  return "";
+}
+
+// Whether the loss scale made bad step `e` (first cause `c`): a finite loss
+// whose scaled gradients overflowed, with no cause or a range one.
+bool recovery::scale_overflow(const step_event& e, std::optional<cause> c) const {
+  return scaler_.enabled() && std::isfinite(e.loss) && (!c || c == cause::precision_range || c == cause::overflow);
+}
+
+// auto: the action for the diagnosed cause (docs/guard.md's decision table).
+policy recovery::by_cause(const step_record& r) const {
+  const std::optional<cause> c = first_cause(r.event);
+  if (r.quarantined || c == cause::bad_data) return policy::skip;  // the data's fault: the model is fine
+  if (scale_overflow(r.event, c)) return policy::backoff;
+  if (c == cause::divergence || c == cause::overflow) return policy::rollback;
+  if (c == cause::precision_range) return scaler_.enabled() ? policy::backoff : policy::skip;
+  // Skipping does not help when the run itself keeps going bad.
+  return bad_in_a_row_ >= 3 ? policy::rollback : policy::skip;
+}
+
+// ---- acting
+
+// A run that is already diverging but still finite is not worth returning to.
+void recovery::snapshot_if_due(const step_event& e, double step_seconds) {
+  step_s_ = step_s_ == 0 ? step_seconds : 0.9 * step_s_ + 0.1 * step_seconds;
+  if (e.step - last_snapshot_ < options_.snapshot_every()) return;
+  if (snapshot_interval_ == 0) snapshot_interval_ = measured_interval();
+  snapshot_pending_ = snapshot_pending_ || e.step - last_snapshot_ >= snapshot_interval_;
+  const bool judged = options_.policy() != policy::automatic || steps_observed_ > options_.spikes().min_samples();
+  const bool calm = e.spikes.empty() && judged;
+  if (snapshot_pending_ && calm) snapshot(e.step);
+}
+
+void recovery::snapshot(int64_t step) {
+  const auto start = std::chrono::steady_clock::now();
+  ring_.take(step);
+  snapshot_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  last_snapshot_ = step;
+  snapshot_interval_ = 0;
+  snapshot_pending_ = false;
+}
+
+// The steps from the last snapshot to the next: snapshot_every, or under
+// auto as many as keep the last one's cost within budget against the
+// steps' time, up to 10 x snapshot_every (the recent snapshots stay
+// recent). Distributed: rank 0's, so that every rank snapshots the same steps.
+int64_t recovery::measured_interval() {
+  const bool budgeted = options_.policy() == policy::automatic && snapshot_s_ >= snapshot_always_s;
+  const double within_budget = budgeted ? std::ceil(snapshot_s_ / (snapshot_budget * std::max(step_s_, 1e-9))) : 0;
+  const double most = 10.0 * double(options_.snapshot_every());
+  const int64_t interval =
+      std::max<int64_t>(options_.snapshot_every(), static_cast<int64_t>(std::min(within_budget, most)));
+  return ranks_ ? ranks_->rank0s(interval) : interval;
+}
+
+double recovery::roll_back(step_event& e) {
+  add_note(e.note, moved_most(ring_.diff()));  // the diverged layers
+  // Diverging again from the snapshot just restored (no newer one since):
+  // it was taken on the way up; go one further back when there is one.
+  if (ring_.newest_step() == restored_step_ && ring_.size() > 1) ring_.drop_newest();
+  e.rollback_to = restored_step_ = ring_.restore();
+  const double factor = options_.rollback_lr_factor();
+  lr_factor_ *= factor;
+  ++rollbacks_;
+  spiking_ = steps_observed_ = 0;
+  runaway_ = false;
+  snapshot_pending_ = false;
+  return factor;
+}
+
+}  // namespace nanguard::detail
