@@ -1,4 +1,4 @@
-# The CUDA kernels (src/detail/census_cuda.cu): built when NANGUARD_CUDA is
+# The CUDA kernels (src/census/census_cuda.cu): built when NANGUARD_CUDA is
 # ON, or AUTO (the default) and the torch found is a CUDA build whose CMake
 # config found nvcc (torch 2.x's config enables the CUDA language itself).
 # Include before find_package(Torch); call nanguard_enable_cuda() once the
@@ -60,14 +60,14 @@ macro(nanguard_enable_cuda)
     # Free of LibTorch's headers (raw pointers, sizes, a stream): nvcc
     # compiles it in seconds. Its objects go into libnanguard; the CUDA
     # runtime comes with torch's libraries.
-    add_library(nanguard_cuda_kernels OBJECT src/detail/census_cuda.cu)
+    add_library(nanguard_cuda_kernels OBJECT src/census/census_cuda.cu)
     set_target_properties(nanguard_cuda_kernels PROPERTIES
       CUDA_ARCHITECTURES "${NANGUARD_CUDA_ARCHITECTURES}"
       CUDA_STANDARD 17 CUDA_STANDARD_REQUIRED ON
       POSITION_INDEPENDENT_CODE ON)
     target_compile_options(nanguard_cuda_kernels PRIVATE -Xcompiler=-Wall)
     target_include_directories(nanguard_cuda_kernels PRIVATE ${PROJECT_SOURCE_DIR}/include)  # float_formats.h
-    target_sources(nanguard PRIVATE src/detail/cuda_record.cpp $<TARGET_OBJECTS:nanguard_cuda_kernels>)
+    target_sources(nanguard PRIVATE src/census/cuda_record.cpp $<TARGET_OBJECTS:nanguard_cuda_kernels>)
     target_compile_definitions(nanguard PRIVATE NANGUARD_WITH_CUDA)
   endif()
 endmacro()

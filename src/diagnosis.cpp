@@ -5,6 +5,7 @@
 #include "nanguard/sentinel.h"
 #include "nanguard/spelling.h"
 
+#include "detail/enum_from_string.h"
 #include "detail/median.h"
 
 #include <c10/util/Exception.h>
@@ -24,18 +25,12 @@ namespace {
 
 using rule = std::optional<diagnosis> (*)(const finding&);
 
-// In the order of enum class cause.
-constexpr const char* kCauseNames[] = {
-    "unclassified", "log_of_nonpositive", "division_by_zero", "overflow", "fully_masked_softmax", "sqrt_at_zero",
-    "inverse_trig_at_bound", "inf_arithmetic", "precision_range", "divergence", "bad_data",
-    "masked_infinity_reduced"};
-static_assert(std::size(kCauseNames) == size_t(cause::masked_infinity_reduced) + 1, "a name for every cause");
-constexpr const char* kConfidenceNames[] = {"low", "medium", "high"};
-
 // ------------------------------------------------------------ remedies
 
+// In the order of enum class front_end (all_front_ends).
 constexpr const char* kFrontEndNames[] = {"unknown", "cpp", "python", "lightning", "transformers", "cli"};
 static_assert(std::size(kFrontEndNames) == size_t(front_end::cli) + 1, "a name for every front end");
+static_assert(std::size(all_front_ends) == std::size(kFrontEndNames), "every front end in all_front_ends");
 
 // A one-liner in the language of the front end: C++ `cpp` or Python `py`
 // (a Python model under the CLI too), both when the front end is unknown.
@@ -657,32 +652,7 @@ diagnosis diagnose(const finding& f, const diagnosis_context& ctx) {
 const char* to_string(front_end e) { return kFrontEndNames[static_cast<int>(e)]; }
 
 front_end front_end_from_string(const std::string& name) {
-  for (size_t i = 0; i < std::size(kFrontEndNames); ++i)
-    if (name == kFrontEndNames[i]) return static_cast<front_end>(i);
-  TORCH_CHECK(false, "nanguard::front_end_from_string: unknown front end '", name,
-              "'; one of: unknown, cpp, python, lightning, transformers, cli");
-}
-
-const char* to_string(cause c) { return kCauseNames[static_cast<int>(c)]; }
-
-cause cause_from_string(const std::string& name) {
-  for (size_t i = 0; i < std::size(kCauseNames); ++i)
-    if (name == kCauseNames[i]) return static_cast<cause>(i);
-  std::string known;
-  for (const char* n : kCauseNames) known += std::string(known.empty() ? "" : ", ") + n;
-  TORCH_CHECK(false, "nanguard::cause_from_string: unknown cause '", name, "'; one of: ", known);
-}
-
-const char* to_string(confidence c) { return kConfidenceNames[static_cast<int>(c)]; }
-
-confidence confidence_from_string(const std::string& name) {
-  for (size_t i = 0; i < std::size(kConfidenceNames); ++i)
-    if (name == kConfidenceNames[i]) return static_cast<confidence>(i);
-  TORCH_CHECK(false, "nanguard::confidence_from_string: unknown confidence '", name, "'; one of: low, medium, high");
-}
-
-std::string to_string(const diagnosis& d) {
-  return fmt::format("{} ({}): {}\n  remedy: {}", to_string(d.cause), to_string(d.confidence), d.evidence, d.remedy);
+  return detail::enum_from_string(name, all_front_ends, "front_end");
 }
 
 }  // namespace nanguard

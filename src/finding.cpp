@@ -1,72 +1,17 @@
+// finding.cpp — a finding as text (to_string, to_text), the names of its
+// enums, and the error that carries it. Its JSON form is finding_json.cpp.
 #include "nanguard/finding.h"
 
-#include "detail/json_field.h"
-#include "detail/json_number.h"
+#include "detail/enum_from_string.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 
 namespace nanguard {
 namespace {
-
-using nlohmann::json;
-
-json number(double v) { return detail::json_number(v); }
-using detail::json_field;
-const std::string kWhere = "nanguard::finding_from_json";
-
-// A field of tensor_stats in JSON: a count as it is, a value as json_number.
-json field_json(int64_t count) { return count; }
-json field_json(double value) { return number(value); }
-
-json stats_json(const tensor_stats& s) {
-  json j = json::object();
-  for_each_stats_field([&](const char* name, auto field) { j[name] = field_json(s.*field); });
-  return j;
-}
-
-tensor_stats stats_from(const json& j) {
-  tensor_stats s;
-  for_each_stats_field([&](const char* name, auto field) {
-    using value_type = std::remove_reference_t<decltype(s.*field)>;
-    s.*field = json_field<value_type>(j, name, kWhere);
-  });
-  return s;
-}
-
-json records_json(const std::vector<tensor_record>& records) {
-  json out = json::array();
-  for (const auto& r : records)
-    out.push_back({{"name", r.name}, {"dtype", r.dtype}, {"shape", r.shape}, {"stats", stats_json(r.stats)}});
-  return out;
-}
-
-std::vector<tensor_record> records_from(const json& j, const char* key) {
-  std::vector<tensor_record> out;
-  for (const json& r : json_field<json::array_t>(j, key, kWhere))
-    out.push_back({json_field<std::string>(r, "name", kWhere), json_field<std::string>(r, "dtype", kWhere),
-                   json_field<std::vector<int64_t>>(r, "shape", kWhere),
-                   stats_from(json_field<json::object_t>(r, "stats", kWhere))});
-  return out;
-}
-
-json diagnosis_json(const diagnosis& d) {
-  return {{"cause", to_string(d.cause)},
-          {"evidence", d.evidence},
-          {"remedy", d.remedy},
-          {"confidence", to_string(d.confidence)}};
-}
-
-diagnosis diagnosis_from(const json& j) {
-  return {cause_from_string(json_field<std::string>(j, "cause", kWhere)),
-          json_field<std::string>(j, "evidence", kWhere), json_field<std::string>(j, "remedy", kWhere),
-          confidence_from_string(json_field<std::string>(j, "confidence", kWhere))};
-}
 
 std::string shape_string(const std::vector<int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
@@ -80,15 +25,28 @@ std::string value_string(double v) {
 
 }  // namespace
 
-const char* to_string(direction d) { return d == direction::forward ? "forward" : "backward"; }
+const char* to_string(direction d) {
+  switch (d) {
+    case direction::forward: return "forward";
+    case direction::backward: return "backward";
+  }
+  TORCH_INTERNAL_ASSERT(false, "nanguard: direction ", static_cast<int>(d), " has no name");
+}
+
+direction direction_from_string(const std::string& name) {
+  return detail::enum_from_string(name, all_directions, "direction");
+}
 
 const char* to_string(role r) {
   switch (r) {
     case role::producer: return "producer";
     case role::propagator: return "propagator";
-    default: return "input";
+    case role::input: return "input";
   }
+  TORCH_INTERNAL_ASSERT(false, "nanguard: role ", static_cast<int>(r), " has no name");
 }
+
+role role_from_string(const std::string& name) { return detail::enum_from_string(name, all_roles, "role"); }
 
 std::string to_string(const finding& f) {
   std::string where = f.module.empty() ? "" : " in " + f.module;
@@ -121,68 +79,6 @@ std::string to_text(const finding& f) {
   out += fmt::format("  remedy:    {}\n", d.remedy);
   if (!f.backtrace.empty()) out += "  backtrace:\n" + f.backtrace + "\n";
   return out;
-}
-
-std::string to_json(const finding& f) {
-  const json j = {{"step", f.step},
-                  {"op", f.op},
-                  {"caller", f.caller},
-                  {"direction", to_string(f.direction)},
-                  {"node", f.node},
-                  {"forward_op", f.forward_op},
-                  {"role", to_string(f.role)},
-                  {"module", f.module},
-                  {"culprit", f.culprit},
-                  {"inputs", records_json(f.inputs)},
-                  {"outputs", records_json(f.outputs)},
-                  {"output", f.output},
-                  {"index", f.index},
-                  {"value", number(f.value)},
-                  {"thread", f.thread},
-                  {"sequence_nr", f.sequence_nr},
-                  {"backtrace", f.backtrace},
-                  {"rank", f.rank},
-                  {"diagnosis", diagnosis_json(f.diagnosis)}};
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-finding finding_from_json(const std::string& text) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    TORCH_CHECK(false, "nanguard::finding_from_json: not valid JSON (", e.what(), ")");
-  }
-  const auto text_of = [&](const char* key) { return json_field<std::string>(j, key, kWhere); };
-  const auto integer = [&](const char* key) { return json_field<int64_t>(j, key, kWhere); };
-  finding f;
-  f.step = integer("step");
-  f.op = text_of("op");
-  f.caller = json_field<std::string>(j, "caller", "", kWhere);
-  const std::string d = text_of("direction");
-  TORCH_CHECK(d == "forward" || d == "backward", kWhere, ": 'direction' is '", d,
-              "'; expected \"forward\" or \"backward\"");
-  f.direction = d == "backward" ? direction::backward : direction::forward;
-  f.node = text_of("node");
-  f.forward_op = text_of("forward_op");
-  const std::string r = text_of("role");
-  TORCH_CHECK(r == "producer" || r == "propagator" || r == "input", kWhere, ": 'role' is '", r,
-              "'; expected \"producer\", \"propagator\" or \"input\"");
-  f.role = r == "producer" ? role::producer : r == "propagator" ? role::propagator : role::input;
-  f.module = text_of("module");
-  f.culprit = text_of("culprit");
-  f.inputs = records_from(j, "inputs");
-  f.outputs = records_from(j, "outputs");
-  f.output = integer("output");
-  f.index = integer("index");
-  f.value = json_field<double>(j, "value", kWhere);
-  f.thread = json_field<uint64_t>(j, "thread", kWhere);
-  f.sequence_nr = integer("sequence_nr");
-  f.backtrace = text_of("backtrace");
-  f.rank = json_field<int64_t>(j, "rank", -1, kWhere);
-  f.diagnosis =
-      j.contains("diagnosis") ? diagnosis_from(json_field<json::object_t>(j, "diagnosis", kWhere)) : diagnose(f);
-  return f;
 }
 
 namespace {

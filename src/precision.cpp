@@ -9,7 +9,7 @@
 #include "nanguard/census.h"
 #include "nanguard/scope.h"
 
-#include "detail/census_paths.h"
+#include "census/census_paths.h"
 #include "detail/observer_slot.h"
 #include "detail/op_tensors.h"
 

@@ -5,7 +5,7 @@
 
 #include "nanguard/census.h"
 
-#include "detail/census_kernels.h"
+#include "census/census_kernels.h"
 #include "detail/median.h"
 #include "detail/root_sum_squares.h"
 

@@ -1,8 +1,8 @@
 #include "nanguard/census.h"
 #include "nanguard/spelling.h"
 
-#include "detail/census_kernels.h"
-#include "detail/census_paths.h"
+#include "census/census_kernels.h"
+#include "census/census_paths.h"
 #include "detail/value_range.h"
 
 #include <ATen/ATen.h>

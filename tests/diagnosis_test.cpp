@@ -8,12 +8,14 @@
 #include "nanguard/firewall.h"
 #include "nanguard/safe_ops.h"
 #include "nanguard/tracer.h"
+#include "support.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <cmath>
+#include <iterator>
 #include <limits>
 
 namespace {
@@ -484,7 +486,8 @@ TEST(diagnosis, a_finding_written_before_diagnoses_is_diagnosed_on_reading) {
     nanguard::finding_from_json(j.dump());
     FAIL() << "an unknown cause was read";
   } catch (const c10::Error& e) {
-    EXPECT_TRUE(has(e.what_without_backtrace(), "unknown cause 'gremlins'; one of: unclassified, log_of_nonpositive"))
+    EXPECT_TRUE(has(e.what_without_backtrace(),
+                    "'cause' is 'gremlins'; expected one of 'unclassified', 'log_of_nonpositive'"))
         << e.what_without_backtrace();
   }
 }
@@ -497,6 +500,14 @@ TEST(diagnosis, names_round_trip) {
     EXPECT_EQ(c, nanguard::cause_from_string(nanguard::to_string(c)));
   for (confidence c : {confidence::low, confidence::medium, confidence::high})
     EXPECT_EQ(c, nanguard::confidence_from_string(nanguard::to_string(c)));
+  // Every value is in its all_ table, and reads back through the one helper.
+  EXPECT_EQ(std::size(nanguard::all_causes), size_t(cause::masked_infinity_reduced) + 1);
+  for (cause c : nanguard::all_causes) EXPECT_EQ(c, nanguard::cause_from_string(nanguard::to_string(c)));
+  for (nanguard::front_end e : nanguard::all_front_ends)
+    EXPECT_EQ(e, nanguard::front_end_from_string(nanguard::to_string(e)));
+  EXPECT_EQ(nanguard::test::error_of([] { nanguard::front_end_from_string("jupyter"); }),
+            "nanguard::front_end_from_string: front_end must be one of 'unknown', 'cpp', 'python', 'lightning', "
+            "'transformers', 'cli' but is 'jupyter'");
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // op through the dispatcher on random tensors of several scales, gives the
 // rule the exact ranges of the arguments, and checks the output's exact
 // range lies inside the rule's.
-#include "detail/range_rules.h"
+#include "tracer/range_rules.h"
 #include "detail/value_range.h"
 
 #include <ATen/ATen.h>

@@ -1,6 +1,6 @@
 #include "nanguard/sentinel.h"
 
-#include "detail/census_kernels.h"
+#include "census/census_kernels.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -5,7 +5,8 @@
 // scale, which tensors are the input batch).
 //
 // The tracer diagnoses every finding it makes; the guard diagnoses its
-// findings again with its history. docs/diagnosis.md has the taxonomy.
+// findings again with its history. docs/diagnosis.md has the taxonomy; the
+// causes and the record a finding carries are in cause.h.
 //
 //   for (const nanguard::finding& f : tracer.findings())
 //     std::cerr << to_string(f.diagnosis) << "\n";
@@ -13,40 +14,14 @@
 //   //   remedy: log_softmax instead of log(softmax(x)) ...
 #pragma once
 
+#include <nanguard/cause.h>
+
 #include <string>
 #include <vector>
 
 namespace nanguard {
 
 struct finding;
-
-/// The likely cause of a non-finite value (docs/diagnosis.md).
-enum class cause {
-  unclassified,           ///< no class fits: the evidence is given raw
-  log_of_nonpositive,     ///< log / log2 / log10 / log1p of 0 or a negative
-  division_by_zero,       ///< 0/0 or x/0, typically a normalisation by a zero std, var, norm or sum
-  overflow,               ///< exp / pow / cosh (or a sum, a product) beyond the dtype's largest value
-  fully_masked_softmax,   ///< softmax of a row with no finite entry
-  sqrt_at_zero,           ///< the backward of sqrt, a fractional pow or a norm at 0
-  inverse_trig_at_bound,  ///< acos / asin / atanh at or beyond ±1
-  inf_arithmetic,         ///< inf − inf or 0 × inf: the infinity came first
-  precision_range,        ///< beyond float16 / bfloat16 range, or flushed to 0 by it
-  divergence,             ///< the gradient norm or the loss spiked in the steps before
-  bad_data,               ///< the non-finite value came in with the input batch
-  masked_infinity_reduced,  ///< a sum, mean or loss read the infinities of a mask (label smoothing over -inf)
-};
-
-/// How far the evidence goes: `high` when the op and its numbers agree,
-/// `low` when the class is a guess (and for `unclassified`).
-enum class confidence { low, medium, high };
-
-/// A finding's likely cause, the evidence for it, and the fix.
-struct diagnosis {
-  nanguard::cause cause = cause::unclassified;  ///< the class
-  std::string evidence;  ///< one sentence with the numbers it rests on
-  std::string remedy;    ///< what to change: C++ and Python one-liners, the nanguard option
-  nanguard::confidence confidence = confidence::low;  ///< how sure
-};
 
 /// The front end a run trains through: a remedy names the option or the
 /// one-liner that works there (docs/diagnosis.md).
@@ -59,6 +34,10 @@ enum class front_end {
   transformers,  ///< the Hugging Face callback (nanguard.integrations.transformers.NanGuardCallback)
   cli,           ///< `nanguard train` on a CSV file
 };
+
+/// Every front end, in declaration order.
+inline constexpr front_end all_front_ends[] = {front_end::unknown,   front_end::cpp,          front_end::python,
+                                               front_end::lightning, front_end::transformers, front_end::cli};
 
 /// What the guard knows besides the finding; every field may stay empty.
 struct diagnosis_context {
@@ -91,19 +70,9 @@ struct diagnosis_context {
 ///   if (d.cause == nanguard::cause::divergence) { /* lower the LR */ }
 diagnosis diagnose(const finding& f, const diagnosis_context& context = {});
 
-/// "log_of_nonpositive", "division_by_zero", ... (the enum's name).
-const char* to_string(cause c);
-/// The cause named `name`. Throws c10::Error listing the names for another.
-cause cause_from_string(const std::string& name);
 /// "unknown", "cpp", "python", "lightning", "transformers", "cli".
 const char* to_string(front_end e);
 /// The front end named `name`. Throws c10::Error listing the names for another.
 front_end front_end_from_string(const std::string& name);
-/// "low" / "medium" / "high".
-const char* to_string(confidence c);
-/// The confidence named `name`. Throws c10::Error for another.
-confidence confidence_from_string(const std::string& name);
-/// Two lines: `cause (confidence): evidence` and `  remedy: ...`.
-std::string to_string(const diagnosis& d);
 
 }  // namespace nanguard

@@ -1,10 +1,10 @@
 // finding.h — what the tracer reports about a non-finite value: which op
 // made it, where, when, what its inputs and outputs looked like, and its
-// likely cause and fix (diagnosis.h).
+// likely cause and fix (cause.h; diagnose() in diagnosis.h decides it).
 #pragma once
 
+#include <nanguard/cause.h>
 #include <nanguard/census.h>
-#include <nanguard/diagnosis.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
@@ -25,10 +25,19 @@ enum class role {
   input,       ///< a non-finite value entered from data or a parameter
 };
 
+/// Every direction, in declaration order.
+inline constexpr direction all_directions[] = {direction::forward, direction::backward};
+/// Every role, in declaration order.
+inline constexpr role all_roles[] = {role::producer, role::propagator, role::input};
+
 /// "forward" / "backward".
 const char* to_string(direction d);
+/// The direction whose to_string is `name`. Throws c10::Error listing the names for another.
+direction direction_from_string(const std::string& name);
 /// "producer" / "propagator" / "input".
 const char* to_string(role r);
+/// The role whose to_string is `name`. Throws c10::Error listing the names for another.
+role role_from_string(const std::string& name);
 
 /// One tensor an op read or wrote, with its census.
 struct tensor_record {

@@ -6,7 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
-#include "census_paths.h"
+#include "census/census_paths.h"
 
 #include <cstring>
 #include <vector>

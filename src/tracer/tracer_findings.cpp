@@ -1,6 +1,6 @@
 // The tracer's findings: what it records of a non-finite tensor, and which
 // records the step shows mattered (see publish).
-#include "detail/tracer_findings.h"
+#include "tracer_findings.h"
 
 #include "nanguard/census.h"
 #include "nanguard/diagnosis.h"

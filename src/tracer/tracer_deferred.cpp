@@ -1,8 +1,8 @@
 // The tracer's deferred path: see tracer_deferred.h.
-#include "detail/tracer_deferred.h"
+#include "tracer_deferred.h"
 
 #include "detail/op_tensors.h"
-#include "detail/tracer_findings.h"
+#include "tracer_findings.h"
 
 #include <memory>
 #include <mutex>

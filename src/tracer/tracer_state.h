@@ -3,10 +3,11 @@
 // findings (tracer_findings.cpp) and its deferred path (tracer_deferred.cpp).
 #pragma once
 
+#include "nanguard/finding.h"
 #include "nanguard/nonfinite_record.h"
-#include "nanguard/tracer.h"
+#include "nanguard/tracer_options.h"
 
-#include "observer_slot.h"
+#include "detail/observer_slot.h"
 #include "op_traits.h"
 #include "range_rules.h"
 
@@ -28,8 +29,9 @@
 
 namespace nanguard::detail {
 
-/// The tracer's state, as its callbacks (plain function pointers) reach it.
-using tracer_state = observer_access::state<tracer>;
+/// A tracer's state (defined below): what its RecordFunction callbacks
+/// (plain function pointers), its findings and its deferred path share.
+struct tracer_state;
 
 // The owner of a dotted name: "encoder.0.weight" -> "encoder.0".
 inline std::string_view parent_of(std::string_view name) {
@@ -297,8 +299,8 @@ inline constexpr int kWrittenArgument = -1;
 // What a scan reads for an op.
 enum class scanned { output, old_values, parameter, node_input };
 
-// Counts a read of `t` for `op` in the tracer's cost, when measured.
-void count_scan(tracer_state& st, const at::Tensor& t, const char* op, scanned what);
+// count_scan's work, when the tracer measures its cost (tracer_state.cpp).
+void add_scan_to_cost(tracer_state& st, const at::Tensor& t, const char* op, scanned what);
 
 // Tensors a collective wrote: another rank's values, named "received via
 // all-reduce" (the collective) from then on, for as long as the storage
@@ -333,42 +335,44 @@ class received_data {
   std::unordered_map<const c10::StorageImpl*, mark> marks_;
 };
 
-}  // namespace nanguard::detail
-
-namespace nanguard {
-
 // What a tracer holds: its options and findings, what it knows of the
 // step's ops and tensors, its cost, and its deferred checks.
-struct tracer::state {
+struct tracer_state {
   tracer_options options;
   std::mutex mutex;  // the fields below; taken per op, uncontended unless all_threads
   int64_t step = 0;
   // Every finding recorded, in order; `findings` is what the step showed
   // mattered (see publish()), what findings() returns.
-  std::vector<detail::finding_record> records;
+  std::vector<finding_record> records;
   std::vector<finding> findings;
   // What the callbacks cost (options.measure_cost only).
   std::atomic<int64_t> ops{0}, scans{0}, scanned_bytes{0}, nanoseconds{0}, scan_nanoseconds{0};
   std::unordered_map<std::string, tracer_op_scans> scans_by_op;  // under mutex
-  detail::tensor_names parameters;
-  detail::tensor_names named;
-  std::unordered_map<int64_t, detail::forward_record> forward_ops;  // by sequence number (remember_forward_op)
+  tensor_names parameters;
+  tensor_names named;
+  std::unordered_map<int64_t, forward_record> forward_ops;  // by sequence number (remember_forward_op)
   std::vector<int64_t> forward_order;                       // their sequence numbers, oldest first from forward_next
   size_t forward_next = 0;
-  detail::marked_data allowed;   // outputs holding intentional non-finite values
-  detail::marked_data reported;  // non-finite outputs seen, marked with the record of their origin
-  detail::received_data received;  // what the collectives wrote
+  marked_data allowed;   // outputs holding intentional non-finite values
+  marked_data reported;  // non-finite outputs seen, marked with the record of their origin
+  received_data received;  // what the collectives wrote
   // The deferred path (see settle): its record, what it holds until read,
   // and the bytes of the tensors checked; under deferred_mutex, taken
   // before `mutex` when both are.
   std::mutex deferred_mutex;
   nonfinite_record pending_record{record_options().stats(true)};
-  std::vector<detail::deferred_check> pending;
+  std::vector<deferred_check> pending;
   int64_t pending_bytes = 0;
   // The outputs checked since the last read (held by `pending`, so their
   // addresses are theirs), by TensorImpl: their version then, and position.
   std::unordered_map<const c10::TensorImpl*, std::pair<int64_t, int64_t>> checked_outputs;
-  detail::observer_slot<state> slot{"nanguard::tracer"};  // last: uninstalled before the rest goes
+  observer_slot<tracer_state> slot{"nanguard::tracer"};  // last: uninstalled before the rest goes
 };
 
-}  // namespace nanguard
+// Counts a read of `t` for `op` in the tracer's cost, when measured: inline,
+// as every scan on the hot path calls it.
+inline void count_scan(tracer_state& st, const at::Tensor& t, const char* op, scanned what) {
+  if (st.options.measure_cost()) add_scan_to_cost(st, t, op, what);
+}
+
+}  // namespace nanguard::detail

@@ -1,15 +1,17 @@
 #include "nanguard/census.h"
 
 #include "nanguard/float_formats.h"
-#include "nanguard/nonfinite_record.h"
 #include "nanguard/spelling.h"
 
-#include "detail/census_kernels.h"
-#include "detail/census_paths.h"
 #include "detail/chunked_parallel.h"
 #include "detail/op_tensors.h"
 #include "detail/root_sum_squares.h"
 #include "detail/value_range.h"
+#include "census_kernels.h"
+#include "census_paths.h"
+#ifdef NANGUARD_WITH_CUDA
+#include "cuda_record.h"
+#endif
 
 #include <ATen/Dispatch.h>
 #include <ATen/TensorOperators.h>
@@ -42,7 +44,8 @@ constexpr int64_t kChunk = int64_t(1) << 16;
 constexpr int64_t kWidenBlock = 4096;
 
 // CUDA tensors are read by nanguard's kernel where it is built (one pass,
-// one host sync: nonfinite_record); tensors on other devices with ATen ops.
+// one host sync: cuda_record, as a nonfinite_record of one tensor would);
+// tensors on other devices with ATen ops.
 constexpr bool kCudaKernels =
 #ifdef NANGUARD_WITH_CUDA
     true;
@@ -51,6 +54,31 @@ constexpr bool kCudaKernels =
 #endif
 
 bool on_cuda_kernel(const at::Tensor& x) { return kCudaKernels && x.is_cuda(); }
+
+// The census (`stats`) or the verdict alone of `x`, a float tensor on a CUDA
+// device, by nanguard's kernel. REQUIRES: on_cuda_kernel(x).
+#ifdef NANGUARD_WITH_CUDA
+tensor_stats census_by_cuda_kernel(const at::Tensor& x) {
+  detail::cuda_record record(x.device(), /*stats=*/true);
+  record.add(x, int64_t(0));
+  return record.stats().at(0);
+}
+
+bool nonfinite_by_cuda_kernel(const at::Tensor& x) {
+  detail::cuda_record record(x.device(), /*stats=*/false);
+  record.add(x, int64_t(0));
+  const detail::cuda_verdict v = record.verdict();
+  return v.nan + v.pos_inf + v.neg_inf > 0;
+}
+#else
+tensor_stats census_by_cuda_kernel(const at::Tensor&) {
+  TORCH_INTERNAL_ASSERT(false, "nanguard: built without the CUDA kernels (a bug in nanguard: please report it)");
+}
+
+bool nonfinite_by_cuda_kernel(const at::Tensor&) {
+  TORCH_INTERNAL_ASSERT(false, "nanguard: built without the CUDA kernels (a bug in nanguard: please report it)");
+}
+#endif
 
 // A tensor whose values can be read: defined, strided, not on the meta device.
 void check_has_data(const at::Tensor& x, const char* fn) {
@@ -185,7 +213,7 @@ bool scan_for_nonfinite(const at::Tensor& x, bool parallel, const char* caller) 
   if (!x.is_floating_point()) return false;
   // float8 and the like: no kernel here, nor an isfinite in ATen; float32 keeps their NaN and Inf.
   if (!detail::census_dtype(x.scalar_type())) return scan_for_nonfinite(x.to(at::kFloat), parallel, caller);
-  if (!x.is_cpu()) return on_cuda_kernel(x) ? !check_many(x).all_finite() : !at::isfinite(x).all().item<bool>();
+  if (!x.is_cpu()) return on_cuda_kernel(x) ? nonfinite_by_cuda_kernel(x) : !at::isfinite(x).all().item<bool>();
   const at::Tensor c = dense_block(x);
   const int64_t n = c.numel();
   switch (c.scalar_type()) {
@@ -219,7 +247,7 @@ double smallest_normal(at::ScalarType t) {
 
 // The census of a tensor census() accepts, on its own device, in one pass.
 tensor_stats census_in_one_pass(const at::Tensor& x) {
-  if (!x.is_cpu()) return on_cuda_kernel(x) ? census_many(x)[0] : detail::census_aten(x);
+  if (!x.is_cpu()) return on_cuda_kernel(x) ? census_by_cuda_kernel(x) : detail::census_aten(x);
   if (x.numel() == 0) return tensor_stats{};
   const at::Tensor c = detail::logical_values(x);
   census_partial p;
@@ -302,7 +330,7 @@ value_range value_range_on_this_thread(const at::Tensor& x) {
   if (x.is_neg()) return value_range_on_this_thread(x.resolve_neg());  // its memory holds the values negated
   if (on_cuda_kernel(x)) {
     // As range_from: zero bounds a side no value lies on.
-    const tensor_stats s = census_many(x)[0];
+    const tensor_stats s = census_by_cuda_kernel(x);
     return s.all_finite() ? value_range{std::min(s.min, 0.0), std::max(s.max, 0.0)} : value_range{NAN, NAN};
   }
   if (!x.is_cpu()) return range_by_aten(x);

@@ -5,7 +5,7 @@
 // only with the CUDA kernels (NANGUARD_WITH_CUDA).
 #pragma once
 
-#include <nanguard/census.h>
+#include <nanguard/tensor_stats.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>

@@ -17,17 +17,17 @@
 //
 // This file is the hot path: the callbacks and what they read. What a
 // non-finite tensor becomes is in tracer_findings.cpp, the checks of a GPU's
-// tensors in tracer_deferred.cpp, the memo in detail/range_memo.h.
+// tensors in tracer_deferred.cpp, the memo in range_memo.h.
 #include "nanguard/tracer.h"
 
 #include "nanguard/scope.h"
 
 #include "detail/op_tensors.h"
-#include "detail/range_memo.h"
 #include "detail/scope_handle.h"
-#include "detail/tracer_deferred.h"
-#include "detail/tracer_findings.h"
-#include "detail/tracer_state.h"
+#include "range_memo.h"
+#include "tracer_deferred.h"
+#include "tracer_findings.h"
+#include "tracer_state.h"
 
 #include <ATen/ops/scalar_tensor.h>
 #include <torch/csrc/autograd/engine.h>
@@ -99,28 +99,6 @@ class cost_meter {
   std::atomic<int64_t>* into_;
   std::chrono::steady_clock::time_point start_;
 };
-
-}  // namespace
-
-void count_scan(tracer_state& st, const at::Tensor& t, const char* op, scanned what) {
-  if (st.options.measure_cost()) {
-    const int64_t bytes = t.numel() * int64_t(t.element_size());
-    st.scans.fetch_add(1, std::memory_order_relaxed);
-    st.scanned_bytes.fetch_add(bytes, std::memory_order_relaxed);
-    std::lock_guard<std::mutex> lock(st.mutex);
-    const char* suffix = what == scanned::old_values  ? " (old values)"
-                         : what == scanned::parameter ? " (parameter)"
-                         : what == scanned::node_input ? " (gradient into the node)"
-                                                       : "";
-    const std::string key = std::string(op) + suffix;
-    tracer_op_scans& entry = st.scans_by_op[key];
-    entry.op = key;
-    entry.scans += 1;
-    entry.bytes += bytes;
-  }
-}
-
-namespace {
 
 // The range of `t`'s values, read on this thread for `op` (its output, an
 // input it writes, or a parameter it uses first); counted in the tracer's
@@ -490,7 +468,7 @@ using detail::range_memo;
 using detail::settle;
 using detail::this_thread_memo;
 
-tracer::tracer(tracer_options options) : state_(std::make_unique<state>()) {
+tracer::tracer(tracer_options options) : state_(std::make_unique<detail::tracer_state>()) {
   TORCH_CHECK(options.max_findings() >= 1, "nanguard::tracer: max_findings must be at least 1, got ",
               options.max_findings());
   state_->options = std::move(options);
@@ -587,7 +565,7 @@ bool tracer::active() const { return state_->slot.installed(); }
 const tracer_options& tracer::options() const { return state_->options; }
 
 tracer_cost tracer::cost() const {
-  state& st = *state_;
+  detail::tracer_state& st = *state_;
   tracer_cost c{st.ops.load(), st.scans.load(), st.scanned_bytes.load(), double(st.nanoseconds.load()) * 1e-9,
                 double(st.scan_nanoseconds.load()) * 1e-9, {}};
   std::lock_guard<std::mutex> lock(st.mutex);

@@ -3,7 +3,7 @@
 #include "nanguard/spelling.h"
 
 #ifdef NANGUARD_WITH_CUDA
-#include "detail/cuda_record.h"
+#include "cuda_record.h"
 #endif
 
 #include <ATen/ATen.h>

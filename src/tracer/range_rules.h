@@ -10,7 +10,7 @@
 // range to start from again.
 #pragma once
 
-#include "value_range.h"
+#include "detail/value_range.h"
 
 #include <ATen/core/ivalue.h>
 #include <c10/util/FunctionRef.h>

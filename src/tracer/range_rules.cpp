@@ -1,7 +1,7 @@
 #include "range_rules.h"
 
-#include "dtype_limits.h"
-#include "op_tensors.h"
+#include "detail/dtype_limits.h"
+#include "detail/op_tensors.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/BFloat16.h>

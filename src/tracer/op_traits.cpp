@@ -1,6 +1,6 @@
 #include "op_traits.h"
 
-#include "op_tensors.h"
+#include "detail/op_tensors.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 

@@ -3,9 +3,9 @@
 // every op (tracer.cpp), so it is inline.
 #pragma once
 
-#include "op_tensors.h"
+#include "detail/op_tensors.h"
+#include "detail/value_range.h"
 #include "range_rules.h"
-#include "value_range.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/intrusive_ptr.h>

@@ -2,7 +2,9 @@
 // library's own checks and for its tests.
 #pragma once
 
-#include <nanguard/census.h>
+#include <nanguard/tensor_stats.h>
+
+#include <ATen/core/Tensor.h>
 
 namespace nanguard::detail {
 
