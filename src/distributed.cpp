@@ -1,5 +1,7 @@
 #include "nanguard/distributed.h"
 
+#include "detail/enum_from_string.h"
+
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -163,7 +165,11 @@ const char* to_string(backward_collective c) {
     case backward_collective::all_reduce: return "all-reduce";
     case backward_collective::reduce_scatter: return "reduce-scatter";
   }
-  return "?";
+  TORCH_INTERNAL_ASSERT(false, "nanguard: backward_collective ", static_cast<int>(c), " has no name");
+}
+
+backward_collective backward_collective_from_string(const std::string& name) {
+  return detail::enum_from_string(name, all_backward_collectives, "backward_collective");
 }
 
 c10::intrusive_ptr<c10d::ProcessGroup> init_process_group_from_env(process_group_options options) {

@@ -3,6 +3,7 @@
 #include "nanguard/spelling.h"
 
 #include "detail/dtype_limits.h"
+#include "detail/enum_from_string.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -363,6 +364,48 @@ firewall_result firewall::apply(const at::Tensor& batch) const {
   if (!rep.dropped_rows.empty()) x = x.index_select(0, kept_rows(n, rep.dropped_rows));
   result.batch = x.to(batch.device(), batch.scalar_type());
   return result;
+}
+
+const char* to_string(nonfinite_policy p) {
+  switch (p) {
+    case nonfinite_policy::raise: return "raise";
+    case nonfinite_policy::drop: return "drop";
+    case nonfinite_policy::nan_to_num: return "nan_to_num";
+    case nonfinite_policy::impute_median: return "impute_median";
+    case nonfinite_policy::ignore: return "ignore";
+  }
+  TORCH_INTERNAL_ASSERT(false, "nanguard: nonfinite_policy ", static_cast<int>(p), " has no name");
+}
+
+nonfinite_policy nonfinite_policy_from_string(const std::string& name) {
+  return detail::enum_from_string(name, all_nonfinite_policies, "nonfinite_policy");
+}
+
+const char* to_string(outlier_policy p) {
+  switch (p) {
+    case outlier_policy::ignore: return "ignore";
+    case outlier_policy::raise: return "raise";
+    case outlier_policy::drop: return "drop";
+    case outlier_policy::clip: return "clip";
+  }
+  TORCH_INTERNAL_ASSERT(false, "nanguard: outlier_policy ", static_cast<int>(p), " has no name");
+}
+
+outlier_policy outlier_policy_from_string(const std::string& name) {
+  return detail::enum_from_string(name, all_outlier_policies, "outlier_policy");
+}
+
+const char* to_string(outlier_rule r) {
+  switch (r) {
+    case outlier_rule::quantile_range: return "quantile_range";
+    case outlier_rule::three_sigma: return "three_sigma";
+    case outlier_rule::robust_z: return "robust_z";
+  }
+  TORCH_INTERNAL_ASSERT(false, "nanguard: outlier_rule ", static_cast<int>(r), " has no name");
+}
+
+outlier_rule outlier_rule_from_string(const std::string& name) {
+  return detail::enum_from_string(name, all_outlier_rules, "outlier_rule");
 }
 
 std::string to_string(const firewall_report& r, const std::vector<std::string>& names) {

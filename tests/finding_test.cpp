@@ -107,3 +107,11 @@ TEST(finding, nonfinite_error_carries_the_finding_and_says_it) {
 }
 
 }  // namespace
+
+TEST(finding, direction_and_role_names_round_trip_and_a_wrong_one_lists_them) {
+  for (nanguard::direction d : nanguard::all_directions)
+    EXPECT_EQ(d, nanguard::direction_from_string(nanguard::to_string(d)));
+  for (nanguard::role r : nanguard::all_roles) EXPECT_EQ(r, nanguard::role_from_string(nanguard::to_string(r)));
+  EXPECT_EQ(error_of([] { nanguard::role_from_string("villain"); }),
+            "nanguard::role_from_string: role must be one of 'producer', 'propagator', 'input' but is 'villain'");
+}

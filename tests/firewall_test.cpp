@@ -291,3 +291,18 @@ TEST(firewall, report_prints_what_was_done) {
 }
 
 }  // namespace
+
+TEST(firewall, enum_names_round_trip_and_a_wrong_one_lists_them) {
+  for (nanguard::nonfinite_policy p : nanguard::all_nonfinite_policies)
+    EXPECT_EQ(p, nanguard::nonfinite_policy_from_string(nanguard::to_string(p)));
+  for (nanguard::outlier_policy p : nanguard::all_outlier_policies)
+    EXPECT_EQ(p, nanguard::outlier_policy_from_string(nanguard::to_string(p)));
+  for (nanguard::outlier_rule r : nanguard::all_outlier_rules)
+    EXPECT_EQ(r, nanguard::outlier_rule_from_string(nanguard::to_string(r)));
+  EXPECT_EQ(error_of([] { nanguard::nonfinite_policy_from_string("fix"); }),
+            "nanguard::nonfinite_policy_from_string: nonfinite_policy must be one of 'raise', 'drop', 'nan_to_num', "
+            "'impute_median', 'ignore' but is 'fix'");
+  EXPECT_EQ(error_of([] { nanguard::outlier_rule_from_string("iqr"); }),
+            "nanguard::outlier_rule_from_string: outlier_rule must be one of 'quantile_range', 'three_sigma', "
+            "'robust_z' but is 'iqr'");
+}

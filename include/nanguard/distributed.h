@@ -74,8 +74,14 @@ enum class backward_collective {
   reduce_scatter,  ///< FSDP2: every rank holds its shard of the averaged gradients
 };
 
+/// Every backward_collective, in declaration order.
+inline constexpr backward_collective all_backward_collectives[] = {
+    backward_collective::none, backward_collective::all_reduce, backward_collective::reduce_scatter};
 /// "none", "all-reduce" or "reduce-scatter".
 const char* to_string(backward_collective c);
+/// The backward_collective whose to_string is `name`, e.g. "all-reduce".
+/// Throws c10::Error listing the names for another.
+backward_collective backward_collective_from_string(const std::string& name);
 
 /// Options of `distributed`.
 struct distributed_options {

@@ -38,6 +38,15 @@ enum class nonfinite_policy {
   ignore,         ///< count them, change nothing
 };
 
+/// Every nonfinite_policy, in declaration order.
+inline constexpr nonfinite_policy all_nonfinite_policies[] = {nonfinite_policy::raise, nonfinite_policy::drop,
+                                                              nonfinite_policy::nan_to_num,
+                                                              nonfinite_policy::impute_median, nonfinite_policy::ignore};
+/// "raise", "drop", "nan_to_num", "impute_median", "ignore".
+const char* to_string(nonfinite_policy p);
+/// The nonfinite_policy whose to_string is `name`. Throws c10::Error listing the names for another.
+nonfinite_policy nonfinite_policy_from_string(const std::string& name);
+
 /// What to do with finite values outside the fitted bounds (see outlier_rule).
 enum class outlier_policy {
   ignore,  ///< do not look for outliers
@@ -46,12 +55,30 @@ enum class outlier_policy {
   clip,    ///< clamp them to the bounds
 };
 
+/// Every outlier_policy, in declaration order.
+inline constexpr outlier_policy all_outlier_policies[] = {outlier_policy::ignore, outlier_policy::raise,
+                                                          outlier_policy::drop, outlier_policy::clip};
+/// "ignore", "raise", "drop", "clip".
+const char* to_string(outlier_policy p);
+/// The outlier_policy whose to_string is `name`. Throws c10::Error listing the names for another.
+outlier_policy outlier_policy_from_string(const std::string& name);
+
 /// How the firewall's bounds of each feature are set from the fitted data.
 enum class outlier_rule {
   quantile_range,  ///< [quantile(low_quantile), quantile(high_quantile)]
   three_sigma,     ///< mean ± sigmas · std
   robust_z,        ///< median ± robust_z · MAD / 0.6745 (robust z-score); none where MAD = 0
 };
+
+/// Every outlier_rule, in declaration order.
+inline constexpr outlier_rule all_outlier_rules[] = {outlier_rule::quantile_range, outlier_rule::three_sigma,
+                                                     outlier_rule::robust_z};
+/// "quantile_range", "three_sigma", "robust_z".
+const char* to_string(outlier_rule r);
+/// The outlier_rule whose to_string is `name`, e.g. "robust_z". Throws c10::Error listing the names for another.
+///
+///   auto options = nanguard::firewall_options().rule(nanguard::outlier_rule_from_string("robust_z"));
+outlier_rule outlier_rule_from_string(const std::string& name);
 
 /// Options of `firewall`.
 struct firewall_options {

@@ -9,11 +9,6 @@
 
 namespace {
 
-// Names in the order of the enums in firewall.h.
-const char* const nonfinite_names[] = {"raise", "drop", "nan_to_num", "impute_median", "ignore"};
-const char* const outlier_names[] = {"ignore", "raise", "drop", "clip"};
-const char* const rule_names[] = {"quantile_range", "three_sigma", "robust_z"};
-
 py::dict column_report_dict(const nanguard::column_report& c) {
   py::dict d;
   d["nan"] = c.nan;
@@ -85,9 +80,9 @@ void bind_firewall(py::module_& m) {
                        std::vector<std::string> column_names) {
              return nanguard::firewall(
                  nanguard::firewall_options()
-                     .nonfinite(enum_of<nanguard::nonfinite_policy>(nonfinite, nonfinite_names, "nanguard.Firewall: nonfinite policy"))
-                     .outliers(enum_of<nanguard::outlier_policy>(outliers, outlier_names, "nanguard.Firewall: outlier policy"))
-                     .rule(enum_of<nanguard::outlier_rule>(rule, rule_names, "nanguard.Firewall: outlier rule"))
+                     .nonfinite(nanguard::nonfinite_policy_from_string(nonfinite))
+                     .outliers(nanguard::outlier_policy_from_string(outliers))
+                     .rule(nanguard::outlier_rule_from_string(rule))
                      .low_quantile(low_quantile)
                      .high_quantile(high_quantile)
                      .sigmas(sigmas)
