@@ -182,7 +182,8 @@ std::string message_of(const fpe_fault& f) {
 
 }  // namespace
 
-fpe_error::fpe_error(fpe_fault fault) : std::runtime_error(message_of(fault)), fault_(std::move(fault)) {}
+fpe_error::fpe_error(fpe_fault fault)
+    : c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, message_of(fault)), fault_(std::move(fault)) {}
 
 sigjmp_buf*& fpe_trap::jump_target() { return innermost_jump_target; }
 

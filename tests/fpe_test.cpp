@@ -57,6 +57,9 @@ TEST(fpe_trap, run_turns_a_division_by_zero_into_fpe_error) {
     EXPECT_NE(std::string::npos, what.find("floating-point divide by zero (FE_DIVBYZERO) at 0x")) << what;
     EXPECT_NE(std::string::npos, what.find("in nanguard_test_divide+0x")) << what;
     EXPECT_NE(std::string::npos, what.find("scope 'custom.ratio'")) << what;
+    // A c10::Error, as every nanguard error: the report without LibTorch's backtrace of the throw.
+    const c10::Error& as_c10 = e;
+    EXPECT_EQ(0u, std::string(as_c10.what_without_backtrace()).find("nanguard: SIGFPE: floating-point divide by zero"));
   }
   // Disarmed again, with the environment as before: quiet Inf, no traps left.
   EXPECT_EQ(0, fegetexcept());

@@ -41,12 +41,12 @@
 #include <nanguard/finding.h>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
 #include <torch/arg.h>
 
 #include <cfenv>
 #include <csetjmp>
 #include <cstdint>
-#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -76,7 +76,10 @@ struct fpe_fault {
 };
 
 /// Thrown by `fpe_trap::run` when the code it ran raised a trapped exception.
-class fpe_error : public std::runtime_error {
+/// A c10::Error, as every error nanguard throws (what_without_backtrace()
+/// is the report without LibTorch's backtrace of the throw; Python sees a
+/// ValueError).
+class fpe_error : public c10::Error {
  public:
   /// Makes the error from the handler's record.
   explicit fpe_error(fpe_fault fault);

@@ -33,6 +33,13 @@ namespace nanguard {
 /// module throws it for KeyboardInterrupt and SystemExit): the guard lets it
 /// through where it notes other errors and goes on (a replay that throws
 /// gives the verdict "replay failed").
+/// NOTE: the one nanguard error that is not a c10::Error, on purpose: it is
+/// no failed check but the user stopping the run, and must never be taken
+/// for one. What handles a c10::Error (LibTorch's wrappers, which rename it
+/// RuntimeError for Python; nanguard's readers and replays, which turn one
+/// into a note or a ValueError) would swallow or rename it. Each `catch
+/// (const std::exception&)` in nanguard that goes on catches this type
+/// first and rethrows it.
 class interrupted : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
