@@ -18,8 +18,10 @@ from typing import List, Sequence
 import torch  # noqa: F401  (loads LibTorch before the extension)
 
 from . import _dtensor, _nanguard
-from ._trace import AllowRule, Finding, NonFiniteError, Trace, trace
-from ._guard import POLICIES, Guard, NanGuardWarning, StepResult
+from ._results import Finding, NanGuardWarning, NonFiniteError, StepResult
+from ._trace import AllowRule, Trace, trace
+from ._options import POLICIES
+from ._guard import Guard
 from ._cli import inspect, report
 from . import data, tensorboard  # noqa: E402  (nanguard.data, nanguard.tensorboard)
 

@@ -5,55 +5,42 @@ replay, rollback, bundle, event log) runs in C++ and drives the Python
 model and optimizer through a training host (``nanguard::training_host``),
 so that a Python run behaves, logs and bundles as a C++ one, and
 ``nanguard report``, ``inspect`` and ``replay`` read it.
+
+:class:`Guard` is the sequence a user drives, each stage in the module of
+its concern: build it (its options, checked by ``_options`` from the one
+table of them); run a step (``step`` / ``step_accumulated``: the batch
+named from the closure's arguments, ``_batches``) or check one a framework
+ran (``begin_step`` → ``check``, or ``cancel_step``); the C++ step; then
+conclude it (its :class:`StepResult`, ``_results``; a
+:class:`NanGuardWarning`; the torch LR schedulers following a rollback,
+``_lr_schedulers``; TensorBoard); ``close`` ends the run.
 """
 from __future__ import annotations
 
 import atexit
-import difflib
-import functools
 import inspect
-import json
 import os
 import sys
 import warnings
 import weakref
-from dataclasses import dataclass, field
-from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal, Mapping, Optional, Sequence,
-                    Tuple, TypedDict, TypeVar, Union, cast)
+from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union,
+                    cast)
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from . import _compile, _nanguard
+from ._batches import call_of, named_call_tensors, trainable_loss
 from ._hosts import host_for
-from ._trace import Finding, NonFiniteError
+from ._lr_schedulers import follow_rollback
+from ._options import (LossScaleOptions, PathLike, Policy, ScheduleOptions, documented, guard_options,
+                       keyword_options, read)
+from ._results import Finding, NanGuardWarning, NonFiniteError, StepResult
+from .tensorboard import StepLogger
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
     from torch.utils.tensorboard import SummaryWriter
-
-    from .tensorboard import StepLogger
-
-#: The guard's policies, from the C++ ``nanguard::policy``.
-POLICIES = _nanguard.POLICIES
-#: A policy's name (``POLICIES``, checked against it by the tests).
-Policy = Literal["auto", "skip", "backoff", "rollback", "abort"]
-#: A step's action: "step" (healthy) or the policy that acted ("data": the firewall dropped the batch).
-Action = Literal["step", "skip", "backoff", "rollback", "abort", "data"]
-#: A replay's verdict ("": no replay).
-Verdict = Literal["", "reproduced", "not reproduced", "replay failed", "compiled only"]
-#: A file path as the guard's options take it.
-PathLike = Union[str, "os.PathLike[str]"]
-
-
-class NanGuardWarning(UserWarning):
-    """What a :class:`Guard` tells its user: one for each step the optimizer
-    did not take (the op, the cause, what the guard did and the remedy; the
-    same failure again in a few words, "again (3rd time)"), and the summary
-    of a run that had one when the guard closes. Silence it with
-    ``Guard(verbose=False)`` (or the callbacks' ``verbose=False``), or
-    ``warnings.filterwarnings("ignore", category=nanguard.NanGuardWarning)``."""
-
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
@@ -76,242 +63,8 @@ def _end_run(core: Any, verbose: bool) -> Dict[str, Any]:
     return summary
 
 
-@dataclass
-class StepResult:
-    """What one guarded step did: the C++ guard's step event.
-
-    ``step`` counts from 1. ``action`` is "step" for a healthy step, else
-    the policy that acted ("skip", "backoff", "rollback", "abort").
-    ``reason`` says what made a bad step bad ("non-finite loss",
-    "non-finite gradient", "gradient checksum differs on rank(s) 3", ...;
-    "" on a healthy step) and ``note`` what else the guard noted
-    (which layers moved most before a rollback, ...). ``finding`` is the
-    replay's :class:`~nanguard.Finding` (or None), diagnosed with the steps
-    before (``finding.cause``, ``finding.remedy``), and ``verdict``
-    "reproduced" / "not reproduced" / "compiled only" (a compiled model's
-    eager replay is finite, its compiled code is not: ``note`` names the
-    stage and kernel) / "replay failed" / "" (no replay). ``nonfinite_params``
-    lists (name, NaN/Inf count) of the gradients that held any,
-    ``top_norms`` (name, norm) of the largest per-parameter gradient norms;
-    ``bundle`` is the repro bundle an abort wrote and ``rollback_to`` the
-    snapshot a rollback restored (steps done then); ``remedy`` is what the
-    guard did about a bad step, e.g. "skipped the step; loss scale 65536 ->
-    32768" ("" on a healthy step). ``to_dict()`` gives the event log's line.
-    """
-
-    step: int
-    loss: float
-    grad_norm: float
-    action: Action
-    skipped: bool
-    scale: float
-    lr: float
-    reason: str = ""
-    first_nonfinite_param: str = ""
-    finding: Optional[Finding] = None
-    verdict: Verdict = ""
-    spikes: List[Tuple[str, float, float]] = field(default_factory=list)
-    nonfinite_params: List[Tuple[str, int]] = field(default_factory=list)
-    top_norms: List[Tuple[str, float]] = field(default_factory=list)
-    clip_coef: float = 1.0
-    bundle: str = ""
-    rollback_to: int = -1
-    remedy: str = ""
-    note: str = ""
-    rank: int = -1
-    nonfinite_ranks: List[int] = field(default_factory=list)
-    _event: Optional[_nanguard.StepEvent] = field(default=None, repr=False, compare=False)
-
-    @classmethod
-    def from_event(cls, event: _nanguard.StepEvent) -> "StepResult":
-        """The result of the C++ step event ``event``."""
-        bad = event.nonfinite_params
-        findings = event.findings_json
-        return cls(step=event.step, loss=event.loss, grad_norm=event.grad_norm, action=cast(Action, event.action),
-                   skipped=event.skipped, scale=event.scale, lr=event.lr, reason=event.reason,
-                   first_nonfinite_param=bad[0][0] if bad else "",
-                   finding=Finding.from_json(findings[0]) if findings else None,
-                   verdict=cast(Verdict, event.verdict), spikes=event.spikes, nonfinite_params=bad,
-                   top_norms=event.top_norms, clip_coef=event.clip_coef, bundle=event.bundle,
-                   rollback_to=event.rollback_to, remedy=event.remedy, note=event.note, rank=event.rank,
-                   nonfinite_ranks=event.nonfinite_ranks, _event=event)
-
-    def to_dict(self) -> Dict[str, Any]:
-        """The event as the event log holds it (``nanguard::step_event``; NaN
-        and Inf as "nan", "inf", "-inf")."""
-        return {} if self._event is None else cast(Dict[str, Any], json.loads(self._event.to_json()))
-
-
-class LossScaleOptions(TypedDict, total=False):
-    """``Guard(loss_scale={...})``: the arguments of ``LossScaler``."""
-
-    enabled: bool
-    init_scale: float
-    growth_factor: float
-    backoff_factor: float
-    growth_interval: int
-    hysteresis: int
-    min_scale: float
-    max_scale: float
-
-
-class ScheduleOptions(TypedDict, total=False):
-    """``Guard(schedule={...})``: the arguments of ``WarmupCosine`` (base_lr is required)."""
-
-    base_lr: float
-    warmup_steps: int
-    total_steps: int
-    min_lr: float
-
-#: The front end (``nanguard::front_end``) of the framework a callback tags its
-#: guard's bundles with; a Guard of a plain loop is "python".
-FRONT_ENDS = {"lightning": "lightning", "transformers": "transformers"}
-
-
-#: The arguments of LossScaler and WarmupCosine, which loss_scale={...} and schedule={...} hold.
-LOSS_SCALE_KEYS = tuple(LossScaleOptions.__annotations__)
-SCHEDULE_KEYS = tuple(ScheduleOptions.__annotations__)
-
-
-def unknown_option_error(where: str, name: str, known: Sequence[str]) -> TypeError:
-    """The TypeError for an option ``name`` that is none of ``known``: it
-    names it, the closest known name and all of them."""
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return TypeError(f"{where}: unknown option {name!r}{hint} (the options are {', '.join(known)})")
-
-
-def _known_keys(option: str, given: Mapping[str, Any], keys: Sequence[str]) -> Dict[str, Any]:
-    """``given`` (a dict) when each of its keys is one of ``keys``; else a
-    TypeError naming the first unknown key."""
-    for k in dict(given):
-        if k not in keys:
-            raise unknown_option_error(f"nanguard.Guard: {option}", k, keys)
-    return dict(given)
-
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def keyword_options(where: str) -> Callable[[_F], _F]:
-    """Decorates a constructor whose options are keyword-only: a misspelled
-    option is a TypeError that names it and the closest option (Python's
-    own names only the word), and options passed by position a TypeError
-    that says to name them."""
-
-    def decorate(init: _F) -> _F:
-        params = inspect.signature(init).parameters
-        options = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
-        positional = [n for n, p in params.items() if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
-        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-
-        @functools.wraps(init)
-        def checked(*args: Any, **kwargs: Any) -> Any:
-            if len(args) > len(positional):
-                raise TypeError(f"{where}: the options are keyword-only: name them, e.g. {where}(..., "
-                                f"policy='rollback', max_norm=1.0) (got {len(args) - len(positional)} more "
-                                "positional argument(s))")
-            if not takes_any:
-                for name in kwargs:
-                    if name not in params:
-                        raise unknown_option_error(where, name, options)
-            return init(*args, **kwargs)
-
-        return cast(_F, checked)
-
-    return decorate
-
-
-def _trainable_loss(loss: object) -> torch.Tensor:
-    """``loss`` when the guard can run backward on it; else a TypeError (not a
-    tensor) or a ValueError (a tensor that no gradient flows from)."""
-    if not isinstance(loss, torch.Tensor):
-        raise TypeError("nanguard.Guard.step: the closure must return the loss tensor, e.g. "
-                        f"lambda: F.mse_loss(model(x), y), but it returned {type(loss).__name__}")
-    if not loss.is_floating_point() or not loss.requires_grad:
-        got = str(loss.dtype) if not loss.is_floating_point() else "a tensor that does not require grad"
-        raise ValueError("nanguard.Guard.step: the loss must be a floating-point tensor that depends on the "
-                         f"model's trainable parameters, got {got} (computed under torch.no_grad, detached, "
-                         "or from frozen parameters?)")
-    return loss
-
-
-def _call_of(micro_batch: Any) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
-    """``(args, kwargs)`` of one micro-batch: a pair as given (its args a
-    tuple or list), a tuple or list of arguments, or a single argument. So
-    ``(x, {"w": 1.0})`` is two arguments, as ``step(closure, x, {"w": 1.0})``
-    passes them, not the rows of ``x`` as arguments."""
-    if (isinstance(micro_batch, tuple) and len(micro_batch) == 2 and isinstance(micro_batch[0], (tuple, list))
-            and isinstance(micro_batch[1], dict)):
-        return tuple(micro_batch[0]), micro_batch[1]
-    if isinstance(micro_batch, (tuple, list)):
-        return tuple(micro_batch), {}
-    return (micro_batch,), {}
-
-
-def batch_tensors(values: Any) -> List[torch.Tensor]:
-    """The tensors in ``values`` (tensors, tuples, lists, dicts, nested), in
-    order: the batch the guard names in findings and an abort's bundle
-    keeps."""
-    return named_batch_tensors(values)[0]
-
-
-def named_batch_tensors(values: Any, name: str = "batch") -> Tuple[List[torch.Tensor], List[str]]:
-    """``(tensors, names)``: the tensors of :func:`batch_tensors` and the
-    names findings give them. A tensor under a dict key is named by the key
-    (``labels``, ``inputs_embeds``), one inside a tuple or list by its
-    position under its parent's name (``batch[0]``, ``x[1]``); ``name``
-    names ``values`` itself."""
-    tensors: List[torch.Tensor] = []
-    names: List[str] = []
-
-    def walk(v: Any, path: str) -> None:
-        if isinstance(v, torch.Tensor):
-            tensors.append(v)
-            names.append(path)
-        elif isinstance(v, dict):
-            for k, x in v.items():
-                walk(x, str(k))
-        elif isinstance(v, (list, tuple)):
-            for i, x in enumerate(v):
-                walk(x, f"{path}[{i}]")
-
-    walk(values, name)
-    return tensors, names
-
-
-def named_call_tensors(fn: Callable[..., Any], args: Sequence[Any],
-                       kwargs: Mapping[str, Any]) -> Tuple[List[torch.Tensor], List[str]]:
-    """``(tensors, names)`` of a call ``fn(*args, **kwargs)``: positional
-    arguments named by ``fn``'s parameters where its signature says them
-    (``x``, ``y``), keyword arguments by their keywords, what they hold as
-    in :func:`named_batch_tensors`."""
-    # Read only for positional arguments: inspect.signature costs more than
-    # the rest, and a Trainer calls model(**inputs), by keywords, every step.
-    params = _positional_parameters(fn) if args else []
-    tensors: List[torch.Tensor] = []
-    names: List[str] = []
-    for i, a in enumerate(args):
-        t, n = named_batch_tensors(a, params[i].name if i < len(params) else f"args[{i}]")
-        tensors += t
-        names += n
-    for k, v in kwargs.items():
-        t, n = named_batch_tensors(v, str(k))
-        tensors += t
-        names += n
-    return tensors, names
-
-
-def _positional_parameters(fn: Callable[..., Any]) -> List[inspect.Parameter]:
-    """The parameters of ``fn`` that positional arguments fill, in order
-    (none for a builtin or a C extension: no signature)."""
-    try:
-        return [p for p in inspect.signature(fn).parameters.values()
-                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    except (TypeError, ValueError):
-        return []
-
-
+# The Args entries of the options ({options}) come from their table (_options.documented).
+@documented
 class Guard:
     """Guards the training steps of ``model`` stepped by ``optimizer``.
 
@@ -329,13 +82,6 @@ class Guard:
     optimizer does not step: the guard replays the step (same parameters,
     same RNG state) under :func:`nanguard.trace` to name the op that made
     the NaN/Inf, then applies ``policy``.
-
-    ``verbose`` (default True): every step the optimizer does not take is a
-    :class:`NanGuardWarning` naming the op, its cause, what the guard did and
-    the remedy (the same failure again: a short "again (3rd time)" line), and
-    :meth:`close` warns the run's summary (:meth:`summary`) when there was
-    one; distributed, rank 0 warns. False: silent (the results, the event
-    log and :meth:`summary` still have it all).
 
     ``model`` may be compiled (``torch.compile(model)`` or
     ``model.compile()``): healthy steps run the compiled code as it is; a
@@ -358,68 +104,7 @@ class Guard:
         model: the module whose parameters the optimizer steps.
         optimizer: a first-order ``torch.optim`` optimizer over (some of)
             ``model``'s parameters.
-        policy: what a bad step gets: ``"auto"`` (the action for the
-            diagnosed cause: bad data is skipped and its batch quarantined,
-            a divergence or an overflow rolls back, a loss-scale overflow
-            backs off, another cause is skipped; docs/guard.md's decision
-            table), ``"skip"`` (drop it; an enabled loss
-            scaler still backs off), ``"backoff"`` (drop it and back off the
-            loss scale), ``"rollback"`` (restore the last snapshot of model
-            and optimizer and multiply the LR by ``rollback_lr_factor``) or
-            ``"abort"`` (write a repro bundle to ``bundle_dir``, if set, and
-            raise :class:`NonFiniteError`, whose ``result`` is the step's
-            :class:`StepResult`).
-        max_norm: clip the global gradient norm to this (0: no clipping).
-        clip_value: clamp gradient elements to ±clip_value after (0: off).
-        loss_scale: False (off), True (GradScaler's defaults) or a dict of
-            ``LossScaler`` options (``init_scale``, ``growth_factor``, ...).
-        replay: replay a bad step under the tracer to name the op.
-        trace_every_step: trace every step's forward and backward instead
-            (the cost of :func:`nanguard.trace` on every step): a bad step's
-            findings come from the step itself.
-        event_log: a JSONL file, one C++ step event per step (``nanguard
-            report`` and :func:`nanguard.report` turn it into HTML).
-        snapshot_every: rollback and auto: snapshot every this many steps
-            (auto: less often when a snapshot costs more than 0.2% of the
-            steps between), before the optimizer steps on parameters just
-            checked finite.
-        snapshot_keep: rollback and auto: the newest snapshots kept, and as
-            many older ones, one per 10 x snapshot_every steps.
-        rollback_lr_factor: rollback and auto: the LR is multiplied by this each time.
-        spike_rollback_z: auto: a loss spike of at least this robust
-            z-score (and 10x the median loss before) on 3 steps in a row
-            rolls back before the NaN (0: off).
-        max_bad_steps: aborts after that many bad steps in a row (0: never).
-        max_bad_fraction: aborts when more than this fraction of the last
-            100 steps (once there are 20) were bad (1: never).
-        bundle_dir: where an abort writes its bundle (``nanguard inspect``
-            and :func:`nanguard.inspect` read it); its batch is the tensors
-            passed to :meth:`step` as arguments.
-        spike_window: steps of loss and grad-norm history a spike is judged against.
-        spike_threshold: a z-score above this is a spike.
-        bundle_tags: name -> value tags a bundle carries, e.g.
-            ``{"task": "classify"}`` for ``nanguard replay BUNDLE --model
-            scripted.pt``.
-        log_top_norms: each event lists this many of the largest
-            per-parameter gradient norms.
-        schedule: a :class:`WarmupCosine` (or a dict of its arguments) the
-            guard applies to every param group at the start of each step,
-            times the product of the rollback factors.
-        lr_scheduler: a torch LR scheduler (or a list of them) the loop
-            steps: a rollback lowers what it computes the LR from (its base
-            LRs; OneCycleLR's and CyclicLR's bounds) by the rollback factor
-            too, or its next step would undo the rollback's lower LR
-            (``lr_schedulers`` holds them).
-        tensorboard: a log directory, a ``SummaryWriter`` or a
-            :class:`nanguard.tensorboard.StepLogger`: every step's loss, grad
-            norm, per-layer norms, loss scale, LR, skips and findings go to
-            TensorBoard too.
-        distributed: True (torch.distributed's default process group), a
-            ``ProcessGroup`` or a :class:`nanguard.Distributed`: data
-            parallel on an unwrapped model: the guard averages the gradients
-            over the ranks, one small all-reduce a step makes every rank
-            take the same decision, and every rank's result names the ranks
-            that saw the NaN/Inf (``nonfinite_ranks``).
+        {options}
 
     Raises:
         TypeError: a model that is no ``torch.nn.Module``, an optimizer
@@ -435,6 +120,7 @@ class Guard:
     RNG, so that a replay repeats it. Replays restore the CPU RNG.
     """
 
+
     @keyword_options("nanguard.Guard")
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, policy: Policy = "auto",
                  max_norm: float = 0.0, clip_value: float = 0.0,
@@ -449,77 +135,32 @@ class Guard:
                  tensorboard: Union[PathLike, SummaryWriter, StepLogger, None] = None,
                  distributed: Union[bool, ProcessGroup, _nanguard.Distributed, None] = None,
                  verbose: bool = True) -> None:
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError("nanguard.Guard: model must be the torch.nn.Module the optimizer trains, got "
-                            f"{type(model).__name__}")
-        if not hasattr(optimizer, "param_groups"):
-            raise TypeError("nanguard.Guard: optimizer must be a torch.optim.Optimizer over the model's parameters "
-                            f"(one guard per optimizer), e.g. torch.optim.AdamW(model.parameters()), got "
-                            f"{type(optimizer).__name__}")
-        # The options are checked by the C++ guard (ValueError); the policy first.
-        policy = cast(Policy, _nanguard.policy_from_string(policy))
+        _check_types(model, optimizer)
+        # The signature's options, each checked by its type (the table's).
+        options = read(locals())
+        _check_parameters(model, optimizer)
         self.model = model
         self.optimizer = optimizer
-        self.policy: Policy = policy
-        stepped = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        if not any(id(p) in stepped for p in model.parameters() if p.requires_grad):
-            raise ValueError("nanguard.Guard: the optimizer holds none of the model's trainable parameters, so "
-                             "no step would change the model; build it from this model's parameters, e.g. "
-                             "torch.optim.AdamW(model.parameters())")
-        if any(p.is_meta for p in model.parameters()):
-            raise ValueError("nanguard.Guard: the model's parameters are on the meta device and hold no values; "
-                             "materialize them first, e.g. model.to_empty(device='cpu') then initialize them")
+        self.policy: Policy = options["policy"]
         closure = inspect.signature(optimizer.step).parameters.get("closure")
         self._needs_closure = closure is not None and closure.default is inspect.Parameter.empty
-        event_log, bundle_dir = _path("event_log", event_log), _path("bundle_dir", bundle_dir)
-        if event_log:
-            open(event_log, "w", encoding="utf-8").close()  # unwritable: the OSError Python raises
-        if bundle_tags is not None and not isinstance(bundle_tags, Mapping):
-            raise TypeError("nanguard.Guard: bundle_tags must be a dict of name -> value, e.g. "
-                            f"{{'task': 'classify'}}, got {type(bundle_tags).__name__}")
-        options = _nanguard.GuardOptions()
-        options.policy = policy
-        options.max_norm = float(max_norm)
-        options.clip_value = float(clip_value)
-        options.replay = bool(replay)
-        options.trace_every_step = bool(trace_every_step)
-        options.log_top_norms = _int64("log_top_norms", log_top_norms)
-        options.event_log = event_log
-        options.bundle_dir = bundle_dir
-        options.bundle_tags = [("front_end", "python")] + [(str(k), str(v)) for k, v in (bundle_tags or {}).items()]
-        # The callbacks tag their framework: remedies are written for it.
-        options.front_end = FRONT_ENDS.get(str((bundle_tags or {}).get("framework")), "python")
-        options.snapshot_every = _int64("snapshot_every", snapshot_every)
-        options.snapshot_keep = _int64("snapshot_keep", snapshot_keep)
-        options.rollback_lr_factor = float(rollback_lr_factor)
-        options.max_bad_steps = _int64("max_bad_steps", max_bad_steps)
-        options.max_bad_fraction = float(max_bad_fraction)
-        options.spike_rollback_z = float(spike_rollback_z)
-        options.spike_window = _int64("spike_window", spike_window)
-        options.spike_threshold = float(spike_threshold)
-        options.scaler = _loss_scaler(loss_scale)
-        options.verbose = False  # Python warns (NanGuardWarning), not C++ on stderr
-        options.schedule = _schedule(schedule)
+        if options["event_log"]:
+            open(options["event_log"], "w", encoding="utf-8").close()  # unwritable: the OSError Python raises
         #: The torch LR schedulers a rollback lowers with the LR (``lr_scheduler``).
-        self.lr_schedulers: List[Any] = _schedulers(lr_scheduler)
-        self._tensorboard: Optional[StepLogger] = None
-        self._own_tensorboard: Optional[StepLogger] = None
-        if tensorboard is not None:
-            from .tensorboard import StepLogger
-            if isinstance(tensorboard, StepLogger):
-                self._tensorboard = tensorboard
-            else:
-                self._tensorboard = self._own_tensorboard = StepLogger(tensorboard)
+        self.lr_schedulers: List[Any] = options["lr_scheduler"]
+        self._tensorboard, self._own_tensorboard = _step_logger(options["tensorboard"])
         _compile.watch_compilation()
-        self._host, options.distributed = host_for(model, optimizer, distributed)
-        self._core: Optional[_nanguard.GuardCore] = _nanguard.GuardCore(self._host, options)
-        self._verbose = bool(verbose) and getattr(options.distributed, "rank", 0) == 0
+        self._host, group = host_for(model, optimizer, distributed)
+        # Python warns (NanGuardWarning), not C++ on stderr.
+        self._core: Optional[_nanguard.GuardCore] = _nanguard.GuardCore(
+            self._host, guard_options(options, distributed=group, verbose=False))
+        self._verbose = options["verbose"] and getattr(group, "rank", 0) == 0
         # On close(), or when collected.
         self._end = weakref.finalize(self, _end_run, self._core, self._verbose)
         self._summary: Optional[Dict[str, Any]] = None  # after close(): the run's
         _open_guards.add(self)
 
-    # -- the step -------------------------------------------------------------
+    # -- a step the guard runs: step -> step_accumulated -> the C++ step ----------
     def step(self, closure: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> StepResult:
         """Runs one guarded step: ``loss = closure(*args, **kwargs)`` then the
         checks, backward, clipping and ``optimizer.step()`` or the policy.
@@ -557,20 +198,21 @@ class Guard:
             raise TypeError(f"nanguard.Guard.step: {type(self.optimizer).__name__}.step needs a closure (it "
                             "evaluates the loss several times per step), and the guard steps once on the gradients "
                             "it checked: use a first-order optimizer such as torch.optim.SGD or AdamW")
-        calls = [_call_of(mb) for mb in micro_batches]
+        calls = [call_of(mb) for mb in micro_batches]
         if not calls:
             raise ValueError("nanguard.Guard.step_accumulated: micro_batches is empty; pass at least one "
                              "(args, kwargs) pair or tuple of arguments")
 
         def forward(index: int) -> torch.Tensor:
             args, kwargs = calls[index]
-            return _trainable_loss(closure(*args, **kwargs))
+            return trainable_loss(closure(*args, **kwargs))
 
         named = [named_call_tensors(closure, *call) for call in calls]
         batches = [tensors for tensors, _ in named]
         # Findings name the tensors of each micro-batch by the first's names.
         return self._run(lambda core: core.step_accumulated(batches, forward, named[0][1]))
 
+    # -- a step a framework runs: begin_step -> check (or cancel_step) ------------
     def begin_step(self) -> None:
         """Starts one optimizer step when a framework runs forward, backward
         and ``optimizer.step()`` itself (the integrations do): counts it,
@@ -603,26 +245,36 @@ class Guard:
         gradient written since :meth:`begin_step` (no backward) is a
         ValueError."""
         loss = loss.detach() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss))
-        forward = None if replay is None else (lambda _batch: _trainable_loss(replay()))
+        forward = None if replay is None else (lambda _batch: trainable_loss(replay()))
         return self._run(lambda core: core.check(loss, forward, list(batch), [str(n) for n in names]))
 
+    # -- the C++ step, then its conclusion -----------------------------------------
     def _run(self, call: Callable[[_nanguard.GuardCore], _nanguard.StepEvent]) -> StepResult:
-        """A StepResult of ``call(core)``; the guard's abort as NonFiniteError.
-        A rollback lowers ``lr_schedulers`` by the factor it applied."""
+        """The C++ step ``call(core)``, concluded; the guard's abort as NonFiniteError."""
         lr_factor = self._active().lr_factor
         try:
-            result = StepResult.from_event(call(self._active()))
+            event = call(self._active())
         except _nanguard.GuardAbort as abort:
-            event = StepResult.from_event(self._active().last_event())
-            self._warn()
-            raise NonFiniteError(Finding.from_json(abort.args[0]), result=event) from None
+            raise self._aborted(abort.args[0]) from None
+        return self._conclude(event, lr_factor)
+
+    def _conclude(self, event: _nanguard.StepEvent, lr_factor_before: float) -> StepResult:
+        """What Python adds to a step's event: its StepResult, the warning of
+        a step not taken, the LR schedulers lowered with a rollback's LR, and
+        its TensorBoard scalars."""
+        result = StepResult.from_event(event)
         if result.skipped:
             self._warn()
-        if self._active().lr_factor != lr_factor:
-            lower_scheduler_lrs(self.lr_schedulers, self._active().lr_factor / lr_factor)
+        follow_rollback(self.lr_schedulers, lr_factor_before, self._active().lr_factor)
         if self._tensorboard is not None:
             self._tensorboard.log(result)
         return result
+
+    def _aborted(self, finding_json: str) -> NonFiniteError:
+        """The NonFiniteError of an abort (its finding's JSON), with the step's result; warned."""
+        result = StepResult.from_event(self._active().last_event())
+        self._warn()
+        return NonFiniteError(Finding.from_json(finding_json), result=result)
 
     def _warn(self) -> None:
         """The last step's warning, as a NanGuardWarning (verbose)."""
@@ -698,93 +350,39 @@ class Guard:
         return False
 
 
-def _int64(name: str, value: int) -> int:
-    """``value`` as an int when it fits the C++ option's 64 bits; else a ValueError naming ``name``."""
-    v = int(value)
-    if not -2 ** 63 <= v < 2 ** 63:
-        raise ValueError(f"nanguard.Guard: {name} must fit in 64 bits, got {v}")
-    return v
+def _check_types(model: Any, optimizer: Any) -> None:
+    """A TypeError unless ``model`` is a module and ``optimizer`` an optimizer."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError("nanguard.Guard: model must be the torch.nn.Module the optimizer trains, got "
+                        f"{type(model).__name__}")
+    if not hasattr(optimizer, "param_groups"):
+        raise TypeError("nanguard.Guard: optimizer must be a torch.optim.Optimizer over the model's parameters "
+                        f"(one guard per optimizer), e.g. torch.optim.AdamW(model.parameters()), got "
+                        f"{type(optimizer).__name__}")
 
 
-def _path(name: str, value: Optional[PathLike]) -> str:
-    """The file path option ``name`` as a str ("" for None); a TypeError for
-    anything else: open() takes an int (True too) as a file descriptor, and
-    ``event_log=True`` closed the process's stdout."""
-    if value is None:
-        return ""
-    if not isinstance(value, (str, os.PathLike)):
-        raise TypeError(f"nanguard.Guard: {name} must be a path (a str or os.PathLike), e.g. "
-                        f"{name}='{'train.jsonl' if name == 'event_log' else 'nanguard-bundles'}', "
-                        f"got {type(value).__name__}")
-    return os.fspath(value)
+def _check_parameters(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """A ValueError unless ``optimizer`` steps some of ``model``'s trainable
+    parameters, and they hold values (not on the meta device)."""
+    stepped = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    if not any(id(p) in stepped for p in model.parameters() if p.requires_grad):
+        raise ValueError("nanguard.Guard: the optimizer holds none of the model's trainable parameters, so "
+                         "no step would change the model; build it from this model's parameters, e.g. "
+                         "torch.optim.AdamW(model.parameters())")
+    if any(p.is_meta for p in model.parameters()):
+        raise ValueError("nanguard.Guard: the model's parameters are on the meta device and hold no values; "
+                         "materialize them first, e.g. model.to_empty(device='cpu') then initialize them")
 
 
-def _loss_scaler(loss_scale: Union[bool, LossScaleOptions]) -> Optional[_nanguard.LossScaler]:
-    """The LossScaler of ``Guard(loss_scale=...)``: None (False), GradScaler's defaults (True) or a dict's options."""
-    if not loss_scale:
-        return None
-    if loss_scale is True:
-        return _nanguard.LossScaler()
-    if not isinstance(loss_scale, Mapping):
-        raise TypeError("nanguard.Guard: loss_scale must be True, False or a dict of LossScaler options, e.g. "
-                        f"loss_scale={{'init_scale': 1024.0}}, got {type(loss_scale).__name__}")
-    return _nanguard.LossScaler(**_known_keys("loss_scale", cast(LossScaleOptions, loss_scale), LOSS_SCALE_KEYS))
+def _step_logger(tensorboard: Union[PathLike, SummaryWriter, StepLogger, None]
+                 ) -> Tuple[Optional[StepLogger], Optional[StepLogger]]:
+    """The StepLogger of ``Guard(tensorboard=...)``, and again when the
+    guard made it (and closes it)."""
+    if tensorboard is None or isinstance(tensorboard, StepLogger):
+        return tensorboard, None
+    logger = StepLogger(tensorboard)
+    return logger, logger
 
-
-def _schedule(schedule: Union[_nanguard.WarmupCosine, ScheduleOptions, None]) -> Optional[_nanguard.WarmupCosine]:
-    """The WarmupCosine of ``Guard(schedule=...)``: as given, or of a dict's
-    arguments; a TypeError naming the option for anything else, and for a
-    torch.optim.lr_scheduler the option that takes it (``lr_scheduler``:
-    the loop steps it, not the guard)."""
-    if schedule is None or isinstance(schedule, _nanguard.WarmupCosine):
-        return schedule
-    if not isinstance(schedule, Mapping):
-        torch_scheduler = ("; a torch.optim.lr_scheduler goes to lr_scheduler= instead, e.g. "
-                           "nanguard.Guard(model, opt, lr_scheduler=sched): it stays in the loop, which calls its "
-                           "step() after guard.step, and a rollback lowers it with the LR"
-                           if isinstance(schedule, (LRScheduler, ReduceLROnPlateau)) else "")
-        raise TypeError("nanguard.Guard: schedule must be a nanguard.WarmupCosine or a dict of its arguments, e.g. "
-                        f"schedule={{'base_lr': 1e-3, 'warmup_steps': 100}}, got {type(schedule).__name__}"
-                        + torch_scheduler)
-    options = _known_keys("schedule", schedule, SCHEDULE_KEYS)
-    if "base_lr" not in options:
-        raise TypeError("nanguard.Guard: schedule needs base_lr, e.g. schedule={'base_lr': 1e-3, "
-                        f"'warmup_steps': 100}}, got {options}")
-    return _nanguard.WarmupCosine(**options)
-
-
-def _schedulers(lr_scheduler: Union[LRScheduler, ReduceLROnPlateau, Sequence[Any], None]) -> List[Any]:
-    """The schedulers of ``Guard(lr_scheduler=...)`` as a list; a TypeError
-    naming the option for anything else."""
-    given = [] if lr_scheduler is None else (list(lr_scheduler) if isinstance(lr_scheduler, (list, tuple))
-                                             else [lr_scheduler])
-    for s in given:
-        if not isinstance(s, (LRScheduler, ReduceLROnPlateau)):
-            raise TypeError("nanguard.Guard: lr_scheduler must be a torch.optim.lr_scheduler scheduler or a list of "
-                            f"them, e.g. lr_scheduler=LambdaLR(opt, warmup), got {type(s).__name__}")
-    return given
-
-
-def lower_scheduler_lrs(schedulers: Iterable[Any], factor: float) -> None:
-    """Multiplies what torch LR schedulers compute each param group's LR
-    from by ``factor``: a rollback lowers the LR, and LambdaLR (a warmup),
-    OneCycleLR or CyclicLR would set it from their own values at their next
-    step. Schedulers that go on from the current LR (StepLR,
-    CosineAnnealingLR, ReduceLROnPlateau) keep it lowered anyway."""
-    for s in schedulers:
-        lower_scheduler_lrs(getattr(s, "_schedulers", ()), factor)  # SequentialLR, ChainedScheduler
-        for bounds in ("base_lrs", "max_lrs"):  # max_lrs: CyclicLR's peaks
-            if hasattr(s, bounds):
-                setattr(s, bounds, [lr * factor for lr in getattr(s, bounds)])
-        if isinstance(s, torch.optim.lr_scheduler.OneCycleLR):  # its bounds live in the param groups
-            for group in s.optimizer.param_groups:
-                for bound in ("initial_lr", "max_lr", "min_lr"):
-                    group[bound] *= factor
-
-
-#: The names of Guard's options (its keyword-only arguments), which the framework callbacks pass through.
-GUARD_OPTIONS = tuple(n for n, p in inspect.signature(Guard.__init__).parameters.items()
-                      if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
 #: The guards not closed yet: closed at exit, before the interpreter tears
 #: down torch.distributed (a process group a guard kept alive past

@@ -447,6 +447,37 @@ class Firewall:
     @property
     def upper_bounds(self) -> torch.Tensor:
         ...
+class GuardOption:
+    """
+    One option of nanguard.Guard (GUARD_OPTION_TABLE).
+    """
+    def __repr__(self) -> str:
+        ...
+    @property
+    def default(self) -> typing.Any:
+        """
+        Its default.
+        """
+    @property
+    def doc(self) -> str:
+        """
+        What it does (Guard's docstring).
+        """
+    @property
+    def field(self) -> str:
+        """
+        The GuardOptions property it sets ("": the Python Guard uses it itself).
+        """
+    @property
+    def name(self) -> str:
+        """
+        The keyword of nanguard.Guard.
+        """
+    @property
+    def type(self) -> str:
+        """
+        Its annotation in Guard's signature.
+        """
 class GuardOptions:
     """
     nanguard::guard_options (see nanguard.Guard).
@@ -461,8 +492,10 @@ class GuardOptions:
     schedule: WarmupCosine | None
     trace_every_step: bool
     verbose: bool
-    def __init__(self) -> None:
-        ...
+    def __init__(self, **fields: typing.Any) -> None:
+        """
+        GuardOptions(**fields): guard_options() with each keyword's property set.
+        """
     @property
     def bundle_tags(self) -> list[tuple[str, str]]:
         ...
@@ -694,6 +727,7 @@ def verdict_of(parts: collections.abc.Sequence[tuple[typing.SupportsInt, typing.
     A RecordVerdict from (nan, pos_inf, neg_inf, first_index, first_value) of each tensor, in order (check_many of DTensors).
     """
 ACTIONS: tuple[str, ...] = ('step', 'skip', 'backoff', 'rollback', 'abort', 'data')
+GUARD_OPTION_TABLE: tuple[GuardOption, ...]
 POLICIES: tuple[str, ...] = ('skip', 'backoff', 'rollback', 'abort')
 VERDICTS: tuple[str, ...] = ('', 'reproduced', 'not reproduced', 'replay failed', 'compiled only')
 __version__: str = '0.1.0'

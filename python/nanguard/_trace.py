@@ -2,19 +2,16 @@
 named from the Python side."""
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Literal, Optional, Set, Tuple, Type
+from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Set, Tuple, Type
 
 import torch
 import torch.utils._pytree
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _compile, _nanguard
-
-if TYPE_CHECKING:
-    from ._guard import StepResult
+from ._results import Finding, NonFiniteError
 
 
 @dataclass(frozen=True)
@@ -34,139 +31,6 @@ class AllowRule:
 
 #: The default rules: the -inf of masked_fill (attention masks).
 DEFAULT_ALLOW = (AllowRule(op="aten::masked_fill*"),)
-
-
-_FLOAT_KEYS = {"value", "min", "max", "mean", "std", "first_nonfinite_value", "l2_norm", "absmax"}
-
-
-def _floats(d: Any) -> Any:
-    """JSON spells NaN/Inf as strings: turn them back into floats."""
-    if isinstance(d, list):
-        return [_floats(x) for x in d]
-    if isinstance(d, dict):
-        return {k: (float(v) if k in _FLOAT_KEYS and isinstance(v, str) else _floats(v))
-                for k, v in d.items()}
-    return d
-
-
-@dataclass(frozen=True, eq=False)
-class Finding:
-    """One op that output a NaN or Inf: op, direction, node, module, role,
-    the census of its inputs and outputs, and the first bad element (the
-    C++ ``nanguard::finding``, read from its JSON).
-
-    ``str(f)`` is one line, ``f.to_text()`` several, ``f.to_dict()`` every
-    field (the C++ ``to_json``).
-
-    Its diagnosis (``nanguard::diagnose``): ``f.cause`` (e.g.
-    "log_of_nonpositive", "unclassified"), ``f.evidence`` (one sentence with
-    the numbers), ``f.remedy`` (what to change) and ``f.confidence``
-    ("low", "medium", "high").
-
-    Attributes:
-        op: the ATen op, e.g. "aten::div".
-        direction: "forward" or "backward".
-        role: "producer" (the op made the NaN/Inf from finite inputs),
-            "propagator" (a non-finite input flowed through it) or "input"
-            (one entered from data or a parameter: ``culprit`` names it).
-        module: the dotted module path ("" if unknown).
-        node: backward: the autograd node, e.g. "SqrtBackward0".
-        forward_op: backward: the forward op that made the node.
-        culprit: role "input": the non-finite tensor (a parameter's name or "input k").
-        caller: the outermost op it ran inside ("aten::to"), if any.
-        step: the training step (-1 if unknown).
-        output: which output holds the bad value.
-        index: the flat index of its first non-finite element.
-        value: that element: NaN, +Inf or -Inf.
-        inputs: the op's floating-point inputs: dicts of name, dtype, shape, stats (a census).
-        outputs: its floating-point outputs, the same way.
-        rank: distributed: the rank that saw it (-1: one process).
-        cause: the likely cause, a class of docs/diagnosis.md ("unclassified" when none fits).
-        evidence: the evidence for the cause, with its numbers.
-        remedy: what to change, as one-liners for the front end (Python's for nanguard.trace).
-        confidence: how far the evidence goes: "low", "medium" or "high".
-    """
-
-    op: str
-    direction: Literal["forward", "backward"]
-    role: Literal["producer", "propagator", "input"]
-    module: str = ""
-    node: str = ""
-    forward_op: str = ""
-    culprit: str = ""
-    caller: str = ""
-    step: int = -1
-    output: int = 0
-    index: int = -1
-    value: float = 0.0
-    inputs: List[Dict[str, Any]] = field(default_factory=list)
-    outputs: List[Dict[str, Any]] = field(default_factory=list)
-    rank: int = -1
-    cause: str = "unclassified"
-    evidence: str = ""
-    remedy: str = ""
-    confidence: str = "low"
-    _json: str = field(default="{}", repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls, json_text: str) -> "Finding":
-        """The finding of the C++ ``to_json``'s text."""
-        d = _floats(json.loads(json_text))
-        diagnosis = d.get("diagnosis", {})
-        known = {f.name for f in fields(cls)} - {"_json", "cause", "evidence", "remedy", "confidence"}
-        return cls(**{k: v for k, v in d.items() if k in known}, cause=diagnosis.get("cause", "unclassified"),
-                   evidence=diagnosis.get("evidence", ""), remedy=diagnosis.get("remedy", ""),
-                   confidence=diagnosis.get("confidence", "low"), _json=json_text)
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Every field as a dict (inputs and outputs with their census);
-        NaN and Inf values are Python floats."""
-        out: Dict[str, Any] = _floats(json.loads(self._json))
-        return out
-
-    def to_json(self) -> str:
-        """The finding as JSON text (``nanguard::to_json``)."""
-        return self._json
-
-    def to_text(self) -> str:
-        """Several lines, with the census of every input and output."""
-        return str(_nanguard.finding_to_text(self._json))
-
-    def __str__(self) -> str:
-        return str(_nanguard.finding_to_string(self._json))
-
-    def __repr__(self) -> str:
-        return f"<nanguard.Finding {self}>"
-
-    def __getattr__(self, name: str) -> Any:
-        # The JSON's other fields (thread, sequence_nr, backtrace, ...) as attributes too.
-        if not name.startswith("__"):
-            d = json.loads(self.__dict__.get("_json", "{}"))
-            if name in d:
-                return _floats(d[name])
-        raise AttributeError(f"nanguard.Finding has no field '{name}'")
-
-
-class NonFiniteError(RuntimeError):
-    """A NaN or Inf that must stop the caller; ``.finding`` says where it was
-    born, and the message its likely cause and the remedy. From a Guard's
-    abort, ``.result`` is the step's StepResult (its ``bundle``); None
-    otherwise."""
-
-    def __init__(self, finding: Finding, result: Optional["StepResult"] = None) -> None:
-        if result is not None and result.verdict == "compiled only":
-            # No eager op made it (the finding only stands for the loss): the
-            # note names the compiler's stage, its kernel and the remedy.
-            message = f"non-finite value: step {result.step}: {result.reason or 'non-finite step'}; {result.note}"
-        else:
-            message = f"non-finite value: {finding}; cause: {finding.cause}"
-            if finding.remedy:
-                message += f"; remedy: {finding.remedy}"
-            if result is not None and result.note:  # e.g. why no repro bundle was written
-                message += f"; note: {result.note}"
-        super().__init__(message.replace("\n", " "))
-        self.finding = finding
-        self.result = result
 
 
 def _scripted(module: torch.nn.Module) -> bool:

@@ -41,7 +41,7 @@ from . import _nanguard
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
-    from ._guard import StepResult
+    from ._results import StepResult
 
 #: What StepLogger.log takes: a StepResult, its to_dict() or a line of the event log.
 StepEvent = Union["StepResult", Dict[str, Any], str]

@@ -9,6 +9,7 @@
 #include <nanguard/training_host.h>
 
 #include <algorithm>
+#include <optional>
 
 namespace {
 
@@ -91,6 +92,36 @@ py::tuple names_of(const E (&values)[N]) {
   return names;
 }
 
+/// The index of a micro-batch the guard runs the step on, among those of the
+/// step, which Python's forward takes. The guard runs copies of them (its
+/// step record keeps the batches): a micro-batch is found by its tensors,
+/// and those that hold the same ones (none, or the same tensors with other
+/// arguments) by their order, which the guard keeps (it runs them in order,
+/// and a replay runs them all again).
+class micro_batch_index {
+ public:
+  explicit micro_batch_index(const nanguard::guard::micro_batches& batches) : batches_(batches) {}
+  size_t operator()(const std::vector<at::Tensor>& batch) {
+    std::optional<size_t> found;
+    for (size_t i = 0; i < batches_.size(); ++i) {
+      if (!same_tensors(batches_[i], batch)) continue;
+      if (!found || (*found < next_ && i >= next_)) found = i;  // the first at or after the one due next
+    }
+    TORCH_INTERNAL_ASSERT(found, "nanguard: the guard ran a step on a batch it was not given");
+    next_ = (*found + 1) % batches_.size();
+    return *found;
+  }
+
+ private:
+  static bool same_tensors(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](const at::Tensor& x, const at::Tensor& y) {
+             return x.unsafeGetTensorImpl() == y.unsafeGetTensorImpl();
+           });
+  }
+  const nanguard::guard::micro_batches& batches_;
+  size_t next_ = 0;
+};
+
 /// A run_summary as a dict (nanguard.Guard.summary()), its line as "text".
 py::dict summary_dict(const nanguard::run_summary& s) {
   py::dict d;
@@ -116,6 +147,50 @@ py::dict summary_dict(const nanguard::run_summary& s) {
 
 namespace nanguard::python {
 
+/// One option of nanguard.Guard, a row of GUARD_OPTION_TABLE: the one
+/// place where the Python Guard's options are written. Guard's signature
+/// spells them (for type checkers; a test checks it against the table), its
+/// docstring lists their docs, its checks convert each by its type, and
+/// GuardOptions(**fields) takes those with a field.
+struct guard_option {
+  /// The keyword of nanguard.Guard.
+  std::string name;
+  /// Its annotation in Guard's signature (what python/nanguard/_options.py converts by).
+  std::string type;
+  /// Its default: the C++ guard_options' (read through the field) unless the row says one.
+  py::object default_value;
+  /// What it does, for Guard's docstring.
+  std::string doc;
+  /// The GuardOptions property it sets ("": the Python Guard uses it itself).
+  std::string field;
+};
+
+/// GuardOptions' properties and GUARD_OPTION_TABLE's rows, written together.
+class guard_option_table {
+ public:
+  explicit guard_option_table(py::class_<nanguard::guard_options>& cls) : cls_(cls) {}
+
+  /// A row whose field is the GuardOptions property `field`, its default
+  /// that of guard_options() (or `python_default` where Python's differs).
+  guard_option_table& row(const char* name, const char* type, const char* field, const char* doc,
+                          py::object python_default = {}) {
+    TORCH_INTERNAL_ASSERT(py::hasattr(cls_, field), "nanguard: GuardOptions has no property ", field);
+    if (!python_default) python_default = py::cast(nanguard::guard_options()).attr(field);
+    rows_.push_back({name, type, std::move(python_default), doc, field});
+    return *this;
+  }
+  /// A row the Python Guard uses itself (no field), its default `python_default`.
+  guard_option_table& python_row(const char* name, const char* type, py::object python_default, const char* doc) {
+    rows_.push_back({name, type, std::move(python_default), doc, ""});
+    return *this;
+  }
+  py::tuple rows() const { return py::tuple(py::cast(rows_)); }
+
+ private:
+  py::class_<nanguard::guard_options>& cls_;
+  std::vector<guard_option> rows_;
+};
+
 /// A read-write property `name` of a guard_options field (a TORCH_ARG).
 #define NANGUARD_GUARD_OPTION(cls, name)                                                                    \
   cls.def_property(                                                                                        \
@@ -131,12 +206,24 @@ namespace nanguard::python {
       #name, [](const nanguard::guard_options& o) { return std::string(nanguard::to_string(o.name())); }, \
       [](nanguard::guard_options& o, const std::string& value) { o.name(from_string(value)); })
 
-/// GuardOptions: nanguard::guard_options, one typed property per option
-/// (python/nanguard/_guard.py fills it from Guard's keyword arguments; a
-/// misspelled property is an AttributeError, a wrong type a TypeError).
+/// GuardOptions: nanguard::guard_options, one typed property per option (a
+/// misspelled property is an AttributeError, a wrong type a TypeError), and
+/// GUARD_OPTION_TABLE: the options of nanguard.Guard, in its signature's order.
 void bind_guard_options(py::module_& m) {
   py::class_<nanguard::guard_options> o(m, "GuardOptions", "nanguard::guard_options (see nanguard.Guard).");
-  o.def(py::init<>());
+  // GuardOptions(max_norm=1.0, ...): each keyword sets the property of its name.
+  o.def(py::init([](const py::kwargs& fields) {
+          nanguard::guard_options options;
+          const py::object self = py::cast(&options, py::return_value_policy::reference);
+          for (const auto& [name, value] : fields) {
+            const auto key = name.cast<std::string>();
+            if (key.rfind('_', 0) == 0 || !py::hasattr(py::type::of(self), key.c_str()))
+              throw py::type_error("nanguard.GuardOptions: no option '" + key + "'");
+            self.attr(key.c_str()) = value;
+          }
+          return options;
+        }),
+        "GuardOptions(**fields): guard_options() with each keyword's property set.");
   NANGUARD_GUARD_ENUM_OPTION(o, policy, nanguard::policy_from_string);
   NANGUARD_GUARD_OPTION(o, max_norm);
   NANGUARD_GUARD_OPTION(o, clip_value);
@@ -187,8 +274,95 @@ void bind_guard_options(py::module_& m) {
       [](nanguard::guard_options& g, const std::optional<nanguard::warmup_cosine>& s) {
         g.schedule(s ? std::optional(s->options()) : std::nullopt);
       });
+
+  py::class_<guard_option>(m, "GuardOption", "One option of nanguard.Guard (GUARD_OPTION_TABLE).")
+      .def_readonly("name", &guard_option::name, "The keyword of nanguard.Guard.")
+      .def_readonly("type", &guard_option::type, "Its annotation in Guard's signature.")
+      .def_readonly("default", &guard_option::default_value, "Its default.")
+      .def_readonly("doc", &guard_option::doc, "What it does (Guard's docstring).")
+      .def_readonly("field", &guard_option::field,
+                    "The GuardOptions property it sets (\"\": the Python Guard uses it itself).")
+      .def("__repr__", [](const guard_option& r) {
+        return "GuardOption(" + r.name + ": " + r.type + " = " + py::repr(r.default_value).cast<std::string>() + ")";
+      });
+  // The options of nanguard.Guard, in its signature's order. The defaults
+  // are the C++ guard_options' but where Python's differ (None: no file; a
+  // dict or a bool for an options struct).
+  m.attr("GUARD_OPTION_TABLE") = guard_option_table(o)
+      .row("policy", "Policy", "policy",
+           "what a bad step gets: ``\"auto\"`` (the action for the diagnosed cause: bad data is skipped and its "
+           "batch quarantined, a divergence or an overflow rolls back, a loss-scale overflow backs off, another "
+           "cause is skipped; docs/guard.md's decision table), ``\"skip\"`` (drop it; an enabled loss scaler still "
+           "backs off), ``\"backoff\"`` (drop it and back off the loss scale), ``\"rollback\"`` (restore the last "
+           "snapshot of model and optimizer and multiply the LR by ``rollback_lr_factor``) or ``\"abort\"`` (write "
+           "a repro bundle to ``bundle_dir``, if set, and raise :class:`NonFiniteError`, whose ``result`` is the "
+           "step's :class:`StepResult`).")
+      .row("max_norm", "float", "max_norm", "clip the global gradient norm to this (0: no clipping).")
+      .row("clip_value", "float", "clip_value", "clamp gradient elements to ±clip_value after (0: off).")
+      .row("loss_scale", "Union[bool, LossScaleOptions]", "scaler",
+           "False (off), True (GradScaler's defaults) or a dict of ``LossScaler`` options (``init_scale``, "
+           "``growth_factor``, ...).",
+           py::bool_(false))
+      .row("replay", "bool", "replay", "replay a bad step under the tracer to name the op.")
+      .row("trace_every_step", "bool", "trace_every_step",
+           "trace every step's forward and backward instead (the cost of :func:`nanguard.trace` on every step): "
+           "a bad step's findings come from the step itself.")
+      .row("event_log", "Optional[PathLike]", "event_log",
+           "a JSONL file, one C++ step event per step (``nanguard report`` and :func:`nanguard.report` turn it "
+           "into HTML).",
+           py::none())
+      .row("snapshot_every", "int", "snapshot_every",
+           "rollback and auto: snapshot every this many steps (auto: less often when a snapshot costs more than "
+           "0.2% of the steps between), before the optimizer steps on parameters just checked finite.")
+      .row("snapshot_keep", "int", "snapshot_keep",
+           "rollback and auto: the newest snapshots kept, and as many older ones, one per 10 x snapshot_every "
+           "steps.")
+      .row("rollback_lr_factor", "float", "rollback_lr_factor",
+           "rollback and auto: the LR is multiplied by this each time.")
+      .row("spike_rollback_z", "float", "spike_rollback_z",
+           "auto: a loss spike of at least this robust z-score (and 10x the median loss before) on 3 steps in a "
+           "row rolls back before the NaN (0: off).")
+      .row("max_bad_steps", "int", "max_bad_steps", "aborts after that many bad steps in a row (0: never).")
+      .row("max_bad_fraction", "float", "max_bad_fraction",
+           "aborts when more than this fraction of the last 100 steps (once there are 20) were bad (1: never).")
+      .row("bundle_dir", "Optional[PathLike]", "bundle_dir",
+           "where an abort writes its bundle (``nanguard inspect`` and :func:`nanguard.inspect` read it); its "
+           "batch is the tensors passed to :meth:`step` as arguments.",
+           py::none())
+      .row("spike_window", "int", "spike_window", "steps of loss and grad-norm history a spike is judged against.")
+      .row("spike_threshold", "float", "spike_threshold", "a z-score above this is a spike.")
+      .row("bundle_tags", "Optional[Mapping[str, object]]", "bundle_tags",
+           "name -> value tags a bundle carries, e.g. ``{\"task\": \"classify\"}`` for ``nanguard replay BUNDLE "
+           "--model scripted.pt``.",
+           py::none())
+      .row("log_top_norms", "int", "log_top_norms",
+           "each event lists this many of the largest per-parameter gradient norms.")
+      .row("schedule", "Union[_nanguard.WarmupCosine, ScheduleOptions, None]", "schedule",
+           "a :class:`WarmupCosine` (or a dict of its arguments) the guard applies to every param group at the "
+           "start of each step, times the product of the rollback factors.")
+      .python_row("lr_scheduler", "Union[LRScheduler, ReduceLROnPlateau, Sequence[Any], None]", py::none(),
+                  "a torch LR scheduler (or a list of them) the loop steps: a rollback lowers what it computes the "
+                  "LR from (its base LRs; OneCycleLR's and CyclicLR's bounds) by the rollback factor too, or its "
+                  "next step would undo the rollback's lower LR (``lr_schedulers`` holds them).")
+      .python_row("tensorboard", "Union[PathLike, SummaryWriter, StepLogger, None]", py::none(),
+                  "a log directory, a ``SummaryWriter`` or a :class:`nanguard.tensorboard.StepLogger`: every "
+                  "step's loss, grad norm, per-layer norms, loss scale, LR, skips and findings go to TensorBoard "
+                  "too.")
+      .python_row("distributed", "Union[bool, ProcessGroup, _nanguard.Distributed, None]", py::none(),
+                  "True (torch.distributed's default process group), a ``ProcessGroup`` or a "
+                  ":class:`nanguard.Distributed`: data parallel on an unwrapped model: the guard averages the "
+                  "gradients over the ranks, one small all-reduce a step makes every rank take the same decision, "
+                  "and every rank's result names the ranks that saw the NaN/Inf (``nonfinite_ranks``).")
+      .python_row("verbose", "bool", py::bool_(true),
+                  "every step the optimizer does not take is a :class:`NanGuardWarning` naming the op, its cause, "
+                  "what the guard did and the remedy (the same failure again: a short \"again (3rd time)\" line), "
+                  "and :meth:`close` warns the run's summary (:meth:`summary`) when there was one; distributed, "
+                  "rank 0 warns. False: silent (the results, the event log and :meth:`summary` still have it "
+                  "all).")
+      .rows();
 }
 #undef NANGUARD_GUARD_OPTION
+#undef NANGUARD_GUARD_ENUM_OPTION
 
 /// The guard: its enums' names, TrainingHost (subclassed in Python) and GuardCore.
 void bind_guard(py::module_& m) {
@@ -218,14 +392,9 @@ void bind_guard(py::module_& m) {
            [](nanguard::guard& g, const nanguard::guard::micro_batches& batches,
               const std::function<at::Tensor(size_t)>& forward, std::vector<std::string> names) {
              g.set_batch_names(std::move(names));
-             // The guard runs the step on the elements of `batches`, by
-             // reference: an element's position is the index of the
-             // micro-batch, which Python's forward takes.
+             micro_batch_index index_of{batches};
              const nanguard::step_fn fn = [&](const std::vector<at::Tensor>& batch) {
-               const std::less<const void*> before;
-               TORCH_INTERNAL_ASSERT(!before(&batch, batches.data()) && before(&batch, batches.data() + batches.size()),
-                                     "nanguard: the guard ran a step on a batch it was not given");
-               return interruptible([&] { return forward(static_cast<size_t>(&batch - batches.data())); });
+               return interruptible([&] { return forward(index_of(batch)); });
              };
              return g.step_accumulated(batches, fn);
            },

@@ -124,7 +124,8 @@ def test_guard_options_are_keyword_only():
 def test_the_policy_and_action_types_are_the_cpp_names():
     """Policy and Action (typing.Literal, what an IDE and mypy check) list
     the C++ enums' names."""
-    from nanguard._guard import Action, Policy
+    from nanguard._options import Policy
+    from nanguard._results import Action
     assert typing.get_args(Policy) == nanguard.POLICIES
     assert typing.get_args(Action) == nanguard._nanguard.ACTIONS
 

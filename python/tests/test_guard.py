@@ -262,7 +262,7 @@ def test_the_enum_names_come_from_cpp():
 def test_a_bundle_keeps_every_tensor_of_the_call_in_order():
     """One walker picks a batch's tensors (the Guard's and the callbacks'):
     tensors in tuples, lists and dicts, nested, in order."""
-    from nanguard._guard import batch_tensors
+    from nanguard._batches import batch_tensors
     a, b, c, d = (torch.full((1,), float(i)) for i in range(4))
     assert [t.item() for t in batch_tensors(((a, [b, 7]), {"x": {"y": c}, "n": None, "z": d}))] == [0, 1, 2, 3]
 

@@ -122,16 +122,16 @@ def test_a_call_by_keywords_is_named_without_reading_the_signature(monkeypatch):
     """A Trainer calls model(**inputs) every step: the call's tensors are
     named by their keywords, and the function's signature (costly, for each
     micro-batch) is read only to name positional arguments."""
-    from nanguard import _guard
+    from nanguard import _batches
 
     def forward(inputs, labels=None):
         return inputs
 
     x, y = data()
     read = []
-    signature = _guard.inspect.signature
-    monkeypatch.setattr(_guard.inspect, "signature", lambda fn: read.append(fn) or signature(fn))
-    tensors, names = _guard.named_call_tensors(forward, (), {"inputs": x, "labels": y})
+    signature = _batches.inspect.signature
+    monkeypatch.setattr(_batches.inspect, "signature", lambda fn: read.append(fn) or signature(fn))
+    tensors, names = _batches.named_call_tensors(forward, (), {"inputs": x, "labels": y})
     assert names == ["inputs", "labels"] and tensors[0] is x and tensors[1] is y and read == []
-    tensors, names = _guard.named_call_tensors(forward, (x,), {"labels": y})
+    tensors, names = _batches.named_call_tensors(forward, (x,), {"labels": y})
     assert names == ["inputs", "labels"] and tensors[0] is x and read == [forward]

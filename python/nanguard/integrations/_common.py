@@ -10,8 +10,8 @@ import torch
 
 import nanguard
 from nanguard import _nanguard
-from nanguard._guard import GUARD_OPTIONS, unknown_option_error
-from nanguard._trace import NonFiniteError
+from nanguard._options import GUARD_OPTIONS, unknown_option_error
+from nanguard._results import NonFiniteError
 
 
 #: The options of both callbacks: the Guard's but loss_scale (the framework's), and their own log_metrics.

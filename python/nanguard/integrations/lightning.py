@@ -53,7 +53,8 @@ from typing import Any, Optional
 
 import torch
 
-from .._guard import PathLike, Policy, named_batch_tensors
+from .._batches import named_batch_tensors
+from .._options import PathLike, Policy
 from ._common import CallbackGuard, mean_loss as _mean, require
 
 _pl = require("lightning", " (the `lightning` package: `import lightning.pytorch`)").pytorch

@@ -89,8 +89,9 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from .._guard import PathLike, Policy, named_call_tensors
-from .._trace import NonFiniteError
+from .._batches import named_call_tensors
+from .._options import PathLike, Policy
+from .._results import NonFiniteError
 from ._common import CallbackGuard, mean_loss as _mean, require
 
 _hf = require("transformers", " (and `accelerate`, which its Trainer needs)")
