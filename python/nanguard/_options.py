@@ -8,7 +8,7 @@ what it does and the ``GuardOptions`` field it sets. From the table come
 Guard's docstring (:func:`documented`), its checks (:func:`read`: each
 option converted by its type, a wrong one named) and the ``GuardOptions``
 it builds (:func:`guard_options`). Guard's signature, which type checkers
-read, and the stub spell the options again: tests/test_guard_options.py
+read, and the stub spell the options again: python/tests/test_guard_options.py
 holds them to the table.
 """
 from __future__ import annotations
