@@ -55,7 +55,8 @@ class callback_scope {
 
 /// How an observer's RecordFunction callbacks (free functions: ATen takes
 /// plain function pointers) reach its private state: the observer's class
-/// (tracer, precision_advisor, precision_emulator) befriends this.
+/// (precision_advisor, precision_emulator) befriends this. The tracer keeps
+/// its state in a type of its own (tracer/tracer_state.h) instead.
 struct observer_access {
   // A member class, not a bare alias template: clang checks an alias
   // template's access outside the befriended class (a member class has the
