@@ -1,4 +1,5 @@
-// cuda_record.h — the part of a nonfinite_record on one CUDA device.
+// cuda_record.h — the part of a nonfinite_record on one CUDA device, and
+// how census() and has_nonfinite() read one CUDA tensor (census.cpp).
 //
 // Holds the device memory the census kernel (census_cuda.cu) writes: one
 // verdict for the device and, with statistics, one slot per tensor. Built
