@@ -104,7 +104,7 @@ struct guard::impl {
   void not_taken(step_event& e);
   void localize(step_record& r);
   void act(const detail::decision& d, step_record& r);
-  void roll_back(step_event& e);
+  void roll_back(step_event& e, bool cut_lr);
   void back_off(step_event& e);
   [[noreturn]] void abort_step(step_record& r);
 
@@ -332,19 +332,19 @@ void guard::impl::act(const detail::decision& d, step_record& r) {
     case policy::backoff:
       if (!scaler.enabled()) add_note(e.note, "loss scaling is disabled: the step was skipped");
       break;
-    case policy::rollback: roll_back(e); break;
+    case policy::rollback: roll_back(e, d.cut_lr); break;
   }
   back_off(e);
   e.remedy = applied_remedy(e, first_lr(), scaler.get_scale());
   write(e);
 }
 
-// Restores the newest calm snapshot and lowers the LR: every param group's,
-// or the schedule's factor.
-void guard::impl::roll_back(step_event& e) {
-  const double factor = recovery.roll_back(e);
+// Restores the newest calm snapshot and, with `cut_lr`, lowers the LR:
+// every param group's, or the schedule's factor.
+void guard::impl::roll_back(step_event& e, bool cut_lr) {
+  const double factor = recovery.roll_back(e, cut_lr);
   if (schedule) apply_schedule();
-  else scale_lrs(*host, factor);
+  else if (factor != 1) scale_lrs(*host, factor);
   sentinel.reset_spikes();  // the windows hold the divergence
 }
 

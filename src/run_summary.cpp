@@ -92,7 +92,7 @@ const std::string& run_narrator::observe(const step_event& e) {
   last_warning_.clear();
   if (e.action == action::data) return last_warning_;
   run_summary& s = summary_;
-  ++s.steps;
+  if (++s.steps == 1) s.first_lr = e.lr;
   s.last_step = e.step;
   s.loss_scale = e.scale;
   s.lr = e.lr;
@@ -149,6 +149,9 @@ std::string to_string(const run_summary& s) {
   if (s.ended_on_snapshot == 0) line += "; ended on its initial weights (rolled back to step 0)";
   else if (s.ended_on_snapshot > 0) line += fmt::format("; ended on the weights of step {} (rolled back)", s.ended_on_snapshot);
   else if (s.last_rollback_to == 0) line += "; the last rollback restored the initial weights (step 0)";
+  if (s.rolled_back > 0 && s.lr < s.first_lr)
+    line += fmt::format("; lr {:.4g} -> {:.4g} (cut by rollbacks): start the next run at lr <= {:.4g}", s.first_lr,
+                        s.lr, s.lr);
   if (s.aborted) line += fmt::format("; stopped at step {} (abort)", s.last_bad_step);
   return line;
 }

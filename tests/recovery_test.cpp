@@ -111,19 +111,25 @@ TEST(recovery, the_third_bad_step_in_a_row_rolls_back) {
   EXPECT_EQ(f.r->decide(rec).policy, policy::skip);
 }
 
-TEST(recovery, a_loss_that_runs_away_rolls_back_before_the_nan) {
-  fixture f;
-  for (int i = 0; i < 10; ++i) {
+// `n` finite steps of loss `loss` and grad norm 1.
+void observe_calm(recovery& r, int n, double loss = 1.0) {
+  for (int i = 0; i < n; ++i) {
     nanguard::step_event calm;
-    calm.loss = 1.0;
-    f.r->observe_finite(calm);
+    calm.loss = loss;
+    calm.grad_norm = 1.0;
+    r.observe_finite(calm);
   }
+}
+
+TEST(recovery, a_loss_that_spikes_three_times_in_a_row_rolls_back_before_the_nan) {
+  fixture f;
+  observe_calm(*f.r, 10);
   step_record rec;
   rec.locally_finite = true;
   for (int i = 0; i < 3; ++i) {
     EXPECT_FALSE(f.r->running_away()) << "after " << i << " spikes";
-    rec.event.loss = 1e6;
-    rec.event.spikes = {{"loss", 1e6, 1e4}};
+    rec.event.loss = 100;  // 10x the median, under 1000x the best
+    rec.event.spikes = {{"loss", 100, 1e4}};
     f.r->observe_finite(rec.event);
   }
   ASSERT_TRUE(f.r->running_away());
@@ -133,13 +139,82 @@ TEST(recovery, a_loss_that_runs_away_rolls_back_before_the_nan) {
   EXPECT_EQ(f.r->decide(rec).policy, policy::rollback);
 }
 
+TEST(recovery, a_loss_1000_times_the_runs_best_rolls_back_at_once_under_auto_and_rollback) {
+  for (policy p : {policy::automatic, policy::rollback}) {
+    fixture f(guard_options().policy(p));
+    observe_calm(*f.r, 3, 9.4);
+    observe_calm(*f.r, 5, 2.0);  // the best window: a median of 2
+    nanguard::step_event e;
+    e.loss = 1999;
+    f.r->observe_finite(e);
+    EXPECT_FALSE(f.r->running_away()) << to_string(p);
+    e.loss = 2001;
+    f.r->observe_finite(e);
+    EXPECT_TRUE(f.r->running_away()) << to_string(p);
+    EXPECT_EQ(e.reason, "loss diverging: 2001 is over 1000 times the run's best (2)");
+  }
+  fixture skip(guard_options().policy(policy::skip));  // a policy that does not roll back lets it be
+  observe_calm(*skip.r, 5, 2.0);
+  nanguard::step_event e;
+  e.loss = 1e9;
+  skip.r->observe_finite(e);
+  EXPECT_FALSE(skip.r->running_away());
+}
+
+TEST(recovery, a_converged_loss_rising_orders_of_magnitude_below_the_first_is_no_runaway) {
+  fixture f;
+  observe_calm(*f.r, 1, 1.0);
+  observe_calm(*f.r, 5, 1e-6);
+  nanguard::step_event e;
+  e.loss = 1e-2;  // 10^4 x the best, below the first loss
+  f.r->observe_finite(e);
+  EXPECT_FALSE(f.r->running_away());
+}
+
+TEST(recovery, only_a_calm_step_is_a_rollback_target) {
+  fixture f;
+  observe_calm(*f.r, 5, 2.0);
+  nanguard::step_event e;
+  e.loss = 19;
+  e.grad_norm = 99;
+  EXPECT_TRUE(f.r->calm(e));
+  e.loss = 21;  // over 10x the best window's loss
+  EXPECT_FALSE(f.r->calm(e));
+  e.loss = 2;
+  e.grad_norm = 101;  // over 100x its grad norm
+  EXPECT_FALSE(f.r->calm(e));
+  e.grad_norm = 1;
+  e.spikes = {{"grad_norm", 1, 50}};
+  EXPECT_FALSE(f.r->calm(e));
+}
+
+TEST(recovery, each_rollback_before_the_run_is_calm_again_cuts_the_lr_more) {
+  fixture f(guard_options().rollback_lr_factor(0.5));
+  f.r->snapshot(0);
+  nanguard::step_event e;
+  EXPECT_EQ(f.r->roll_back(e), 0.5);
+  EXPECT_EQ(f.r->roll_back(e), 0.25);
+  EXPECT_EQ(f.r->roll_back(e), 0.125);
+  EXPECT_EQ(f.r->lr_factor(), 0.5 * 0.25 * 0.125);
+  f.r->snapshot(40);  // calm again
+  EXPECT_EQ(f.r->roll_back(e), 0.5);
+  EXPECT_EQ(f.r->roll_back(e, /*cut_lr=*/false), 1.0);  // bad data: the LR is kept
+}
+
+TEST(recovery, under_policy_rollback_bad_data_keeps_the_lr_and_a_quarantined_batch_is_skipped) {
+  fixture f(guard_options().policy(policy::rollback));
+  const nanguard::detail::decision first = f.r->decide(bad_step(cause::bad_data));
+  EXPECT_EQ(first.policy, policy::rollback);
+  EXPECT_FALSE(first.cut_lr);
+  step_record again = bad_step(cause::bad_data);
+  again.quarantined = true;
+  EXPECT_EQ(f.r->decide(again).policy, policy::skip);
+  EXPECT_TRUE(f.r->decide(bad_step(cause::log_of_nonpositive)).cut_lr);
+}
+
 TEST(recovery, a_spike_within_10_times_the_median_is_not_a_runaway) {
   fixture f;
-  for (int i = 0; i < 10; ++i) {
-    nanguard::step_event calm;
-    calm.loss = 1.0;
-    f.r->observe_finite(calm);
-  }
+  observe_calm(*f.r, 10);
   for (int i = 0; i < 5; ++i) {
     nanguard::step_event e;
     e.loss = 5.0;

@@ -49,13 +49,17 @@ struct run_summary {
   int64_t last_step = -1;  ///< the last step seen, taken or not (-1: none)
   double loss_scale = 1;    ///< the loss scale of the last step
   double lr = 0;            ///< the LR of the last step
+  double first_lr = 0;      ///< the LR of the first step
 };
 
 /// One line: `nanguard: 48 steps, 2 not taken (2 skipped); last bad step 13
 /// [log_of_nonpositive]; loss 2.31 (step 1) -> 0.42 (step 48)`, with the loss
 /// scale when it is not 1, and what the user must know: the loss did not
 /// fall, the model ended on a snapshot's weights (its initial ones), the
-/// last rollback restored the initial weights, the run stopped.
+/// last rollback restored the initial weights, the run stopped; after a
+/// rollback that cut the LR, the LR the run began and ended with, and the one
+/// to start the next run with (`; lr 3 -> 0.0469 (cut by rollbacks): start
+/// the next run at lr <= 0.0469`).
 std::string to_string(const run_summary& s);
 
 /// How a run ended, from its summary (what `nanguard report` shows): "empty"

@@ -74,28 +74,60 @@ bool recovery::rolls_back() const {
 
 // ---- what the steps were
 
-// A converged loss has so small a spread that a rise within noise scores a
-// high z: a spike must also reach 10 times the median of the steps before.
 void recovery::observe_finite(step_event& e) {
   ++steps_observed_;
+  const bool spiked = spiked_three_times(e);
+  runaway_ = rolls_back() && options_.spike_rollback_z() > 0 && (spiked || far_above_best(e.loss));
+  if (!runaway_) return remember_finite(e);
+  e.reason = spiked ? fmt::format("loss diverging: a spike of z >= {:g} on 3 steps in a row (loss {:.6g})",
+                                  options_.spike_rollback_z(), e.loss)
+                    : fmt::format("loss diverging: {:.6g} is over {:g} times the run's best ({:.6g})", e.loss,
+                                  runaway_factor, best_loss_);
+}
+
+// auto: whether `e` is the third step in a row whose loss spiked by
+// spike_rollback_z. A converged loss has so small a spread that a rise
+// within noise scores a high z: a spike must also reach 10 times the
+// median of the steps before.
+bool recovery::spiked_three_times(const step_event& e) {
   const bool watching = options_.policy() == policy::automatic && options_.spike_rollback_z() > 0;
   const bool spiked = watching && std::any_of(e.spikes.begin(), e.spikes.end(), [&](const spike& s) {
     return s.series == "loss" && s.z >= options_.spike_rollback_z() &&
            s.value > 10 * median({losses_.begin(), losses_.end()});
   });
   spiking_ = spiked ? spiking_ + 1 : 0;
-  runaway_ = spiking_ >= 3;
-  if (runaway_) {
-    e.reason = fmt::format("loss diverging: a spike of z >= {:g} on 3 steps in a row (loss {:.6g})",
-                           options_.spike_rollback_z(), e.loss);
-    return;
-  }
+  return spiking_ >= 3;
+}
+
+// Whether `loss` is orders of magnitude above where the run has been: its
+// best window and its first loss (a converged loss of 1e-6 that rises to
+// 1e-3 is noise, not a divergence). Losses that may be negative are not
+// judged so.
+bool recovery::far_above_best(double loss) const {
+  return best_loss_ > 0 && std::isfinite(best_loss_) && loss > runaway_factor * best_loss_ && loss > first_loss_;
+}
+
+// The windows a diagnosis reads, and the run's best one.
+void recovery::remember_finite(const step_event& e) {
+  if (first_loss_ == HUGE_VAL) first_loss_ = e.loss;
   losses_.push_back(e.loss);
   grad_norms_.push_back(e.grad_norm);
   if (int64_t(losses_.size()) > options_.spikes().window()) {
     losses_.pop_front();
     grad_norms_.pop_front();
   }
+  const auto last = [](const std::deque<double>& d) {
+    const size_t n = std::min<size_t>(d.size(), calm_window);
+    return median({d.end() - static_cast<std::ptrdiff_t>(n), d.end()});
+  };
+  best_loss_ = std::min(best_loss_, last(losses_));
+  best_norm_ = std::min(best_norm_, last(grad_norms_));
+}
+
+bool recovery::calm(const step_event& e) const {
+  const auto within = [](double x, double best, double factor) { return !std::isfinite(best) || x <= factor * best; };
+  return e.spikes.empty() && within(e.loss, best_loss_, calm_factor) &&
+         within(e.grad_norm, best_norm_, calm_norm_factor);
 }
 
 void recovery::count_taken() {
@@ -115,11 +147,11 @@ void recovery::count_step(bool bad) {
   if (int64_t(recent_bad_.size()) > max_bad_window) recent_bad_.pop_front();
 }
 
-// auto in one process: the record of a bad step's batch (none when the step
-// has no batch; distributed, each rank's batch is its own, and the ranks
-// must decide alike).
+// auto and rollback in one process: the record of a bad step's batch (none
+// when the step has no batch; distributed, each rank's batch is its own, and
+// the ranks must decide alike).
 recovery::bad_batch_record* recovery::bad_batch_of(const step_record& r) {
-  if (options_.policy() != policy::automatic || options_.distributed()) return nullptr;
+  if (!rolls_back() || options_.distributed()) return nullptr;
   const std::optional<uint64_t> id = fingerprint(r.batches);
   return id ? &bad_batches_[*id] : nullptr;
 }
@@ -143,7 +175,9 @@ void recovery::remember_bad_batch(step_record& r) {
     b->first_step = e.step;
     b->findings = e.findings;
   }
-  if (!b->quarantined && (b->times >= 2 || c == cause::bad_data)) {
+  // Under rollback only bad data: the user chose to roll back whatever else went wrong.
+  const bool twice = options_.policy() == policy::automatic && b->times >= 2;
+  if (!b->quarantined && (twice || c == cause::bad_data)) {
     b->quarantined = true;
     add_note(e.note, fmt::format("batch quarantined (bad at step {}{})", b->first_step,
                                  b->times >= 2 ? fmt::format(" and {}", e.step) : std::string()));
@@ -156,7 +190,12 @@ decision recovery::decide(const step_record& r) const {
   const std::string too_many = too_many_bad();
   if (!too_many.empty()) return {policy::abort, too_many};
   if (r.runaway) return {policy::rollback, ""};
-  return {options_.policy() == policy::automatic ? by_cause(r) : options_.policy(), ""};
+  if (options_.policy() == policy::automatic) return {by_cause(r), ""};
+  // A rollback for bad data keeps the LR: the data is at fault, not the LR
+  // (and once quarantined, the batch is skipped: the weights are fine).
+  const bool data = r.quarantined || first_cause(r.event) == cause::bad_data;
+  if (options_.policy() == policy::rollback && data) return {r.quarantined ? policy::skip : policy::rollback, "", false};
+  return {options_.policy(), ""};
 }
 
 // Why the run is stopped: max_bad_steps bad steps in a row, or more than
@@ -198,8 +237,7 @@ void recovery::snapshot_if_due(const step_event& e, double step_seconds) {
   if (snapshot_interval_ == 0) snapshot_interval_ = measured_interval();
   snapshot_pending_ = snapshot_pending_ || e.step - last_snapshot_ >= snapshot_interval_;
   const bool judged = options_.policy() != policy::automatic || steps_observed_ > options_.spikes().min_samples();
-  const bool calm = e.spikes.empty() && judged;
-  if (snapshot_pending_ && calm) snapshot(e.step);
+  if (snapshot_pending_ && judged && calm(e)) snapshot(e.step);
 }
 
 void recovery::snapshot(int64_t step) {
@@ -209,6 +247,7 @@ void recovery::snapshot(int64_t step) {
   last_snapshot_ = step;
   snapshot_interval_ = 0;
   snapshot_pending_ = false;
+  cuts_in_a_row_ = 0;  // calm again: the next rollback cuts from the start
 }
 
 // The steps from the last snapshot to the next: snapshot_every, or under
@@ -224,13 +263,16 @@ int64_t recovery::measured_interval() {
   return ranks_ ? ranks_->rank0s(interval) : interval;
 }
 
-double recovery::roll_back(step_event& e) {
+double recovery::roll_back(step_event& e, bool cut_lr) {
   add_note(e.note, moved_most(ring_.diff()));  // the diverged layers
   // Diverging again from the snapshot just restored (no newer one since):
   // it was taken on the way up; go one further back when there is one.
   if (ring_.newest_step() == restored_step_ && ring_.size() > 1) ring_.drop_newest();
   e.rollback_to = restored_step_ = ring_.restore();
-  const double factor = options_.rollback_lr_factor();
+  // Each rollback before the run is calm again cuts more: a run that
+  // diverges from its first step needs its LR cut by 100 in a few rollbacks,
+  // not in 7 halvings that each waste the steps up to the next divergence.
+  const double factor = cut_lr ? std::pow(options_.rollback_lr_factor(), double(++cuts_in_a_row_)) : 1.0;
   lr_factor_ *= factor;
   ++rollbacks_;
   spiking_ = steps_observed_ = 0;

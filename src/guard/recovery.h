@@ -17,6 +17,7 @@
 #include "nanguard/snapshot.h"
 #include "nanguard/training_host.h"
 
+#include <cmath>
 #include <deque>
 #include <optional>
 #include <string>
@@ -32,6 +33,8 @@ struct decision {
   nanguard::policy policy = nanguard::policy::skip;
   /// Why the run is stopped (max_bad_steps, max_bad_fraction); "" otherwise.
   std::string note;
+  /// A rollback: whether it cuts the LR (not for bad data: the LR is not at fault).
+  bool cut_lr = true;
 };
 
 /// The recovery policy and its state across steps.
@@ -43,27 +46,32 @@ class recovery {
 
   // ---- what the steps were
 
-  /// A finite step (its spikes observed): it counts toward a runaway loss
-  /// (auto), whose reason it then gets, else its loss and grad norm join the
-  /// windows a diagnosis reads.
+  /// A finite step (its spikes observed): it may run away (below), and then
+  /// gets the reason, else its loss and grad norm join the windows a
+  /// diagnosis reads and the run's best window.
   void observe_finite(step_event& e);
-  /// Whether the finite step observed last is the third in a row whose loss
-  /// spiked by spike_rollback_z and to 10 times the median of the steps
-  /// before (auto): the run diverges, and the guard rolls back before the
-  /// NaN/Inf comes.
+  /// Whether the finite step observed last runs away, under the policies
+  /// that roll back (and spike_rollback_z not 0): its loss is orders of magnitude (runaway_factor) above
+  /// the run's best window and its first loss, or (auto) it is the third in
+  /// a row whose loss spiked by spike_rollback_z and to 10 times the median
+  /// of the steps before. The guard then rolls back before the NaN/Inf comes.
   bool running_away() const { return runaway_; }
+  /// Whether finite step `e` is calm: no spike, its loss within calm_factor
+  /// of the run's best window (and its grad norm within calm_norm_factor).
+  /// Only a calm step's snapshot is a rollback target.
+  bool calm(const step_event& e) const;
   /// A step the optimizer took (resets the bad steps in a row).
   void count_taken();
   /// A step the optimizer did not take.
   void count_not_taken();
 
-  /// auto in one process: whether the batches of `r` were quarantined; if so
+  /// auto and rollback in one process: whether the batches of `r` were quarantined; if so
   /// the event gets the findings of the first time and a note, and the step
   /// is not replayed.
   bool quarantined(step_record& r);
-  /// auto in one process: counts a bad step of the batches of `r`;
-  /// quarantines them the second time, or the first when the data itself
-  /// was bad. A divergence, an overflow or a loss-scale overflow is the
+  /// auto and rollback in one process: counts a bad step of the batches of
+  /// `r`; quarantines them the first time the data itself was bad, or (auto)
+  /// the second time. A divergence, an overflow or a loss-scale overflow is the
   /// model's or the LR's: the batch is not blamed.
   void remember_bad_batch(step_record& r);
 
@@ -83,10 +91,12 @@ class recovery {
   /// Copies the state into the ring now, as the snapshot of `step`.
   void snapshot(int64_t step);
   /// Restores the newest calm snapshot into the host (diverging again from
-  /// the one restored last goes one further back) and multiplies the LR
-  /// factor by rollback_lr_factor: returns that factor (the caller applies
-  /// it to the LRs). `e` gets rollback_to and the note of what moved most.
-  double roll_back(step_event& e);
+  /// the one restored last goes one further back) and, with `cut_lr`, cuts
+  /// the LR factor: by rollback_lr_factor, then its square, its cube, ... for
+  /// each rollback that comes before the run is calm again (a new snapshot).
+  /// Returns the cut (1: none; the caller applies it to the LRs). `e` gets
+  /// rollback_to and the note of what moved most.
+  double roll_back(step_event& e, bool cut_lr = true);
 
   // ---- what it knows
 
@@ -112,6 +122,9 @@ class recovery {
 
   policy by_cause(const step_record& r) const;
   bool scale_overflow(const step_event& e, std::optional<cause> c) const;
+  bool spiked_three_times(const step_event& e);
+  bool far_above_best(double loss) const;
+  void remember_finite(const step_event& e);
   std::string too_many_bad() const;
   bad_batch_record* bad_batch_of(const step_record& r);
   int64_t measured_interval();
@@ -134,6 +147,15 @@ class recovery {
   std::unordered_map<uint64_t, bad_batch_record> bad_batches_;
   int64_t spiking_ = 0;  // finite steps in a row whose loss spiked by spike_rollback_z
   bool runaway_ = false;  // the last finite step ran away (running_away)
+  // The run's best window: the lowest median of calm_window consecutive
+  // losses (grad norms) of steps taken, and the first loss (a runaway loss
+  // is above both).
+  static constexpr int64_t calm_window = 5;
+  static constexpr double calm_factor = 10, calm_norm_factor = 100, runaway_factor = 1e3;
+  double best_loss_ = HUGE_VAL, best_norm_ = HUGE_VAL, first_loss_ = HUGE_VAL;
+  // Rollbacks since the run was last calm enough for a snapshot: each cuts
+  // the LR more than the one before.
+  int64_t cuts_in_a_row_ = 0;
   // Finite steps since the start or the last rollback: a snapshot waits
   // until the spike windows hold enough of them to tell a calm step.
   int64_t steps_observed_ = 0;
