@@ -66,16 +66,21 @@ int main(int argc, char** argv) {
   const nanguard::step_fn fn = [&](const std::vector<at::Tensor>& b) {
     return torch::nn::functional::cross_entropy(w.model->forward(b[0]), b[1]);
   };
-  int64_t skipped = 0;
+  int64_t skipped = 0, forecasts = 0;  // a healthy workload has neither
   std::vector<double> guard_ms;  // the guard's own time per step, from its events
   const std::vector<std::function<void()>> variants = {
       [&] { w.plain_step(); },
       [&] {
         const nanguard::step_event e = g.step(batch, fn);
         skipped += e.skipped;
+        forecasts += e.forecast.has_value();
         guard_ms.push_back(e.guard_ms);
       },
-      [&] { skipped += gs.step(batch, fn).skipped; },
+      [&] {
+        const nanguard::step_event e = gs.step(batch, fn);
+        skipped += e.skipped;
+        forecasts += e.forecast.has_value();
+      },
   };
   for (const auto& v : variants) v();  // warm-up
   // Wall time, and process CPU time (all threads), which other processes on
@@ -137,6 +142,7 @@ int main(int argc, char** argv) {
   fmt::print("sentinel_pass_ms: {:.3f}\n", pass[0] * 1e3);
   fmt::print("libtorch_clip_ms: {:.3f}\n", pass[1] * 1e3);
   fmt::print("event_line_ms: {:.3f}\n", event_line_s * 1e3);
+  fmt::print("healthy_steps_forecast: {}\n", forecasts);
   if (skipped) fmt::print("warning: the healthy workload skipped {} steps\n", skipped);
   std::remove((log + ".jsonl").c_str());
   std::remove((log + "_scaled.jsonl").c_str());

@@ -130,6 +130,12 @@ std::string to_json(const step_event& e) {
   if (!e.bundle.empty()) j["bundle"] = e.bundle;
   if (!e.remedy.empty()) j["remedy"] = e.remedy;
   if (!e.note.empty()) j["note"] = e.note;
+  if (e.forecast) {
+    const range_forecast& f = *e.forecast;
+    j["forecast"] = {{"series", f.series},       {"value", number(f.value)},
+                     {"growth", number(f.growth)}, {"limit", number(f.limit)},
+                     {"steps_left", f.steps_left}};
+  }
   j["guard_ms"] = number(e.guard_ms);
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
@@ -175,6 +181,12 @@ step_event step_event_from_json(const std::string& line) {
   e.bundle = json_field<std::string>(j, "bundle", "", kWhere);
   e.remedy = json_field<std::string>(j, "remedy", "", kWhere);
   e.note = json_field<std::string>(j, "note", "", kWhere);
+  if (j.contains("forecast")) {
+    const json& f = j.at("forecast");
+    e.forecast = range_forecast{json_field<std::string>(f, "series", kWhere), json_field<double>(f, "value", kWhere),
+                                json_field<double>(f, "growth", kWhere), json_field<double>(f, "limit", kWhere),
+                                json_field<int64_t>(f, "steps_left", kWhere)};
+  }
   e.guard_ms = value("guard_ms", 0.0);
   TORCH_CHECK(!j.contains("data") && e.action != action::data, kWhere, ": step ", e.step,
               e.action == action::data ? std::string(": action \"data\" without the \"data\" counts")

@@ -10,6 +10,7 @@
 #include "guard/step_record.h"
 #include "guard/step_replay.h"
 
+#include "detail/dtype_limits.h"
 #include "detail/enum_from_string.h"
 #include "detail/generator_states.h"
 
@@ -127,6 +128,7 @@ struct guard::impl {
   std::unique_ptr<event_log> log;
   std::vector<std::string> batch_names;  // set_batch_names
   bundle_tag_list bundle_tags = options.bundle_tags();
+  double grad_limit;  // the largest value the gradients' dtype holds (the forecast's limit)
   std::optional<detail::rank_agreement> ranks;  // distributed only
   detail::step_replay replayer;
   detail::recovery recovery;
@@ -147,6 +149,8 @@ struct guard::impl {
 guard::impl::impl(std::shared_ptr<training_host> h, guard_options opts)
     : host(std::move(h)), options(std::move(opts)), scaler(options.scaler()),
       sentinel(host->named_parameters(), options.spikes()),
+      grad_limit(sentinel.parameters().empty() ? HUGE_VAL
+                                               : detail::largest_finite(sentinel.parameters().front().scalar_type())),
       ranks(options.distributed() ? std::make_optional<detail::rank_agreement>(*options.distributed(), sentinel,
                                                                                 scaler, options)
                                   : std::nullopt),
@@ -197,6 +201,7 @@ bool guard::impl::forward_backward(step_record& r) {
       user_time plain_work(user_s);
       loss = detail::loss_of(r.fn, r.batches[i], sentinel.parameters());
     }
+    r.loss_limit = detail::largest_finite(loss.scalar_type());
     double value = 0;
     if (!sentinel.check_loss(loss, &value) && finite) {
       finite = false;
@@ -257,6 +262,7 @@ void guard::impl::conclude(step_record& r) {
   const bool finite = ranks ? ranks->agree(r, step) && ranks->checksums_agree(e, step) : r.locally_finite;
   if (finite) {
     e.spikes = sentinel.observe(e.loss, e.grad_norm);
+    e.forecast = sentinel.forecast(r.loss_limit, grad_limit / scaler.get_scale());
     recovery.observe_finite(e);
     r.runaway = recovery.running_away();
     if (!r.runaway) return take(r);
@@ -609,6 +615,7 @@ step_event guard::check(const at::Tensor& loss, const step_fn& replay, const std
   r.batches = {batch};
   r.fn = replay;
   r.step_optimizer = false;
+  r.loss_limit = detail::largest_finite(loss.scalar_type());
   const bool loss_finite = s.sentinel.check_loss(loss, &r.event.loss);
   s.measured(r, loss_finite);  // the host's gradients, as backward left them
   if (loss_finite && !detail::gradients_written_since(s.sentinel.parameters(), s.started_gradients)) {

@@ -104,6 +104,11 @@ const std::string& run_narrator::observe(const step_event& e) {
     s.final_step = e.step;
     s.final_loss = e.loss;
     s.ended_on_snapshot = -1;
+    if (e.forecast && !forecasting_)
+      last_warning_ = fmt::format("nanguard: step {}: {}; lower the LR or clip the gradients (max_norm): the "
+                                  "guard rolls back when 3 steps are left (policy auto or rollback)",
+                                  e.step, to_string(*e.forecast));
+    forecasting_ = e.forecast.has_value();
     return last_warning_;
   }
   ++s.not_taken;

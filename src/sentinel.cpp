@@ -251,7 +251,16 @@ std::vector<spike> sentinel::observe(double loss, double grad_norm) {
   if (loss_spikes_.is_spike(zl)) out.push_back({"loss", loss, zl});
   const double zn = norm_spikes_.observe(grad_norm);
   if (norm_spikes_.is_spike(zn)) out.push_back({"grad_norm", grad_norm, zn});
+  loss_trend_.add(loss);
+  norm_trend_.add(grad_norm);
   return out;
+}
+
+std::optional<range_forecast> sentinel::forecast(double loss_limit, double norm_limit) const {
+  std::optional<range_forecast> loss = loss_trend_.forecast("loss", loss_limit);
+  std::optional<range_forecast> norm = norm_trend_.forecast("grad_norm", norm_limit);
+  if (!loss || (norm && norm->steps_left < loss->steps_left)) return norm;
+  return loss;
 }
 
 }  // namespace nanguard

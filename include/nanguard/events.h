@@ -9,6 +9,7 @@
 #pragma once
 
 #include <nanguard/finding.h>
+#include <nanguard/forecast.h>
 #include <nanguard/sentinel.h>
 
 #include <c10/util/Exception.h>
@@ -125,6 +126,9 @@ struct step_event {
   /// ("" on a healthy step). Why the step went bad: its findings' diagnosis.
   std::string remedy;
   std::string note;             ///< free text: an error, or on rollback the parameters that moved most
+  /// A finite step whose loss or grad norm grows toward its dtype's range:
+  /// where and when it leaves it (forecast.h); none on a healthy step.
+  std::optional<range_forecast> forecast;
   /// Milliseconds the guard itself spent on this step: all of guard::step
   /// but the user's forward, the backward and the optimizer step (which a
   /// plain loop runs too) and this event's own log line; for a step a

@@ -46,6 +46,7 @@
 #include <nanguard/cause.h>
 #include <nanguard/diagnosis.h>
 // guard: the checks and recoveries of a training step (guard.h), and of the data it is fed (firewall.h).
+#include <nanguard/forecast.h>
 #include <nanguard/sentinel.h>
 #include <nanguard/loss_scaler.h>
 #include <nanguard/clip.h>

@@ -76,7 +76,10 @@ const char* run_status(const run_summary& s);
 class run_narrator {
  public:
   /// Counts `e` and returns its warning line ("" for a step the optimizer
-  /// took and for a data event); also last_warning() until the next call.
+  /// took and for a data event, but for the first of a run of steps with a
+  /// forecast: `nanguard: step 12: the loss (3.1e+30) leaves the range
+  /// 3.40282e+38 in about 7 steps (x3 a step); lower the LR ...`); also
+  /// last_warning() until the next call.
   const std::string& observe(const step_event& e);
   /// The line the last observe() returned.
   const std::string& last_warning() const { return last_warning_; }
@@ -89,6 +92,7 @@ class run_narrator {
   run_summary summary_;
   std::string last_warning_;
   std::map<std::string, int64_t> seen_;  // failure (what + cause) -> how many times
+  bool forecasting_ = false;  // the step before had a forecast (warned once until it ends)
 };
 
 /// The warning line of bad step `e` seen `times` times (1: the first; a

@@ -13,6 +13,8 @@
 //     std::cerr << spike.series << " spiked: z = " << spike.z << "\n";
 #pragma once
 
+#include <nanguard/forecast.h>
+
 #include <ATen/core/Tensor.h>
 #include <torch/arg.h>
 
@@ -103,12 +105,20 @@ class sentinel {
   void apply_factor_(double factor) const;
 
   /// Scores loss and grad norm against their rolling windows; the spikes.
+  /// Their trends (forecast()) follow them.
   std::vector<spike> observe(double loss, double grad_norm);
+  /// The series that leaves its range first at the trend of the values
+  /// observe() saw last: the loss against `loss_limit` (its dtype's largest
+  /// value), the grad norm against `norm_limit` (the gradients' dtype's
+  /// largest over the loss scale); none for a healthy run (range_trend).
+  std::optional<range_forecast> forecast(double loss_limit, double norm_limit) const;
 
-  /// Forgets the spike windows (e.g. after a rollback).
+  /// Forgets the spike windows and the trends (e.g. after a rollback).
   void reset_spikes() {
     loss_spikes_.reset();
     norm_spikes_.reset();
+    loss_trend_.reset();
+    norm_trend_.reset();
   }
 
   /// Parameter names, in the order of grad_report's vectors.
@@ -121,6 +131,8 @@ class sentinel {
   std::vector<at::Tensor> params_;
   spike_detector loss_spikes_;
   spike_detector norm_spikes_;
+  range_trend loss_trend_;
+  range_trend norm_trend_;
 };
 
 /// `loss 12.5 (z=9.1)`.

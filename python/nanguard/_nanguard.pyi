@@ -295,6 +295,11 @@ class StepEvent:
     def lr(self) -> float:
         ...
     @property
+    def forecast(self) -> str | None:
+        """
+        Where the loss or grad norm leaves its dtype's range at its trend (forecast.h), None when healthy.
+        """
+    @property
     def nonfinite_params(self) -> list[tuple[str, int]]:
         """
         [(name, NaN/Inf count)]

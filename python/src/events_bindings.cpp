@@ -63,6 +63,13 @@ void bind_events(py::module_& m) {
       .def_readonly("bundle", &step_event::bundle)
       .def_readonly("remedy", &step_event::remedy)
       .def_readonly("note", &step_event::note)
+      .def_property_readonly(
+          "forecast",
+          [](const step_event& e) -> std::optional<std::string> {
+            if (!e.forecast) return std::nullopt;
+            return nanguard::to_string(*e.forecast);
+          },
+          "Where the loss or grad norm leaves its dtype's range at its trend (forecast.h), None when healthy.")
       .def("to_json", [](const step_event& e) { return nanguard::to_json(e); }, "The event log's line (JSON).")
       // Pickled as StepEvent(its line): a StepResult (a NonFiniteError's)
       // crosses processes. __reduce__ rather than py::pickle, whose

@@ -77,12 +77,15 @@ bool recovery::rolls_back() const {
 void recovery::observe_finite(step_event& e) {
   ++steps_observed_;
   const bool spiked = spiked_three_times(e);
-  runaway_ = rolls_back() && options_.spike_rollback_z() > 0 && (spiked || far_above_best(e.loss));
+  const bool leaving = e.forecast && e.forecast->steps_left <= forecast_steps;
+  runaway_ = rolls_back() && options_.spike_rollback_z() > 0 && (spiked || leaving || far_above_best(e.loss));
   if (!runaway_) return remember_finite(e);
   e.reason = spiked ? fmt::format("loss diverging: a spike of z >= {:g} on 3 steps in a row (loss {:.6g})",
                                   options_.spike_rollback_z(), e.loss)
-                    : fmt::format("loss diverging: {:.6g} is over {:g} times the run's best ({:.6g})", e.loss,
-                                  runaway_factor, best_loss_);
+             : leaving ? (e.forecast->series == "loss" ? "loss diverging: " : "grad norm diverging: ") +
+                             to_string(*e.forecast)
+                       : fmt::format("loss diverging: {:.6g} is over {:g} times the run's best ({:.6g})", e.loss,
+                                     runaway_factor, best_loss_);
 }
 
 // auto: whether `e` is the third step in a row whose loss spiked by

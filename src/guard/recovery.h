@@ -52,7 +52,8 @@ class recovery {
   void observe_finite(step_event& e);
   /// Whether the finite step observed last runs away, under the policies
   /// that roll back (and spike_rollback_z not 0): its loss is orders of magnitude (runaway_factor) above
-  /// the run's best window and its first loss, or (auto) it is the third in
+  /// the run's best window and its first loss, or its forecast leaves the
+  /// dtype's range within 3 steps, or (auto) it is the third in
   /// a row whose loss spiked by spike_rollback_z and to 10 times the median
   /// of the steps before. The guard then rolls back before the NaN/Inf comes.
   bool running_away() const { return runaway_; }
@@ -152,6 +153,8 @@ class recovery {
   // is above both).
   static constexpr int64_t calm_window = 5;
   static constexpr double calm_factor = 10, calm_norm_factor = 100, runaway_factor = 1e3;
+  // A forecast this close to the range's end is acted on (sentinel::forecast).
+  static constexpr int64_t forecast_steps = 3;
   double best_loss_ = HUGE_VAL, best_norm_ = HUGE_VAL, first_loss_ = HUGE_VAL;
   // Rollbacks since the run was last calm enough for a snapshot: each cuts
   // the LR more than the one before.

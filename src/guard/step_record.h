@@ -14,6 +14,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,6 +42,8 @@ struct step_record {
   bool quarantined = false;
   /// A finite step whose loss runs away (recovery::running_away): not taken.
   bool runaway = false;
+  /// The largest value the loss's dtype holds (the forecast's limit).
+  double loss_limit = std::numeric_limits<float>::max();
   /// What happened, as the event log records it.
   step_event event;
 
