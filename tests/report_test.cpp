@@ -1,5 +1,6 @@
 #include <nanguard/report.h>
 
+#include <nanguard/diagnosis.h>  // diagnose(): the findings of the runs reported
 #include "detail/report_detail.h"
 
 #include <c10/util/Exception.h>
