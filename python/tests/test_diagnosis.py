@@ -81,7 +81,9 @@ def test_the_guard_diagnoses_with_its_history_and_says_what_it_did(tmp_path):
     y = x @ torch.randn(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     log = tmp_path / "events.jsonl"
-    g = nanguard.Guard(model, opt, policy="rollback", snapshot_every=10, event_log=str(log))
+    # spike_rollback_z=0: no rollback of the runaway loss before it overflows
+    # (the rescue of a diverging run, docs/guard.md), so that a NaN comes.
+    g = nanguard.Guard(model, opt, policy="rollback", snapshot_every=10, event_log=str(log), spike_rollback_z=0)
     r = None
     for step in range(300):
         if step == 30:
