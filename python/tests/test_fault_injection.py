@@ -120,14 +120,15 @@ def assert_recovered_from_bad_data(model, w0, guard, messages, clean):
 
 def assert_converged_after_rollbacks(model, w0, guard, messages, data):
     """Finite, below half the initial loss, not on the initial weights,
-    after at least 4 rollbacks (3.0 halved towards a stable LR), a warning
-    per bad step and the summary."""
+    after at least 3 rollbacks (3.0 cut towards a stable LR, each cut
+    deeper than the one before: x0.5, x0.25, x0.125), a warning per bad
+    step and the summary."""
     initial = loss_on(Regressor(), data.x, data.y)
     final = loss_on(model, data.x, data.y)
     assert math.isfinite(final) and final < 0.5 * initial, (final, initial)
     assert not torch.equal(model.lin.weight.detach(), w0)
     s = guard.summary()
-    assert s["rolled_back"] >= 4, s
+    assert s["rolled_back"] >= 3, s
     assert len(messages) == s["not_taken"] + 1 and messages[-1] == s["text"], messages
 
 
@@ -189,9 +190,9 @@ def test_plain_loop_each_policy_ends_a_run_with_a_recurring_bad_sample_finite(po
     assert not torch.equal(model.lin.weight.detach(), w0)
     s = guard.summary()
     assert s["not_taken"] == 25 and len(messages) == 26
-    assert s["rolled_back"] == (25 if policy == "rollback" else 0)
-    if policy != "rollback":  # rolling back halves the LR on each: the wrong answer to bad data
-        assert_recovered_from_bad_data(model, w0, guard, messages, clean)
+    # rollback: once, keeping the LR (the data is bad, not the LR), then the batch is quarantined
+    assert s["rolled_back"] == (1 if policy == "rollback" else 0)
+    assert_recovered_from_bad_data(model, w0, guard, messages, clean)
 
 
 def test_plain_loop_abort_stops_at_the_first_bad_step_with_a_bundle(tmp_path):
