@@ -318,10 +318,12 @@ void bind_guard_options(py::module_& m) {
            "rollback and auto: the newest snapshots kept, and as many older ones, one per 10 x snapshot_every "
            "steps.")
       .row("rollback_lr_factor", "float", "rollback_lr_factor",
-           "rollback and auto: the LR is multiplied by this each time.")
+           "rollback and auto: a rollback multiplies the LR by this, the next one before the run is calm again by "
+           "its square, then its cube, ...; a rollback for bad data keeps the LR.")
       .row("spike_rollback_z", "float", "spike_rollback_z",
            "auto: a loss spike of at least this robust z-score (and 10x the median loss before) on 3 steps in a "
-           "row rolls back before the NaN (0: off).")
+           "row rolls back before the NaN (0: off, and so is the rollback of a loss over 1000x the run's best "
+           "under auto and rollback).")
       .row("max_bad_steps", "int", "max_bad_steps", "aborts after that many bad steps in a row (0: never).")
       .row("max_bad_fraction", "float", "max_bad_fraction",
            "aborts when more than this fraction of the last 100 steps (once there are 20) were bad (1: never).")
