@@ -111,6 +111,12 @@ int main(int argc, char** argv) {
        [&] { torch::nn::utils::clip_grad_norm_(params, 1e9); }},
       50);
 
+  // What one snapshot holds and costs (parameters, buffers, AdamW's moments).
+  nanguard::module_host host(*w.model, w.optimizer);
+  nanguard::snapshot_ring ring(host, 1);
+  int64_t snapshot_step = 0;
+  const double snapshot_s = nanguard::bench::median_seconds({[&] { ring.take(++snapshot_step); }}, 5)[0];
+
   // One event-log line as the guard writes it (the guard's time excludes it).
   nanguard::step_event typical = g.step(batch, fn);
   const std::string line_log = log + "_lines.jsonl";
@@ -143,6 +149,8 @@ int main(int argc, char** argv) {
   fmt::print("libtorch_clip_ms: {:.3f}\n", pass[1] * 1e3);
   fmt::print("event_line_ms: {:.3f}\n", event_line_s * 1e3);
   fmt::print("healthy_steps_forecast: {}\n", forecasts);
+  fmt::print("snapshot_bytes: {}\n", host.state_bytes());
+  fmt::print("snapshot_ms: {:.3f}\n", snapshot_s * 1e3);
   if (skipped) fmt::print("warning: the healthy workload skipped {} steps\n", skipped);
   std::remove((log + ".jsonl").c_str());
   std::remove((log + "_scaled.jsonl").c_str());

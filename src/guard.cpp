@@ -513,6 +513,9 @@ guard::guard(std::shared_ptr<training_host> host, guard_options options) {
               o.snapshot_every(), "; e.g. 100");
   TORCH_CHECK(o.snapshot_keep() >= 1, "nanguard::guard_options: snapshot_keep must be >= 1 but is ",
               o.snapshot_keep(), "; e.g. 2");
+  TORCH_CHECK(o.snapshot_memory_mb() >= 0 && std::isfinite(o.snapshot_memory_mb()),
+              "nanguard::guard_options: snapshot_memory_mb must be finite and >= 0 but is ", o.snapshot_memory_mb(),
+              "; 0 lets the snapshots hold a quarter of this machine's memory");
   TORCH_CHECK(o.rollback_lr_factor() > 0 && o.rollback_lr_factor() <= 1,
               "nanguard::guard_options: rollback_lr_factor must be in (0, 1] but is ", o.rollback_lr_factor(),
               "; e.g. 0.5 halves the LR on every rollback");

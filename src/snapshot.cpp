@@ -3,7 +3,10 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <iterator>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -14,6 +17,18 @@ namespace nanguard {
 namespace {
 
 double l2(const at::Tensor& t) { return t.to(at::kDouble).norm().item<double>(); }
+
+// "84 GB", "1.2 MB", "512 B".
+std::string byte_text(int64_t bytes) {
+  const char* units[] = {"B", "kB", "MB", "GB", "TB"};
+  double v = double(bytes);
+  size_t u = 0;
+  while (v >= 1000 && u + 1 < std::size(units)) {
+    v /= 1000;
+    ++u;
+  }
+  return fmt::format("{:.3g} {}", v, units[u]);
+}
 
 void check_sizes(int64_t capacity, int64_t far_every) {
   TORCH_CHECK(capacity >= 1, "nanguard::snapshot_ring: capacity must be >= 1 but is ", capacity,
@@ -38,13 +53,40 @@ snapshot_ring::snapshot_ring(torch::nn::Module& module, torch::optim::Optimizer&
 
 snapshot_ring::~snapshot_ring() = default;
 
-void snapshot_ring::take(int64_t step) {
+bool snapshot_ring::take(int64_t step) {
   TORCH_CHECK(ring_.empty() || step > ring_.back().step, "nanguard::snapshot_ring::take: step ", step,
               " is not after the newest snapshot's (", ring_.back().step, ")");
+  const int64_t bytes = host_.state_bytes();
+  if (memory_budget_ > 0 && bytes > memory_budget_) {
+    refusal_ = fmt::format("a snapshot takes {}, over the memory budget of {}", byte_text(bytes),
+                           byte_text(memory_budget_));
+    return false;
+  }
+  refusal_.clear();
+  fit(bytes);
   const auto last_far = std::find_if(ring_.rbegin(), ring_.rend(), [](const snapshot& s) { return s.far; });
   const bool far = far_every_ > 0 && (last_far == ring_.rend() || step / far_every_ > last_far->step / far_every_);
-  ring_.push_back({step, host_.save(), far});
+  ring_.push_back({step, host_.save(), far, bytes});
   prune();
+  return true;
+}
+
+void snapshot_ring::set_memory_budget(int64_t bytes) {
+  TORCH_CHECK(bytes >= 0, "nanguard::snapshot_ring::set_memory_budget: the budget must be >= 0 bytes but is ",
+              bytes, "; 0 sets no bound");
+  memory_budget_ = bytes;
+  fit(0);
+}
+
+int64_t snapshot_ring::held_bytes() const {
+  int64_t total = 0;
+  for (const snapshot& s : ring_) total += s.bytes;
+  return total;
+}
+
+// Drops the oldest snapshots until `more` bytes fit besides the others.
+void snapshot_ring::fit(int64_t more) {
+  while (memory_budget_ > 0 && !ring_.empty() && held_bytes() + more > memory_budget_) ring_.pop_front();
 }
 
 // Keeps the `capacity` newest snapshots and the `capacity` newest far ones.

@@ -411,6 +411,29 @@ TEST(guard, a_second_divergence_from_the_restored_snapshot_goes_one_further_back
   EXPECT_EQ(8, g.step(batch, bad).rollback_to);
 }
 
+TEST(guard, a_snapshot_over_the_memory_budget_is_not_taken_and_a_rollback_then_skips) {
+  torch::nn::Linear model(2, 1);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));
+  std::string warning;
+  {
+    const nanguard::test::captured_warnings warnings;
+    guard g(model, opt, guard_options().policy(policy::rollback).snapshot_memory_mb(1e-5).verbose(false));
+    warning = warnings.text();
+    EXPECT_TRUE(g.snapshots().empty());
+    const auto bad = [&](const std::vector<at::Tensor>& b) { return model->forward(b[0]).mean() + (b[0] - b[0]).log().mean(); };
+    const step_event e = g.step({torch::ones({4, 2})}, bad);
+    EXPECT_EQ(nanguard::action::skip, e.action);
+    EXPECT_NE(std::string::npos, e.note.find("no snapshot to roll back to: a snapshot takes 12 B, over the memory "
+                                             "budget of 10 B")) << e.note;
+    EXPECT_DOUBLE_EQ(0.1, nanguard::get_lr(opt));
+  }
+  EXPECT_NE(std::string::npos, warning.find("nanguard::guard: step 0: no snapshot taken: a snapshot takes 12 B, over "
+                                            "the memory budget of 10 B")) << warning;
+  EXPECT_EQ("nanguard::guard_options: snapshot_memory_mb must be finite and >= 0 but is -1; 0 lets the snapshots "
+            "hold a quarter of this machine's memory",
+            nanguard::test::error_of([&] { guard(model, opt, guard_options().snapshot_memory_mb(-1)); }));
+}
+
 TEST(guard, max_bad_steps_aborts_whatever_the_policy) {
   torch::nn::Linear model(2, 1);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1));

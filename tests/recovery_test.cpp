@@ -32,6 +32,7 @@ struct fixture {
 
   explicit fixture(guard_options o = {}) : options(std::move(o)), scaler(options.scaler()) {
     r = std::make_unique<recovery>(host, scaler, options, nullptr);
+    r->snapshot(0);  // as the guard does: the initial weights
   }
 };
 
@@ -190,7 +191,6 @@ TEST(recovery, only_a_calm_step_is_a_rollback_target) {
 
 TEST(recovery, each_rollback_before_the_run_is_calm_again_cuts_the_lr_more) {
   fixture f(guard_options().rollback_lr_factor(0.5));
-  f.r->snapshot(0);
   nanguard::step_event e;
   EXPECT_EQ(f.r->roll_back(e), 0.5);
   EXPECT_EQ(f.r->roll_back(e), 0.25);
@@ -242,6 +242,14 @@ TEST(recovery, max_bad_fraction_of_the_recent_steps_aborts) {
   EXPECT_EQ(d.note, "max_bad_fraction=0.5: 13 of the last 20 steps were bad");
 }
 
+TEST(recovery, a_rollback_without_a_snapshot_that_fit_the_memory_budget_skips_and_says_why) {
+  fixture f(guard_options().snapshot_memory_mb(1e-5));  // 10 bytes: the model's 12 do not fit
+  EXPECT_TRUE(f.r->ring().empty());
+  const nanguard::detail::decision d = f.r->decide(bad_step(cause::divergence));
+  EXPECT_EQ(d.policy, policy::skip);
+  EXPECT_EQ(d.note, "no snapshot to roll back to: a snapshot takes 12 B, over the memory budget of 10 B");
+}
+
 // ---- a policy the user names
 
 TEST(recovery, a_named_policy_is_taken_for_every_cause) {
@@ -287,7 +295,6 @@ TEST(recovery, bad_data_is_quarantined_the_first_time_and_a_divergence_never) {
 
 TEST(recovery, a_rollback_restores_the_snapshot_and_cuts_the_lr_factor) {
   fixture f(guard_options().rollback_lr_factor(0.25));
-  f.r->snapshot(0);
   const at::Tensor before = f.model->weight.detach().clone();
   {
     const at::NoGradGuard no_grad;

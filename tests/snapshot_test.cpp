@@ -1,5 +1,7 @@
 #include "nanguard/snapshot.h"
 
+#include <fmt/format.h>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -122,6 +124,44 @@ TEST(snapshot_ring, keeps_the_newest_and_one_per_far_window_besides) {
   nanguard::snapshot_ring near_only(*m, opt, 2);
   for (int64_t step = 0; step <= 300; step += 10) near_only.take(step);
   EXPECT_EQ((std::vector<int64_t>{290, 300}), near_only.steps());
+}
+
+}  // namespace
+
+namespace {
+
+TEST(snapshot, state_bytes_counts_parameters_buffers_and_optimizer_state) {
+  auto m = make();
+  torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(1e-3));
+  nanguard::module_host host(*m, opt);
+  int64_t params = 0, buffers = 0;
+  for (const auto& p : m->parameters()) params += p.nbytes();
+  for (const auto& b : m->buffers()) buffers += b.nbytes();
+  EXPECT_EQ(params + buffers, host.state_bytes());  // no optimizer state before its first step
+  train_step(*m, opt);
+  EXPECT_EQ(3 * params + buffers, host.state_bytes());  // and Adam's two moments
+}
+
+TEST(snapshot, a_memory_budget_keeps_the_newest_that_fit_and_refuses_one_larger_than_all_of_it) {
+  auto m = make();
+  torch::optim::SGD opt(m->parameters(), torch::optim::SGDOptions(0.1));
+  nanguard::module_host host(*m, opt);
+  const int64_t one = host.state_bytes();
+  nanguard::snapshot_ring ring(host, /*capacity=*/4);
+  ring.set_memory_budget(2 * one + one / 2);  // two and a half snapshots
+  for (int64_t step = 1; step <= 5; ++step) {
+    EXPECT_TRUE(ring.take(step));
+    EXPECT_LE(ring.held_bytes(), 2 * one + one / 2) << "step " << step;
+  }
+  EXPECT_EQ((std::vector<int64_t>{4, 5}), ring.steps());  // the oldest went first
+  EXPECT_EQ("", ring.refusal());
+
+  nanguard::snapshot_ring small(host, 2);
+  small.set_memory_budget(one - 1);
+  EXPECT_FALSE(small.take(1));
+  EXPECT_TRUE(small.empty());
+  EXPECT_EQ(0, small.held_bytes());
+  EXPECT_EQ(fmt::format("a snapshot takes {} B, over the memory budget of {} B", one, one - 1), small.refusal());
 }
 
 }  // namespace

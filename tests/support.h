@@ -26,6 +26,18 @@ inline void PrintTo(verdict v, std::ostream* os) { *os << '"' << to_string(v) <<
 
 namespace nanguard::test {
 
+/// The warnings (TORCH_WARN) raised on this thread while it lives, a line each.
+class captured_warnings : public c10::WarningHandler {
+ public:
+  captured_warnings() : guard_(this) {}
+  void process(const c10::Warning& w) override { text_ += w.msg() + "\n"; }
+  const std::string& text() const { return text_; }
+
+ private:
+  std::string text_;
+  c10::WarningUtils::WarningHandlerGuard guard_;
+};
+
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 

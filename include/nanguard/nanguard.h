@@ -58,6 +58,7 @@
 #include <nanguard/distributed.h>
 #include <nanguard/bundle.h>
 #include <nanguard/run_summary.h>
+#include <nanguard/guard_options.h>
 #include <nanguard/guard.h>
 #include <nanguard/csv.h>
 #include <nanguard/column_stats.h>

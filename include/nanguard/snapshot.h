@@ -45,7 +45,8 @@ struct param_change {
 /// can go further back than them without going back to the start.
 ///
 /// NOTE: copies live in memory (one copy of parameters, buffers and
-/// optimizer state per snapshot: at most 2 x capacity of them).
+/// optimizer state per snapshot: at most 2 x capacity of them, and no more
+/// bytes than the memory budget when one is set).
 class snapshot_ring {
  public:
   /// Watches what `host` saves (training_host.h). REQUIRES: capacity >= 1,
@@ -59,8 +60,19 @@ class snapshot_ring {
 
   /// Copies the current state, tagged with `step` (larger than the newest's);
   /// drops the snapshots neither among the `capacity` newest nor among the
-  /// `capacity` newest far ones.
-  void take(int64_t step);
+  /// `capacity` newest far ones. With a memory budget, the oldest go first
+  /// to make room for it (before it is copied: the ring never holds more);
+  /// a snapshot larger than the whole budget is not taken: returns false,
+  /// and refusal() says why.
+  bool take(int64_t step);
+  /// Bounds the bytes the snapshots hold together (training_host::
+  /// state_bytes each); 0: no bound. Drops the oldest that do not fit now.
+  void set_memory_budget(int64_t bytes);
+  /// The bytes the snapshots hold now.
+  int64_t held_bytes() const;
+  /// Why the last take() kept nothing ("" when it kept its snapshot):
+  /// "a snapshot takes 84 GB, over the memory budget of 32 GB".
+  const std::string& refusal() const { return refusal_; }
   /// Restores the newest snapshot in place (parameters keep their identity;
   /// the learning rates stay as they are); returns its step. Throws
   /// c10::Error when the ring is empty.
@@ -84,13 +96,17 @@ class snapshot_ring {
     int64_t step;
     std::shared_ptr<const saved_state> state;
     bool far;  // the first taken in its window of far_every steps
+    int64_t bytes;  // training_host::state_bytes() when it was taken
   };
   void prune();
+  void fit(int64_t more);
 
   std::unique_ptr<training_host> own_host_;  // the module_host of the Module constructor
   training_host& host_;
   int64_t capacity_;
   int64_t far_every_;
+  int64_t memory_budget_ = 0;  // bytes; 0: no bound
+  std::string refusal_;
   std::deque<snapshot> ring_;  // oldest first
 };
 

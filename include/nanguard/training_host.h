@@ -72,6 +72,11 @@ class training_host {
   virtual void set_lrs(const std::vector<double>& lrs) = 0;
   /// A copy of the parameters, buffers and optimizer state.
   virtual std::shared_ptr<const saved_state> save() = 0;
+  /// The bytes of memory the copy save() would make now holds: what a
+  /// snapshot costs, known before it is taken (snapshot_ring's memory
+  /// budget). The default counts the parameters only; a host whose saves
+  /// hold more (buffers, optimizer state) says so.
+  virtual int64_t state_bytes();
   /// Puts a copy `save()` made back in place (parameters keep their
   /// identity). The learning rates are the caller's to keep or set.
   virtual void restore(const saved_state& state) = 0;
@@ -119,6 +124,7 @@ class module_host : public training_host {
   std::vector<double> lrs() override;
   void set_lrs(const std::vector<double>& lrs) override;
   std::shared_ptr<const saved_state> save() override;
+  int64_t state_bytes() override;
   void restore(const saved_state& state) override;
 
   /// The module.

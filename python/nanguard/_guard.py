@@ -126,7 +126,8 @@ class Guard:
                  max_norm: float = 0.0, clip_value: float = 0.0,
                  loss_scale: Union[bool, LossScaleOptions] = False, replay: bool = True,
                  trace_every_step: bool = False, event_log: Optional[PathLike] = None, snapshot_every: int = 10,
-                 snapshot_keep: int = 2, rollback_lr_factor: float = 0.5, spike_rollback_z: float = 100.0,
+                 snapshot_keep: int = 2, snapshot_memory_mb: float = 0.0, rollback_lr_factor: float = 0.5,
+                 spike_rollback_z: float = 100.0,
                  max_bad_steps: int = 20, max_bad_fraction: float = 0.5,
                  bundle_dir: Optional[PathLike] = None, spike_window: int = 50, spike_threshold: float = 8.0,
                  bundle_tags: Optional[Mapping[str, object]] = None, log_top_norms: int = 5,
@@ -263,8 +264,7 @@ class Guard:
         a step not taken, the LR schedulers lowered with a rollback's LR, and
         its TensorBoard scalars."""
         result = StepResult.from_event(event)
-        if result.skipped:
-            self._warn()
+        self._warn()  # a step not taken, or the first step of a forecast
         follow_rollback(self.lr_schedulers, lr_factor_before, self._active().lr_factor)
         if self._tensorboard is not None:
             self._tensorboard.log(result)
@@ -277,8 +277,8 @@ class Guard:
         return NonFiniteError(Finding.from_json(finding_json), result=result)
 
     def _warn(self) -> None:
-        """The last step's warning, as a NanGuardWarning (verbose)."""
-        if self._verbose:
+        """The last step's warning, if it has one, as a NanGuardWarning (verbose)."""
+        if self._verbose and self._active().last_warning:
             _warn_user(self._active().last_warning)
 
     def _active(self) -> _nanguard.GuardCore:
@@ -324,8 +324,11 @@ class Guard:
         or the step's reason), ``last_rollback_to`` and ``ended_on_snapshot``
         (0: the initial weights; -1: none), ``aborted``, ``first_step`` /
         ``first_loss`` and ``final_step`` / ``final_loss`` (the first and last
-        steps the optimizer took), ``loss_scale``, ``lr``, and ``text``, the
-        line a verbose guard warns when it closes after a bad step."""
+        steps the optimizer took), ``loss_scale``, ``lr`` and ``first_lr`` (of
+        the last and the first step), ``status`` (how the run ended:
+        "finite", "recovered", "unrecovered", "nonfinite" or "empty", as
+        ``nanguard report`` shows it), and ``text``, the line a verbose guard
+        warns when it closes after a bad step."""
         if self._core is None:
             return cast(Dict[str, Any], self._summary)
         return self._core.summary()

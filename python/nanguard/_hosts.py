@@ -42,6 +42,14 @@ class ModuleHost(_nanguard.TrainingHost):
         saved = [(n, _local(model_state[n])) for n, _ in self.named if n in model_state]
         return (model_state, copy.deepcopy(self.optimizer.state_dict())), saved
 
+    def state_bytes(self):
+        """The bytes a save() copies: the model's state and the optimizer's
+        tensors (a DTensor's local shard: each rank holds only its own)."""
+        tensors = list(self.model.state_dict().values())
+        for per_param in self.optimizer.state.values():
+            tensors += list(per_param.values())
+        return sum(_local(t).nbytes for t in tensors if isinstance(t, torch.Tensor))
+
     def restore(self, state):
         model_state, optimizer_state = state
         self.model.load_state_dict(model_state)

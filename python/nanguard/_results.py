@@ -181,7 +181,10 @@ class StepResult:
     ``bundle`` is the repro bundle an abort wrote and ``rollback_to`` the
     snapshot a rollback restored (steps done then); ``remedy`` is what the
     guard did about a bad step, e.g. "skipped the step; loss scale 65536 ->
-    32768" ("" on a healthy step). ``to_dict()`` gives the event log's line.
+    32768" ("" on a healthy step). ``forecast`` says when a loss or grad norm
+    that grows step after step leaves its dtype's range ("the loss (4.1e+09)
+    leaves the range 3.40282e+38 in about 26 steps (x3.1 a step)"; None when
+    healthy). ``to_dict()`` gives the event log's line.
     """
 
     step: int
@@ -205,6 +208,7 @@ class StepResult:
     note: str = ""
     rank: int = -1
     nonfinite_ranks: List[int] = field(default_factory=list)
+    forecast: Optional[str] = None
     _event: Optional[_nanguard.StepEvent] = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -219,7 +223,7 @@ class StepResult:
                    verdict=cast(Verdict, event.verdict), spikes=event.spikes, nonfinite_params=bad,
                    top_norms=event.top_norms, clip_coef=event.clip_coef, bundle=event.bundle,
                    rollback_to=event.rollback_to, remedy=event.remedy, note=event.note, rank=event.rank,
-                   nonfinite_ranks=event.nonfinite_ranks, _event=event)
+                   nonfinite_ranks=event.nonfinite_ranks, forecast=event.forecast, _event=event)
 
     def to_dict(self) -> Dict[str, Any]:
         """The event as the event log holds it (``nanguard::step_event``; NaN

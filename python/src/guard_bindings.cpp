@@ -42,6 +42,7 @@ class py_training_host : public nanguard::training_host {
     PYBIND11_OVERRIDE_PURE(void, nanguard::training_host, set_lrs, lrs);
   }
   bool backward_done() override { PYBIND11_OVERRIDE(bool, nanguard::training_host, backward_done, ); }
+  int64_t state_bytes() override { PYBIND11_OVERRIDE(int64_t, nanguard::training_host, state_bytes, ); }
   // Python's save() returns (state, [(name, parameter copy)]).
   std::shared_ptr<const nanguard::saved_state> save() override {
     py::gil_scoped_acquire gil;
@@ -139,6 +140,8 @@ py::dict summary_dict(const nanguard::run_summary& s) {
   d["final_loss"] = s.final_loss;
   d["loss_scale"] = s.loss_scale;
   d["lr"] = s.lr;
+  d["first_lr"] = s.first_lr;
+  d["status"] = nanguard::run_status(s);
   d["text"] = nanguard::to_string(s);
   return d;
 }
@@ -207,9 +210,8 @@ class guard_option_table {
       [](nanguard::guard_options& o, const std::string& value) { o.name(from_string(value)); })
 
 /// GuardOptions: nanguard::guard_options, one typed property per option (a
-/// misspelled property is an AttributeError, a wrong type a TypeError), and
-/// GUARD_OPTION_TABLE: the options of nanguard.Guard, in its signature's order.
-void bind_guard_options(py::module_& m) {
+/// misspelled property is an AttributeError, a wrong type a TypeError).
+py::class_<nanguard::guard_options> bind_guard_options_class(py::module_& m) {
   py::class_<nanguard::guard_options> o(m, "GuardOptions", "nanguard::guard_options (see nanguard.Guard).");
   // GuardOptions(max_norm=1.0, ...): each keyword sets the property of its name.
   o.def(py::init([](const py::kwargs& fields) {
@@ -236,6 +238,7 @@ void bind_guard_options(py::module_& m) {
   NANGUARD_GUARD_ENUM_OPTION(o, front_end, nanguard::front_end_from_string);
   NANGUARD_GUARD_OPTION(o, snapshot_every);
   NANGUARD_GUARD_OPTION(o, snapshot_keep);
+  NANGUARD_GUARD_OPTION(o, snapshot_memory_mb);
   NANGUARD_GUARD_OPTION(o, rollback_lr_factor);
   NANGUARD_GUARD_OPTION(o, max_bad_steps);
   NANGUARD_GUARD_OPTION(o, max_bad_fraction);
@@ -274,21 +277,14 @@ void bind_guard_options(py::module_& m) {
       [](nanguard::guard_options& g, const std::optional<nanguard::warmup_cosine>& s) {
         g.schedule(s ? std::optional(s->options()) : std::nullopt);
       });
+  return o;
+}
 
-  py::class_<guard_option>(m, "GuardOption", "One option of nanguard.Guard (GUARD_OPTION_TABLE).")
-      .def_readonly("name", &guard_option::name, "The keyword of nanguard.Guard.")
-      .def_readonly("type", &guard_option::type, "Its annotation in Guard's signature.")
-      .def_readonly("default", &guard_option::default_value, "Its default.")
-      .def_readonly("doc", &guard_option::doc, "What it does (Guard's docstring).")
-      .def_readonly("field", &guard_option::field,
-                    "The GuardOptions property it sets (\"\": the Python Guard uses it itself).")
-      .def("__repr__", [](const guard_option& r) {
-        return "GuardOption(" + r.name + ": " + r.type + " = " + py::repr(r.default_value).cast<std::string>() + ")";
-      });
-  // The options of nanguard.Guard, in its signature's order. The defaults
-  // are the C++ guard_options' but where Python's differ (None: no file; a
-  // dict or a bool for an options struct).
-  m.attr("GUARD_OPTION_TABLE") = guard_option_table(o)
+/// GUARD_OPTION_TABLE: the options of nanguard.Guard, in its signature's
+/// order. The defaults are the C++ guard_options' but where Python's differ
+/// (None: no file; a dict or a bool for an options struct).
+py::tuple guard_option_rows(py::class_<nanguard::guard_options>& o) {
+  return guard_option_table(o)
       .row("policy", "Policy", "policy",
            "what a bad step gets: ``\"auto\"`` (the action for the diagnosed cause: bad data is skipped and its "
            "batch quarantined, a divergence or an overflow rolls back, a loss-scale overflow backs off, another "
@@ -317,6 +313,10 @@ void bind_guard_options(py::module_& m) {
       .row("snapshot_keep", "int", "snapshot_keep",
            "rollback and auto: the newest snapshots kept, and as many older ones, one per 10 x snapshot_every "
            "steps.")
+      .row("snapshot_memory_mb", "float", "snapshot_memory_mb",
+           "rollback and auto: the megabytes of memory the snapshots may hold together (0: a quarter of this "
+           "machine's); the oldest go first, and one larger than the budget is not taken (a warning says so, and "
+           "a rollback without a snapshot skips).")
       .row("rollback_lr_factor", "float", "rollback_lr_factor",
            "rollback and auto: a rollback multiplies the LR by this, the next one before the run is calm again by "
            "its square, then its cube, ...; a rollback for bad data keeps the LR.")
@@ -362,6 +362,22 @@ void bind_guard_options(py::module_& m) {
                   "rank 0 warns. False: silent (the results, the event log and :meth:`summary` still have it "
                   "all).")
       .rows();
+}
+
+/// GuardOptions, GuardOption (a row) and GUARD_OPTION_TABLE.
+void bind_guard_options(py::module_& m) {
+  py::class_<nanguard::guard_options> o = bind_guard_options_class(m);
+  py::class_<guard_option>(m, "GuardOption", "One option of nanguard.Guard (GUARD_OPTION_TABLE).")
+      .def_readonly("name", &guard_option::name, "The keyword of nanguard.Guard.")
+      .def_readonly("type", &guard_option::type, "Its annotation in Guard's signature.")
+      .def_readonly("default", &guard_option::default_value, "Its default.")
+      .def_readonly("doc", &guard_option::doc, "What it does (Guard's docstring).")
+      .def_readonly("field", &guard_option::field,
+                    "The GuardOptions property it sets (\"\": the Python Guard uses it itself).")
+      .def("__repr__", [](const guard_option& r) {
+        return "GuardOption(" + r.name + ": " + r.type + " = " + py::repr(r.default_value).cast<std::string>() + ")";
+      });
+  m.attr("GUARD_OPTION_TABLE") = guard_option_rows(o);
 }
 #undef NANGUARD_GUARD_OPTION
 #undef NANGUARD_GUARD_ENUM_OPTION

@@ -475,3 +475,46 @@ def test_a_step_from_inside_the_guard_s_step_is_refused():
     assert guard.steps == 0  # the step whose closure raised is not counted
     guard.step(lambda: F.cross_entropy(model(x), y))  # the guard goes on
     assert guard.steps == 1
+
+
+def test_a_diverging_run_is_forecast_and_warned_before_its_first_nonfinite_step():
+    """An LR far too high: the loss grows ~x3 a step. The guard's forecast
+    (StepResult.forecast) and its warning come 3 steps or more before the
+    first non-finite step (policy skip: nothing acts on it)."""
+    torch.manual_seed(3)
+    model = nn.Linear(8, 1)
+    x = torch.randn(64, 8)
+    y = x @ torch.randn(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1.5)
+    g = nanguard.Guard(model, opt, policy="skip")
+    results = []
+    with pytest.warns(nanguard.NanGuardWarning, match=r"leaves the range 3\.40282e\+38 in about \d+ steps"):
+        while len(results) < 300 and not (results and results[-1].skipped):
+            results.append(g.step(lambda: F.mse_loss(model(x), y)))
+    forecast = next(r.step for r in results if r.forecast)
+    nonfinite = next(r.step for r in results if r.skipped)
+    assert nonfinite - forecast >= 3
+    assert results[forecast - 1].forecast.startswith("the loss (")
+    assert results[forecast - 1].to_dict()["forecast"]["steps_left"] >= 3
+
+
+def test_a_run_diverging_from_its_first_step_is_rescued_at_defaults():
+    """SGD at 100x a stable LR from the first step, under the defaults: the
+    guard rolls back to the initial weights with an escalating LR cut, the
+    torch LR scheduler follows every cut, and the run ends recovered."""
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1))
+    x = torch.randn(256, 8) * 30
+    y = x @ torch.randn(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=3.0)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1000, gamma=0.5)
+    g = nanguard.Guard(model, opt, lr_scheduler=sched, verbose=False)
+    first = F.mse_loss(model(x), y).item()
+    for i in range(300):
+        g.step(lambda: F.mse_loss(model(x[32 * (i % 8):32 * (i % 8 + 1)]), y[32 * (i % 8):32 * (i % 8 + 1)]))
+        sched.step()
+    final = F.mse_loss(model(x), y).item()
+    assert math.isfinite(final) and final < 0.5 * first
+    assert g.rollbacks >= 1
+    assert opt.param_groups[0]["lr"] == pytest.approx(3.0 * g.lr_factor)
+    assert g.summary()["status"] == "recovered"

@@ -13,6 +13,8 @@
 #include <cmath>
 #include <string_view>
 
+#include <unistd.h>
+
 namespace nanguard::detail {
 
 namespace {
@@ -20,7 +22,7 @@ namespace {
 // A batch's fingerprint: the shapes, dtypes and bytes of its tensors (a
 // CUDA tensor is copied to the CPU for it: only bad steps read it). None
 // for a batch with no tensor.
-std::optional<uint64_t> fingerprint(const guard::micro_batches& batches) {
+std::optional<uint64_t> fingerprint(const micro_batches& batches) {
   size_t h = 0;
   bool any = false;
   for (const auto& batch : batches)
@@ -61,12 +63,22 @@ std::optional<cause> first_cause(const step_event& e) {
   return e.findings.empty() ? std::nullopt : std::optional(e.findings.front().diagnosis.cause);
 }
 
+
+// The snapshots' memory budget in bytes: snapshot_memory_mb, or a quarter
+// of this machine's memory.
+int64_t memory_budget(const guard_options& options) {
+  if (options.snapshot_memory_mb() > 0) return static_cast<int64_t>(options.snapshot_memory_mb() * 1e6);
+  return static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE) / 4;
+}
+
 }  // namespace
 
 recovery::recovery(training_host& host, const loss_scaler& scaler, const guard_options& options,
                    rank_agreement* ranks)
     : host_(host), scaler_(scaler), options_(options), ranks_(ranks),
-      ring_(host, options.snapshot_keep(), 10 * options.snapshot_every()) {}
+      ring_(host, options.snapshot_keep(), 10 * options.snapshot_every()) {
+  ring_.set_memory_budget(memory_budget(options));
+}
 
 bool recovery::rolls_back() const {
   return options_.policy() == policy::rollback || options_.policy() == policy::automatic;
@@ -192,6 +204,14 @@ void recovery::remember_bad_batch(step_record& r) {
 decision recovery::decide(const step_record& r) const {
   const std::string too_many = too_many_bad();
   if (!too_many.empty()) return {policy::abort, too_many};
+  const decision d = table_decision(r);
+  if (d.policy == policy::rollback && ring_.empty())
+    return {policy::skip, "no snapshot to roll back to: " + ring_.refusal()};
+  return d;
+}
+
+// The decision table's row for `r` (docs/guard.md).
+decision recovery::table_decision(const step_record& r) const {
   if (r.runaway) return {policy::rollback, ""};
   if (options_.policy() == policy::automatic) return {by_cause(r), ""};
   // A rollback for bad data keeps the LR: the data is at fault, not the LR
@@ -245,7 +265,13 @@ void recovery::snapshot_if_due(const step_event& e, double step_seconds) {
 
 void recovery::snapshot(int64_t step) {
   const auto start = std::chrono::steady_clock::now();
-  ring_.take(step);
+  if (!ring_.take(step) && !refusal_warned_) {
+    refusal_warned_ = true;
+    TORCH_WARN("nanguard::guard: step ", step, ": no snapshot taken: ", ring_.refusal(),
+               " (guard_options::snapshot_memory_mb; Python snapshot_memory_mb=): a rollback restores the newest "
+               "snapshot that fit, or without one skips the step; raise the budget, or keep fewer "
+               "(snapshot_keep)");
+  }
   snapshot_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   last_snapshot_ = step;
   snapshot_interval_ = 0;

@@ -121,6 +121,7 @@ class recovery {
     std::vector<finding> findings;
   };
 
+  decision table_decision(const step_record& r) const;
   policy by_cause(const step_record& r) const;
   bool scale_overflow(const step_event& e, std::optional<cause> c) const;
   bool spiked_three_times(const step_event& e);
@@ -173,6 +174,7 @@ class recovery {
   double snapshot_s_ = 0;
   double step_s_ = 0;
   int64_t restored_step_ = -1;  // the snapshot the last rollback restored
+  bool refusal_warned_ = false;  // a snapshot over the memory budget was warned about
   static constexpr double snapshot_budget = 0.002, snapshot_always_s = 1e-3;
 };
 

@@ -7,7 +7,7 @@
 
 #include "nanguard/distributed.h"
 #include "nanguard/events.h"
-#include "nanguard/guard.h"
+#include "nanguard/guard_options.h"
 #include "nanguard/sentinel.h"
 
 #include "detail/generator_states.h"
@@ -24,7 +24,7 @@ namespace nanguard::detail {
 /// One guarded step, from begin to its event.
 struct step_record {
   /// The micro-batches of the step (one for guard::step and guard::check).
-  guard::micro_batches batches;
+  micro_batches batches;
   /// The loss of a micro-batch; empty when a framework runs the step and
   /// gave no replay closure (nothing can run it again).
   step_fn fn;

@@ -8,7 +8,7 @@ step_replay::step_replay(training_host& host, const sentinel& sentinel, loss_sca
                          const guard_options& options, const std::vector<std::string>& batch_names)
     : host_(host), sentinel_(sentinel), scaler_(scaler), options_(options), batch_names_(batch_names) {}
 
-void step_replay::start_live_trace(const guard::micro_batches& batches, int64_t step) {
+void step_replay::start_live_trace(const micro_batches& batches, int64_t step) {
   if (!options_.trace_every_step()) return;
   drop_live_trace();  // a step begun and never checked
   live_.emplace(options_.tracer());
@@ -30,7 +30,7 @@ void step_replay::drop_live_trace() {
 
 // Tags a tracer's findings with step `step` and names what they may name:
 // the parameters and the tensors of every micro-batch.
-void step_replay::name_tensors(tracer& t, const guard::micro_batches& batches, int64_t step) const {
+void step_replay::name_tensors(tracer& t, const micro_batches& batches, int64_t step) const {
   t.name_parameters(host_.named_parameters());
   t.set_step(step);
   for (const auto& batch : batches)

@@ -46,7 +46,7 @@ class step_replay {
 
   /// trace_every_step: starts the tracer of step `step`'s forward and
   /// backward (`batches`: none when a framework runs the step). Else nothing.
-  void start_live_trace(const guard::micro_batches& batches, int64_t step);
+  void start_live_trace(const micro_batches& batches, int64_t step);
   /// Ends the live trace: its findings become `e`'s.
   void finish_live_trace(step_event& e);
   /// Drops the live trace of a step that will not be checked.
@@ -61,7 +61,7 @@ class step_replay {
   bool replay(step_record& r);
 
  private:
-  void name_tensors(tracer& t, const guard::micro_batches& batches, int64_t step) const;
+  void name_tensors(tracer& t, const micro_batches& batches, int64_t step) const;
   bool forward_backward(const std::vector<at::Tensor>& batch, const step_fn& fn, size_t n, tracer& t);
   void bisect_compiled(step_record& r);
 
