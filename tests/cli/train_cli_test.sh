@@ -183,6 +183,17 @@ case_an_lr_that_blows_up() {
 assert s['status'] == 'recovered' and s['rollbacks'] >= 1 and s['lr_factor'] < 1, s
 assert isinstance(s['final_loss'], float), s['final_loss']
 assert f is not None and f['step'] >= 2, f"
+  # An LR 60x that one, diverging from the first step (#57): every rollback
+  # goes back to the initial weights (no step since was calm), the cut
+  # escalates (x0.5, x0.25, x0.125, ...) and the run recovers in as many steps.
+  run 0 train --model "$M/linear_reg.pt" --data "$M/big.csv" --target y --task regress --steps 150 --batch 16 \
+    --optimizer sgd --lr 3.0 --policy rollback --out from_step_1
+  expect "nanguard train: recovered"
+  expect "loss diverging: "
+  expect "rolled back to the snapshot of step 0 (the initial weights)"
+  summary from_step_1 "
+assert s['status'] == 'recovered' and 1 <= s['rollbacks'] <= 6 and s['lr_factor'] < 0.05, s
+assert s['final_loss'] < 1.0, s['final_loss']"
 }
 
 # abort: exit 3 and a bundle; inspect and replay it
