@@ -83,7 +83,7 @@ struct guard_options {
   /// rollback and auto: the newest snapshots kept, and as many older ones,
   /// the first of each 10 x snapshot_every steps (snapshot.h).
   TORCH_ARG(int64_t, snapshot_keep) = 2;
-  /// auto and rollback: the megabytes (1e6 bytes) of host memory the
+  /// auto and rollback: the megabytes (1e6 bytes) of memory the
   /// snapshots may hold together; the oldest go first to make room, and a
   /// snapshot larger than the whole budget is not taken (a warning says so,
   /// and a rollback without a snapshot skips). 0: a quarter of this
