@@ -95,7 +95,7 @@ struct guard::impl {
   impl(std::shared_ptr<training_host> h, guard_options opts);
 
   // ---- the stages of a step
-  step_record begin(micro_batches batches, step_fn fn);
+  step_record begin(const micro_batches* batches, step_fn fn);
   void measure(step_record& r);
   bool forward_backward(step_record& r);
   void backward(const at::Tensor& loss);
@@ -114,6 +114,8 @@ struct guard::impl {
   double first_lr() const;
   void write(step_event& e);
   bool speaks(const step_event& e) const { return options.verbose() && e.rank <= 0; }
+  // The collective the model's own backward runs (DDP, FSDP2), or none.
+  backward_collective collective() const { return detail::collective_of(options); }
   diagnosis_context history(const step_event& e, const std::vector<at::Tensor>& batch) const;
   void drop_started();
   std::string write_repro_bundle(const step_record& r) const;
@@ -161,11 +163,11 @@ guard::impl::impl(std::shared_ptr<training_host> h, guard_options opts)
 
 // Starts step `step + 1`: its schedule, LR and loss scale, and the RNG state
 // a replay starts from.
-step_record guard::impl::begin(micro_batches batches, step_fn fn) {
+step_record guard::impl::begin(const micro_batches* batches, step_fn fn) {
   step_started = step_clock::now();
   user_s = 0;
   step_record r;
-  r.batches = std::move(batches);
+  r.batches = batches;
   r.fn = std::move(fn);
   r.event.step = ++step;
   if (schedule) apply_schedule();
@@ -182,7 +184,7 @@ void guard::impl::measure(step_record& r) {
     user_time plain_work(user_s);
     host->zero_grad();
   }
-  replayer.start_live_trace(r.batches, step);
+  replayer.start_live_trace(*r.batches, step);
   measured(r, forward_backward(r));
 }
 
@@ -192,14 +194,14 @@ void guard::impl::measure(step_record& r) {
 // collective every micro-batch runs backward, a bad one too: the other
 // ranks' backward waits for this one's.
 bool guard::impl::forward_backward(step_record& r) {
-  const size_t n = r.batches.size();
+  const size_t n = r.batches->size();
   double loss_sum = 0;
   bool finite = true;
   for (size_t i = 0; i < n; ++i) {
     at::Tensor loss;
     {
       user_time plain_work(user_s);
-      loss = detail::loss_of(r.fn, r.batches[i], sentinel.parameters());
+      loss = detail::loss_of(r.fn, (*r.batches)[i], sentinel.parameters());
     }
     r.loss_limit = detail::largest_finite(loss.scalar_type());
     double value = 0;
@@ -207,7 +209,7 @@ bool guard::impl::forward_backward(step_record& r) {
       finite = false;
       r.bad_batch = i;
       r.event.loss = value;
-      if (!ranks || ranks->collective() == backward_collective::none) return false;
+      if (collective() == backward_collective::none) return false;
     }
     loss_sum += value;
     user_time plain_work(user_s);
@@ -226,8 +228,8 @@ void guard::impl::backward(const at::Tensor& loss) {
     throw;
   } catch (const std::exception& ex) {
     distributed* d = options.distributed().get();
-    if (!ranks || ranks->collective() == backward_collective::none || d->exited_ranks().empty()) throw;
-    d->raise_failure(fmt::format("the model's {} in the backward of step {}", to_string(ranks->collective()), step),
+    if (collective() == backward_collective::none || d->exited_ranks().empty()) throw;
+    d->raise_failure(fmt::format("the model's {} in the backward of step {}", to_string(collective()), step),
                      ex);
   }
 }
@@ -250,7 +252,7 @@ void guard::impl::measured(step_record& r, bool losses_finite) {
   r.report = sentinel.inspect_grads(scaler.inv_scale());
   e.grad_norm = r.report.total_norm;
   e.top_norms = detail::top_norms(sentinel.names(), r.report.norms, options.log_top_norms());
-  r.locally_finite = !ranks || ranks->collective() == backward_collective::none ? r.report.finite() : own_finite;
+  r.locally_finite = collective() == backward_collective::none ? r.report.finite() : own_finite;
   if (!r.locally_finite) e.reason = "non-finite gradient";
 }
 
@@ -307,7 +309,7 @@ void guard::impl::localize(step_record& r) {
       e.nonfinite_params.push_back({sentinel.names()[i], r.report.nonfinite_counts[i]});
   // Under a backward collective the step is bad on every rank, and every
   // rank replays it (the model's collectives run again).
-  const bool collective_step = ranks && ranks->collective() != backward_collective::none;
+  const bool collective_step = collective() != backward_collective::none;
   std::optional<bool> own_bad;  // in the replay: this rank's own loss or gradients were not finite
   r.quarantined = recovery.quarantined(r);  // auto: its first findings stand
   if (!r.quarantined && options.replay() && !options.trace_every_step() && r.fn &&
@@ -316,8 +318,8 @@ void guard::impl::localize(step_record& r) {
   if (collective_step && e.nonfinite_ranks.empty()) ranks->name_origin(own_bad, e, step);
   if (ranks && (options.replay() || options.trace_every_step())) ranks->share_findings(e);
   if (collective_step && !detail::rank_agreement::is_origin(e)) ranks->note_received(r.report, e);
-  if (r.batches.size() > 1 && !r.locally_finite)
-    add_note(e.note, fmt::format("micro-batch {} of {}", r.bad_batch, r.batches.size()));
+  if (r.batches->size() > 1 && !r.locally_finite)
+    add_note(e.note, fmt::format("micro-batch {} of {}", r.bad_batch, r.batches->size()));
   const diagnosis_context h = history(e, r.bad_micro_batch());
   for (finding& f : e.findings) f.diagnosis = diagnose(f, h);
   recovery.remember_bad_batch(r);
@@ -579,7 +581,7 @@ step_event guard::step_accumulated(const micro_batches& batches, const step_fn& 
   const one_step_at_a_time running(s.running, "step");
   // A rollback that keeps the batch (rollback_skip_batch false) runs it once more.
   for (bool again = false;; again = true) {
-    step_record r = s.begin(batches, fn);
+    step_record r = s.begin(&batches, fn);
     try {
       s.measure(r);
     } catch (...) {
@@ -594,7 +596,7 @@ step_event guard::step_accumulated(const micro_batches& batches, const step_fn& 
 void guard::begin_step() {
   impl& s = *impl_;
   const one_step_at_a_time running(s.running, "begin_step");
-  s.started = s.begin({}, {});
+  s.started = s.begin(/*batches=*/nullptr, {});  // check() gives them
   s.started_gradients = detail::mark_gradients(s.sentinel.parameters());
   s.replayer.start_live_trace({}, s.step);
   s.begun = step_clock::now();
@@ -615,7 +617,8 @@ step_event guard::check(const at::Tensor& loss, const step_fn& replay, const std
               "first forward");
   s.user_s += seconds_since(s.begun);  // the framework's forward and backward: not the guard's time
   step_record r = std::move(*s.started);
-  r.batches = {batch};
+  const micro_batches batches{batch};
+  r.batches = &batches;
   r.fn = replay;
   r.step_optimizer = false;
   r.loss_limit = detail::largest_finite(loss.scalar_type());
@@ -636,7 +639,8 @@ step_event guard::replay(const bundle& b, const step_fn& fn) {
   impl& s = *impl_;
   s.load_parameters(b.parameters);
   step_record r;
-  r.batches = {b.batch};
+  const micro_batches batches{b.batch};
+  r.batches = &batches;
   r.fn = fn;
   r.event.step = b.step;
   r.event.loss = b.loss;

@@ -97,14 +97,20 @@ double clean_final_loss(const dataset& clean, int64_t steps, const std::function
   return r.loss_on(clean.x, clean.y);
 }
 
+// `clean` with a NaN in row 37: in batch 1, every epoch.
+dataset with_a_nan_in_row_37(const dataset& clean) {
+  dataset faulty = clean;
+  faulty.x = clean.x.clone();
+  faulty.x[37][3] = std::numeric_limits<float>::quiet_NaN();
+  return faulty;
+}
+
 // Every row but row 37.
 at::Tensor without_row_37(const at::Tensor& t) { return at::cat({t.slice(0, 0, 37), t.slice(0, 38)}); }
 
 TEST(recovery, a_bad_sample_recurring_every_epoch_is_quarantined_and_the_run_ends_near_the_clean_one) {
   const dataset clean;
-  dataset faulty = clean;
-  faulty.x = clean.x.clone();
-  faulty.x[37][3] = std::numeric_limits<float>::quiet_NaN();  // batch 1, every epoch
+  const dataset faulty = with_a_nan_in_row_37(clean);
   run r;
   torch::optim::Adam opt(r.model->parameters(), torch::optim::AdamOptions(0.05));
   guard g(r.model, opt, guard_options().verbose(false));
@@ -223,9 +229,7 @@ TEST(recovery, a_snapshot_of_a_run_already_diverging_is_no_rollback_target) {
 
 TEST(recovery, a_bad_sample_under_policy_rollback_keeps_the_lr_and_is_quarantined) {
   const dataset clean;
-  dataset faulty = clean;
-  faulty.x = clean.x.clone();
-  faulty.x[37][3] = std::numeric_limits<float>::quiet_NaN();  // batch 1, every epoch
+  const dataset faulty = with_a_nan_in_row_37(clean);
   run r;
   torch::optim::Adam opt(r.model->parameters(), torch::optim::AdamOptions(0.05));
   guard g(r.model, opt, guard_options().verbose(false).policy(nanguard::policy::rollback));

@@ -12,6 +12,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <map>
+
 namespace {
 
 using nanguard::cause;
@@ -36,11 +38,20 @@ struct fixture {
   }
 };
 
-// A bad step of batch `x` (distinct batches: distinct values) whose first
-// finding has cause `c` (none: no finding), loss `loss`.
+// The one micro-batch of value `x` (distinct values: distinct batches),
+// alive for the whole test: a record refers to its batches.
+const nanguard::micro_batches& batch_of(float x) {
+  static std::map<float, nanguard::micro_batches> batches;
+  auto [it, added] = batches.try_emplace(x);
+  if (added) it->second = {{torch::full({2}, x)}};
+  return it->second;
+}
+
+// A bad step of batch `x` whose first finding has cause `c` (none: no
+// finding), loss `loss`.
 step_record bad_step(std::optional<cause> c, double loss = nanguard::test::kNaN, float x = 1.0f) {
   step_record rec;
-  rec.batches = {{torch::full({2}, x)}};
+  rec.batches = &batch_of(x);
   rec.event.step = 7;
   rec.event.loss = loss;
   if (c) {

@@ -25,6 +25,7 @@ struct fixture {
   nanguard::sentinel sentinel{model->named_parameters().pairs()};
   nanguard::loss_scaler scaler{options.scaler()};
   std::vector<std::string> names{"x"};
+  nanguard::micro_batches batches;  // what record()'s step runs on
   step_replay replay{host, sentinel, scaler, options, names};
 
   explicit fixture(guard_options o = {}) : options(std::move(o)) {}
@@ -35,8 +36,9 @@ struct fixture {
   }
   // A record of a step on `x`, begun at the RNG state now.
   step_record record(const at::Tensor& x, nanguard::step_fn fn) {
+    batches = {{x}};
     step_record r;
-    r.batches = {{x}};
+    r.batches = &batches;
     r.fn = std::move(fn);
     r.event.step = 3;
     r.rng_before = nanguard::detail::capture_generators();
@@ -75,7 +77,7 @@ TEST(step_replay, the_replay_draws_the_random_numbers_the_step_drew) {
     draws.push_back(torch::rand({1}).item<double>());
     return f.model->forward(b[0]).sum();
   });
-  r.fn(r.batches[0]);  // the step itself
+  r.fn((*r.batches)[0]);  // the step itself
   f.replay.replay(r);
   ASSERT_EQ(draws.size(), 2u);
   EXPECT_EQ(draws[0], draws[1]);

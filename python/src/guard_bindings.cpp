@@ -93,36 +93,6 @@ py::tuple names_of(const E (&values)[N]) {
   return names;
 }
 
-/// The index of a micro-batch the guard runs the step on, among those of the
-/// step, which Python's forward takes. The guard runs copies of them (its
-/// step record keeps the batches): a micro-batch is found by its tensors,
-/// and those that hold the same ones (none, or the same tensors with other
-/// arguments) by their order, which the guard keeps (it runs them in order,
-/// and a replay runs them all again).
-class micro_batch_index {
- public:
-  explicit micro_batch_index(const nanguard::guard::micro_batches& batches) : batches_(batches) {}
-  size_t operator()(const std::vector<at::Tensor>& batch) {
-    std::optional<size_t> found;
-    for (size_t i = 0; i < batches_.size(); ++i) {
-      if (!same_tensors(batches_[i], batch)) continue;
-      if (!found || (*found < next_ && i >= next_)) found = i;  // the first at or after the one due next
-    }
-    TORCH_INTERNAL_ASSERT(found, "nanguard: the guard ran a step on a batch it was not given");
-    next_ = (*found + 1) % batches_.size();
-    return *found;
-  }
-
- private:
-  static bool same_tensors(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
-    return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](const at::Tensor& x, const at::Tensor& y) {
-             return x.unsafeGetTensorImpl() == y.unsafeGetTensorImpl();
-           });
-  }
-  const nanguard::guard::micro_batches& batches_;
-  size_t next_ = 0;
-};
-
 /// A run_summary as a dict (nanguard.Guard.summary()), its line as "text".
 py::dict summary_dict(const nanguard::run_summary& s) {
   py::dict d;
@@ -410,9 +380,14 @@ void bind_guard(py::module_& m) {
            [](nanguard::guard& g, const nanguard::guard::micro_batches& batches,
               const std::function<at::Tensor(size_t)>& forward, std::vector<std::string> names) {
              g.set_batch_names(std::move(names));
-             micro_batch_index index_of{batches};
+             // The guard runs the step on the elements of `batches`, by
+             // reference: an element's position is the index of the
+             // micro-batch, which Python's forward takes.
              const nanguard::step_fn fn = [&](const std::vector<at::Tensor>& batch) {
-               return interruptible([&] { return forward(index_of(batch)); });
+               const std::less<const void*> before;
+               TORCH_INTERNAL_ASSERT(!before(&batch, batches.data()) && before(&batch, batches.data() + batches.size()),
+                                     "nanguard: the guard ran a step on a batch it was not given");
+               return interruptible([&] { return forward(static_cast<size_t>(&batch - batches.data())); });
              };
              return g.step_accumulated(batches, fn);
            },

@@ -63,7 +63,6 @@ std::optional<cause> first_cause(const step_event& e) {
   return e.findings.empty() ? std::nullopt : std::optional(e.findings.front().diagnosis.cause);
 }
 
-
 // The snapshots' memory budget in bytes: snapshot_memory_mb, or a quarter
 // of this machine's memory.
 int64_t memory_budget(const guard_options& options) {
@@ -167,7 +166,7 @@ void recovery::count_step(bool bad) {
 // the ranks must decide alike).
 recovery::bad_batch_record* recovery::bad_batch_of(const step_record& r) {
   if (!rolls_back() || options_.distributed()) return nullptr;
-  const std::optional<uint64_t> id = fingerprint(r.batches);
+  const std::optional<uint64_t> id = fingerprint(*r.batches);
   return id ? &bad_batches_[*id] : nullptr;
 }
 

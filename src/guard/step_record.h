@@ -23,8 +23,10 @@ namespace nanguard::detail {
 
 /// One guarded step, from begin to its event.
 struct step_record {
-  /// The micro-batches of the step (one for guard::step and guard::check).
-  micro_batches batches;
+  /// The micro-batches of the step (one for guard::check): the caller's, by
+  /// reference, as the step function gets them (a front end may find a
+  /// micro-batch by its address); null for a step begun and not yet checked.
+  const micro_batches* batches = nullptr;
   /// The loss of a micro-batch; empty when a framework runs the step and
   /// gave no replay closure (nothing can run it again).
   step_fn fn;
@@ -48,7 +50,7 @@ struct step_record {
   step_event event;
 
   /// The micro-batch a bundle and a diagnosis read.
-  const std::vector<at::Tensor>& bad_micro_batch() const { return batches.at(bad_batch); }
+  const std::vector<at::Tensor>& bad_micro_batch() const { return batches->at(bad_batch); }
 };
 
 /// Adds `note` to `notes`, "; " between two.

@@ -49,11 +49,11 @@ bool step_replay::replay(step_record& r) {
   const bool collective_replay = collective_of(options_) != backward_collective::none;
   try {
     tracer t(tracer_options(options_.tracer()).keep_inputs(true));  // the bundle's culprit inputs
-    name_tensors(t, r.batches, e.step);
+    name_tensors(t, *r.batches, e.step);
     const traced_run run(host_);
     try {
-      for (size_t i = 0; i < r.batches.size(); ++i) {
-        const bool loss_ok = forward_backward(r.batches[i], r.fn, r.batches.size(), t);
+      for (size_t i = 0; i < r.batches->size(); ++i) {
+        const bool loss_ok = forward_backward((*r.batches)[i], r.fn, r.batches->size(), t);
         own_bad = own_bad || !loss_ok;
         if ((!loss_ok || t.found()) && !reproduced) {
           reproduced = true;
@@ -110,10 +110,10 @@ void step_replay::bisect_compiled(step_record& r) {
   const auto step_finite = [&] {
     host_.zero_grad();
     restore_generators(r.rng_before);
-    for (const auto& batch : r.batches) {
+    for (const auto& batch : *r.batches) {
       const at::Tensor loss = loss_of(r.fn, batch, sentinel_.parameters());
       if (!sentinel_.check_loss(loss)) return false;
-      scaler_.scale(share_of(loss, r.batches.size())).backward();
+      scaler_.scale(share_of(loss, r.batches->size())).backward();
     }
     return sentinel_.inspect_grads(scaler_.inv_scale()).finite();
   };
