@@ -1,5 +1,7 @@
 #include "nanguard/training_host.h"
 
+#include "detail/optimizer_state.h"
+
 #include <ATen/core/grad_mode.h>
 #include <torch/nn/module.h>
 #include <torch/optim.h>
@@ -28,6 +30,8 @@ struct module_state : saved_state {
 };
 
 at::Tensor copy(const at::Tensor& t) { return t.defined() ? t.detach().clone() : t; }
+
+int64_t bytes_of(const at::Tensor& t) { return t.defined() ? int64_t(t.nbytes()) : 0; }
 
 // A deep copy of one optimizer state (clone() alone shares the tensors);
 // nullptr for a state type this function does not know.
@@ -89,26 +93,6 @@ void module_host::set_lrs(const std::vector<double>& lrs) {
   for (size_t i = 0; i < groups.size(); ++i) groups[i].options().set_lr(lrs[i]);
 }
 
-namespace {
-
-int64_t bytes_of(const at::Tensor& t) { return t.defined() ? int64_t(t.nbytes()) : 0; }
-
-// The bytes of the tensors an optimizer state holds (deep_copy's).
-int64_t bytes_of(const torch::optim::OptimizerParamState& s) {
-  using namespace torch::optim;
-  if (auto* a = dynamic_cast<const AdamParamState*>(&s))
-    return bytes_of(a->exp_avg()) + bytes_of(a->exp_avg_sq()) + bytes_of(a->max_exp_avg_sq());
-  if (auto* a = dynamic_cast<const AdamWParamState*>(&s))
-    return bytes_of(a->exp_avg()) + bytes_of(a->exp_avg_sq()) + bytes_of(a->max_exp_avg_sq());
-  if (auto* a = dynamic_cast<const SGDParamState*>(&s)) return bytes_of(a->momentum_buffer());
-  if (auto* a = dynamic_cast<const RMSpropParamState*>(&s))
-    return bytes_of(a->square_avg()) + bytes_of(a->momentum_buffer()) + bytes_of(a->grad_avg());
-  if (auto* a = dynamic_cast<const AdagradParamState*>(&s)) return bytes_of(a->sum());
-  return 0;  // serialized: about as large as the parameters, counted by the caller
-}
-
-}  // namespace
-
 int64_t training_host::state_bytes() {
   int64_t total = 0;
   for (const auto& [name, p] : named_parameters()) total += bytes_of(p);
@@ -119,7 +103,8 @@ int64_t module_host::state_bytes() {
   int64_t total = 0;
   for (const auto& p : module_.parameters()) total += bytes_of(p);
   for (const auto& b : module_.buffers()) total += bytes_of(b);
-  for (const auto& [key, state] : optimizer_.state()) total += bytes_of(*state);
+  // An optimizer whose state is serialized (not a LibTorch one) is not counted.
+  for (const auto& t : detail::optimizer_state_tensors(optimizer_)) total += bytes_of(t);
   return total;
 }
 

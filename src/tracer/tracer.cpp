@@ -23,6 +23,7 @@
 #include "nanguard/scope.h"
 
 #include "detail/op_tensors.h"
+#include "detail/optimizer_state.h"
 #include "detail/scope_handle.h"
 #include "range_memo.h"
 #include "tracer_deferred.h"
@@ -433,29 +434,6 @@ void on_op_end(const at::RecordFunction& fn, at::ObserverContext* raw) {
   if (traits.writes_unreturned) check_unreturned_writes(*st, fn, *ctx, memo);
 }
 
-// The tensors a LibTorch optimizer keeps per parameter (LBFGS's state
-// keeps none per parameter; an optimizer of the program's own, unknown
-// here, gives none).
-std::vector<at::Tensor> state_tensors(const torch::optim::Optimizer& optimizer) {
-  std::vector<at::Tensor> tensors;
-  const auto add_moments = [&](const auto& adam) {  // Adam's and AdamW's states, alike but unrelated types
-    tensors.insert(tensors.end(), {adam.exp_avg(), adam.exp_avg_sq(), adam.max_exp_avg_sq()});
-  };
-  for (const auto& [param, state] : optimizer.state()) {
-    const torch::optim::OptimizerParamState* s = state.get();
-    if (const auto* adam = dynamic_cast<const torch::optim::AdamParamState*>(s))
-      add_moments(*adam);
-    else if (const auto* adamw = dynamic_cast<const torch::optim::AdamWParamState*>(s))
-      add_moments(*adamw);
-    else if (const auto* sgd = dynamic_cast<const torch::optim::SGDParamState*>(s))
-      tensors.push_back(sgd->momentum_buffer());
-    else if (const auto* adagrad = dynamic_cast<const torch::optim::AdagradParamState*>(s))
-      tensors.push_back(adagrad->sum());
-    else if (const auto* rmsprop = dynamic_cast<const torch::optim::RMSpropParamState*>(s))
-      tensors.insert(tensors.end(), {rmsprop->square_avg(), rmsprop->momentum_buffer(), rmsprop->grad_avg()});
-  }
-  return tensors;
-}
 
 }  // namespace
 }  // namespace nanguard::detail
@@ -516,7 +494,7 @@ void tracer::keep_known_across_steps(const std::vector<at::Tensor>& tensors) {
 }
 
 void tracer::keep_known_across_steps(const torch::optim::Optimizer& optimizer) {
-  keep_known_across_steps(detail::state_tensors(optimizer));
+  keep_known_across_steps(detail::optimizer_state_tensors(optimizer));
 }
 
 void tracer::judge_by_outputs(const std::vector<at::Tensor>& outputs) {
