@@ -130,6 +130,7 @@ std::string to_json(const step_event& e) {
   if (!e.bundle.empty()) j["bundle"] = e.bundle;
   if (!e.remedy.empty()) j["remedy"] = e.remedy;
   if (!e.note.empty()) j["note"] = e.note;
+  if (!e.auto_fix.empty()) j["auto_fix"] = e.auto_fix;
   if (e.forecast) {
     const range_forecast& f = *e.forecast;
     j["forecast"] = {{"series", f.series},       {"value", number(f.value)},
@@ -181,6 +182,7 @@ step_event step_event_from_json(const std::string& line) {
   e.bundle = json_field<std::string>(j, "bundle", "", kWhere);
   e.remedy = json_field<std::string>(j, "remedy", "", kWhere);
   e.note = json_field<std::string>(j, "note", "", kWhere);
+  e.auto_fix = json_field<std::string>(j, "auto_fix", "", kWhere);
   if (j.contains("forecast")) {
     const json& f = j.at("forecast");
     e.forecast = range_forecast{json_field<std::string>(f, "series", kWhere), json_field<double>(f, "value", kWhere),

@@ -77,6 +77,7 @@ std::string to_text(const finding& f) {
   out += fmt::format("  cause:     {} ({} confidence)\n", to_string(d.cause), to_string(d.confidence));
   out += fmt::format("  evidence:  {}\n", d.evidence);
   out += fmt::format("  remedy:    {}\n", d.remedy);
+  for (const remedy_check& c : f.remedy_checks) out += fmt::format("  verified:  {}\n", to_string(c));
   if (!f.backtrace.empty()) out += "  backtrace:\n" + f.backtrace + "\n";
   return out;
 }

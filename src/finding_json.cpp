@@ -75,6 +75,28 @@ diagnosis diagnosis_from(const json& j) {
           json_field<std::string>(j, "remedy", kWhere), enum_field(j, "confidence", all_confidences)};
 }
 
+json checks_json(const std::vector<remedy_check>& checks) {
+  json out = json::array();
+  for (const remedy_check& c : checks)
+    out.push_back({{"remedy", to_string(c.remedy)},
+                   {"applied", c.applied},
+                   {"result", to_string(c.result)},
+                   {"loss", number(c.loss)},
+                   {"detail", c.detail}});
+  return out;
+}
+
+// A finding written before remedies were checked has no "remedy_checks".
+std::vector<remedy_check> checks_from(const json& j) {
+  std::vector<remedy_check> out;
+  if (!j.contains("remedy_checks")) return out;
+  for (const json& c : json_field<json::array_t>(j, "remedy_checks", kWhere))
+    out.push_back({enum_field(c, "remedy", all_remedy_kinds), json_field<std::string>(c, "applied", kWhere),
+                   enum_field(c, "result", all_check_results), json_field<double>(c, "loss", kWhere),
+                   json_field<std::string>(c, "detail", kWhere)});
+  return out;
+}
+
 }  // namespace
 
 std::string to_json(const finding& f) {
@@ -96,7 +118,8 @@ std::string to_json(const finding& f) {
                   {"sequence_nr", f.sequence_nr},
                   {"backtrace", f.backtrace},
                   {"rank", f.rank},
-                  {"diagnosis", diagnosis_json(f.diagnosis)}};
+                  {"diagnosis", diagnosis_json(f.diagnosis)},
+                  {"remedy_checks", checks_json(f.remedy_checks)}};
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -130,6 +153,7 @@ finding finding_from_json(const std::string& text) {
   f.rank = json_field<int64_t>(j, "rank", -1, kWhere);
   f.diagnosis =
       j.contains("diagnosis") ? diagnosis_from(json_field<json::object_t>(j, "diagnosis", kWhere)) : diagnose(f);
+  f.remedy_checks = checks_from(j);
   return f;
 }
 

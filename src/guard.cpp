@@ -5,8 +5,10 @@
 #include "nanguard/distributed.h"
 #include "nanguard/training_host.h"
 
+#include "guard/op_patch.h"
 #include "guard/rank_agreement.h"
 #include "guard/recovery.h"
+#include "guard/remedy_trials.h"
 #include "guard/step_record.h"
 #include "guard/step_replay.h"
 
@@ -104,6 +106,7 @@ struct guard::impl {
   void take(step_record& r);
   void not_taken(step_event& e);
   void localize(step_record& r);
+  void verify_remedies(step_record& r);
   void act(const detail::decision& d, step_record& r);
   void roll_back(step_event& e, bool cut_lr);
   void back_off(step_event& e);
@@ -134,6 +137,11 @@ struct guard::impl {
   std::optional<detail::rank_agreement> ranks;  // distributed only
   detail::step_replay replayer;
   detail::recovery recovery;
+  detail::remedy_trials trials;
+  // auto_fix: the verified op rewrite kept for the rest of the run, and its
+  // scope over a step a framework runs (begin_step() to check()).
+  std::unique_ptr<detail::op_patch> kept_patch;
+  std::unique_ptr<detail::op_patch::scope> framework_step_patched;
   int64_t step = 0;
   step_clock::time_point step_started;  // of the step being run
   double user_s = 0;                    // its seconds of plain-loop work (see user_time)
@@ -157,7 +165,8 @@ guard::impl::impl(std::shared_ptr<training_host> h, guard_options opts)
                                                                                 scaler, options)
                                   : std::nullopt),
       replayer(*host, sentinel, scaler, options, batch_names),
-      recovery(*host, scaler, options, ranks ? &*ranks : nullptr) {}
+      recovery(*host, scaler, options, ranks ? &*ranks : nullptr),
+      trials(*host, replayer, recovery, sentinel, scaler, options) {}
 
 // ---- the stages of a step
 
@@ -173,6 +182,7 @@ step_record guard::impl::begin(const micro_batches* batches, step_fn fn) {
   if (schedule) apply_schedule();
   r.event.lr = first_lr();
   r.event.scale = scaler.get_scale();
+  if (kept_patch) r.event.auto_fix = kept_patch->rewrite().description();
   r.rng_before = detail::capture_generators();
   return r;
 }
@@ -322,8 +332,25 @@ void guard::impl::localize(step_record& r) {
     add_note(e.note, fmt::format("micro-batch {} of {}", r.bad_batch, r.batches->size()));
   const diagnosis_context h = history(e, r.bad_micro_batch());
   for (finding& f : e.findings) f.diagnosis = diagnose(f, h);
+  verify_remedies(r);
   recovery.remember_bad_batch(r);
   not_taken(e);
+}
+
+// Tries the remedies of the step's first finding on replays of the step and
+// records the checks on it; auto_fix keeps the first verified op rewrite.
+// Only where the step was replayed and made its NaN/Inf again (or traced
+// live), in one process (a replay on one rank would run collectives alone).
+void guard::impl::verify_remedies(step_record& r) {
+  step_event& e = r.event;
+  const bool reproduced = e.verdict == verdict::reproduced || (options.trace_every_step() && e.verdict == verdict::none);
+  if (!options.verify_remedies() || ranks || !r.fn || r.quarantined || e.findings.empty() || !reproduced) return;
+  detail::remedy_trials::outcome o = trials.check(e.findings.front(), r, kept_patch.get());
+  e.findings.front().remedy_checks = std::move(o.checks);
+  if (!options.auto_fix() || kept_patch || !o.verified_rewrite) return;
+  kept_patch = std::make_unique<detail::op_patch>(*o.verified_rewrite);
+  e.auto_fix = kept_patch->rewrite().description();
+  add_note(e.note, "auto_fix: " + e.auto_fix + " from the next step on");
 }
 
 // Applies the decision and records the event. The loss scaler backs off on
@@ -433,6 +460,7 @@ diagnosis_context guard::impl::history(const step_event& e, const std::vector<at
 // check() with no backward before it, a step whose function threw.
 void guard::impl::drop_started() {
   started.reset();
+  framework_step_patched.reset();
   replayer.drop_live_trace();
   --step;
 }
@@ -531,6 +559,9 @@ guard::guard(std::shared_ptr<training_host> host, guard_options options) {
   TORCH_CHECK(o.spike_rollback_z() >= 0 && std::isfinite(o.spike_rollback_z()),
               "nanguard::guard_options: spike_rollback_z must be finite and >= 0 but is ", o.spike_rollback_z(),
               "; 0 turns the spike rollback off, 100 is the default");
+  TORCH_CHECK(!o.auto_fix() || o.verify_remedies(),
+              "nanguard::guard_options: auto_fix keeps a verified remedy, but verify_remedies is false; set "
+              "verify_remedies(true) or auto_fix(false)");
   TORCH_CHECK(!host->lrs().empty(),
               "nanguard::guard: the optimizer has no param groups; make it with model->parameters()");
   impl_ = std::make_unique<impl>(std::move(host), std::move(options));
@@ -579,6 +610,8 @@ step_event guard::step_accumulated(const micro_batches& batches, const step_fn& 
   TORCH_CHECK(!batches.empty(), "nanguard::guard::step_accumulated: no micro-batches; pass at least one");
   impl& s = *impl_;
   const one_step_at_a_time running(s.running, "step");
+  std::optional<detail::op_patch::scope> patched;  // auto_fix
+  if (s.kept_patch) patched.emplace();
   // A rollback that keeps the batch (rollback_skip_batch false) runs it once more.
   for (bool again = false;; again = true) {
     step_record r = s.begin(&batches, fn);
@@ -598,6 +631,7 @@ void guard::begin_step() {
   const one_step_at_a_time running(s.running, "begin_step");
   s.started = s.begin(/*batches=*/nullptr, {});  // check() gives them
   s.started_gradients = detail::mark_gradients(s.sentinel.parameters());
+  if (s.kept_patch) s.framework_step_patched = std::make_unique<detail::op_patch::scope>();  // the framework's step
   s.replayer.start_live_trace({}, s.step);
   s.begun = step_clock::now();
 }
@@ -616,6 +650,7 @@ step_event guard::check(const at::Tensor& loss, const step_fn& replay, const std
   TORCH_CHECK(s.started, "nanguard::guard::check: no step was begun; call begin_step() before the step's "
               "first forward");
   s.user_s += seconds_since(s.begun);  // the framework's forward and backward: not the guard's time
+  const std::unique_ptr<detail::op_patch::scope> patched = std::move(s.framework_step_patched);  // ends with check
   step_record r = std::move(*s.started);
   const micro_batches batches{batch};
   r.batches = &batches;

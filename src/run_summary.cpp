@@ -1,5 +1,7 @@
 #include "nanguard/run_summary.h"
 
+#include "nanguard/remedy_check.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -70,7 +72,13 @@ std::string one_line(std::string s) {
 std::string advice_of(const step_event& e) {
   if (e.verdict == verdict::compiled_only) return one_line(e.note);
   if (e.findings.empty() || e.findings.front().diagnosis.remedy.empty()) return "";
-  return "remedy: " + one_line(e.findings.front().diagnosis.remedy);
+  const finding& f = e.findings.front();
+  std::string advice = "remedy: " + one_line(f.diagnosis.remedy);
+  if (const remedy_check* verified = verified_remedy(f.remedy_checks))
+    advice += fmt::format(" [verified on this step: {} keeps it finite, loss {:.6g}]", verified->applied, verified->loss);
+  else if (!f.remedy_checks.empty())
+    advice += " [" + to_string(f.remedy_checks.front()) + "]";
+  return advice;
 }
 
 bool bad(const step_event& e) { return e.action != action::step && e.action != action::data; }
@@ -85,6 +93,7 @@ std::string warning_line(const step_event& e, int64_t times) {
   line += ": " + (e.remedy.empty() ? std::string(to_string(e.action)) : e.remedy);
   const std::string advice = advice_of(e);
   if (times == 1 && !advice.empty()) line += "; " + advice;
+  if (!e.auto_fix.empty()) line += "; auto_fix in force: " + e.auto_fix;
   return line;
 }
 
@@ -96,6 +105,10 @@ const std::string& run_narrator::observe(const step_event& e) {
   s.last_step = e.step;
   s.loss_scale = e.scale;
   s.lr = e.lr;
+  if (!e.auto_fix.empty() && s.auto_fix != e.auto_fix) {
+    s.auto_fix = e.auto_fix;
+    s.auto_fix_since = e.step;
+  }
   if (!bad(e)) {
     if (s.first_step < 0) {
       s.first_step = e.step;
@@ -157,6 +170,8 @@ std::string to_string(const run_summary& s) {
   if (s.rolled_back > 0 && s.lr < s.first_lr)
     line += fmt::format("; lr {:.4g} -> {:.4g} (cut by rollbacks): start the next run at lr <= {:.4g}", s.first_lr,
                         s.lr, s.lr);
+  if (!s.auto_fix.empty())
+    line += fmt::format("; auto_fix kept {} from step {}: make it a change to the model", s.auto_fix, s.auto_fix_since);
   if (s.aborted) line += fmt::format("; stopped at step {} (abort)", s.last_bad_step);
   return line;
 }

@@ -126,6 +126,9 @@ struct step_event {
   /// ("" on a healthy step). Why the step went bad: its findings' diagnosis.
   std::string remedy;
   std::string note;             ///< free text: an error, or on rollback the parameters that moved most
+  /// auto_fix: the verified op rewrite the guard keeps in force for the
+  /// rest of the run ("eps 1e-05 on the zero denominators of aten::div"); "" when none.
+  std::string auto_fix;
   /// A finite step whose loss or grad norm grows toward its dtype's range:
   /// where and when it leaves it (forecast.h); none on a healthy step.
   std::optional<range_forecast> forecast;

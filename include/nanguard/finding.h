@@ -5,6 +5,7 @@
 
 #include <nanguard/cause.h>
 #include <nanguard/census.h>
+#include <nanguard/remedy_check.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
@@ -68,6 +69,10 @@ struct finding {
   std::string backtrace;                 ///< C++ call site, when captured
   int64_t rank = -1;                     ///< distributed: the rank that saw it (-1: single process)
   nanguard::diagnosis diagnosis;         ///< the likely cause, its evidence and the remedy
+  /// The remedies the guard tried on a replay of the step, in order
+  /// (remedy_check.h; verified_remedy() gives the one to take); empty when
+  /// none was tried.
+  std::vector<remedy_check> remedy_checks;
   /// With tracer_options::keep_inputs: copies of the op's inputs (those of
   /// `inputs`) as they were when it started. Not part of the JSON.
   std::vector<at::Tensor> input_values;

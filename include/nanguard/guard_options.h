@@ -55,6 +55,23 @@ struct guard_options {
   /// runs once per bad step, so it also checks inside kernels to name the
   /// op within.
   TORCH_ARG(tracer_options, tracer) = tracer_options().inside_kernels(true);
+  /// After a replay names the op of a bad step, try the diagnosis's remedy
+  /// on the step (inside further replays only: an op rewrite, a lower loss
+  /// scale, the batch without its NaN/Inf rows, a cut LR from the last calm
+  /// snapshot) and record on the finding whether it kept the step finite
+  /// (finding::remedy_checks, remedy_check.h). Costs one to four replays per
+  /// bad step that is replayed; an LR cut, up to 20 steps from the snapshot.
+  /// Not in a distributed run (a replay on one rank would run the model's
+  /// collectives alone).
+  TORCH_ARG(bool, verify_remedies) = true;
+  /// Keep the first verified op rewrite (a safe softmax, an eps on a zero
+  /// denominator, a clamp before log/sqrt/acos/exp, an op in float32) in
+  /// force for the rest of the run: every later step runs with it, every
+  /// warning and the summary say so. The model's code is not changed: make
+  /// the remedy a change to it. NOTE: every op then passes through the
+  /// rewrite's dispatcher hook (a few microseconds each); eager ops only (a
+  /// compiled model's graph is not rewritten). REQUIRES: verify_remedies.
+  TORCH_ARG(bool, auto_fix) = false;
   /// Each event lists this many of the largest per-parameter grad norms.
   TORCH_ARG(int64_t, log_top_norms) = 5;
   /// JSONL event log path ("" : no log file).

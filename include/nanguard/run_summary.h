@@ -50,6 +50,9 @@ struct run_summary {
   double loss_scale = 1;    ///< the loss scale of the last step
   double lr = 0;            ///< the LR of the last step
   double first_lr = 0;      ///< the LR of the first step
+  /// auto_fix: the op rewrite kept in force ("" none), and the step from which.
+  std::string auto_fix;
+  int64_t auto_fix_since = -1;
 };
 
 /// One line: `nanguard: 48 steps, 2 not taken (2 skipped); last bad step 13

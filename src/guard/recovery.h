@@ -111,6 +111,12 @@ class recovery {
   int64_t bad_in_a_row() const { return bad_in_a_row_; }
   /// The product of the rollback LR factors so far.
   double lr_factor() const { return lr_factor_; }
+  /// What the next `rollbacks` rollbacks that cut the LR would cut it by together (roll_back).
+  double lr_cut_after(int64_t rollbacks) const {
+    const double n = double(cuts_in_a_row_);  // each cuts by the factor to the power of its rank
+    const double k = double(rollbacks);
+    return std::pow(options_.rollback_lr_factor(), k * n + k * (k + 1) / 2);
+  }
   snapshot_ring& ring() { return ring_; }
 
  private:

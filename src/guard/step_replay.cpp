@@ -2,6 +2,10 @@
 
 #include "nanguard/finding.h"
 
+#include <ATen/ATen.h>
+
+#include <cmath>
+
 namespace nanguard::detail {
 
 step_replay::step_replay(training_host& host, const sentinel& sentinel, loss_scaler& scaler,
@@ -86,6 +90,48 @@ bool step_replay::replay(step_record& r) {
   host_.zero_grad();
   restore_generators(rng_after);
   return own_bad;
+}
+
+rerun_outcome step_replay::rerun(const step_record& r, const micro_batches& batches, double scale, bool traced) {
+  const generator_states rng_after = capture_generators();
+  host_.zero_grad();
+  restore_generators(r.rng_before);
+  rerun_outcome out;
+  try {
+    std::optional<tracer> t;
+    if (traced) {
+      t.emplace(options_.tracer());
+      name_tensors(*t, batches, r.event.step);
+    }
+    const traced_run run(host_);
+    bool finite = true;
+    double sum = 0;
+    for (const auto& batch : batches) {
+      const at::Tensor loss = loss_of(r.fn, batch, sentinel_.parameters());
+      const double value = loss.detach().to(at::kDouble).item<double>();
+      sum += value;
+      if (!std::isfinite(value)) {
+        finite = false;
+        if (t) t->judge_by_outputs({loss});
+        break;
+      }
+      (loss * (scale / double(batches.size()))).backward();
+    }
+    std::optional<tracer_pause> pause;
+    if (t) pause.emplace(*t);
+    if (finite && host_.backward_done()) {
+      const grad_report report = sentinel_.inspect_grads(1.0 / scale);
+      out.finite = report.finite();
+      out.grad_norm = report.total_norm;
+    }
+    out.loss = finite ? sum / double(batches.size()) : std::numeric_limits<double>::quiet_NaN();
+    if (t && !out.finite && t->found()) out.first_finding = to_string(t->findings().front());
+  } catch (...) {
+    restore_generators(rng_after);
+    throw;
+  }
+  restore_generators(rng_after);
+  return out;
 }
 
 // One micro-batch of the replay; returns whether its loss was finite. Its

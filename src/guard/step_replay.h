@@ -15,6 +15,7 @@
 #include "nanguard/training_host.h"
 
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,6 +35,17 @@ class traced_run {
 
  private:
   std::function<void()> end_;
+};
+
+/// What one more run of a step gave (step_replay::rerun).
+struct rerun_outcome {
+  bool finite = false;  ///< every loss and gradient finite
+  /// The mean of the micro-batches' losses; NaN when one was not finite.
+  double loss = std::numeric_limits<double>::quiet_NaN();
+  /// The gradients' global norm, unscaled (NaN when one is not finite).
+  double grad_norm = std::numeric_limits<double>::quiet_NaN();
+  /// Traced and not finite: the tracer's first finding, as one line ("" if none).
+  std::string first_finding;
 };
 
 /// Runs a bad step again under the tracer, or traces every step live.
@@ -59,6 +71,13 @@ class step_replay {
   /// this rank's own loss or gradients (before a backward collective) were
   /// not finite in it.
   bool replay(step_record& r);
+
+  /// Runs the step of `r` once more from its RNG state on `batches` (its own,
+  /// or a remedy's) with the loss scaled by `scale`, under the tracer when
+  /// `traced` (in the host's traced run either way: a compiled model runs
+  /// eagerly). Leaves the gradients for the caller (an optimizer step may
+  /// follow) and the RNG where it was. Throws what the step throws.
+  rerun_outcome rerun(const step_record& r, const micro_batches& batches, double scale, bool traced);
 
  private:
   void name_tensors(tracer& t, const micro_batches& batches, int64_t step) const;
