@@ -569,7 +569,8 @@ guard::guard(std::shared_ptr<training_host> host, guard_options options) {
   if (s.options.schedule()) s.schedule.emplace(*s.options.schedule());
   if (!s.options.event_log().empty())
     s.log = std::make_unique<event_log>(s.options.event_log(), s.options.truncate_event_log());
-  if (s.recovery.rolls_back()) s.recovery.snapshot(0);  // the initial weights
+  // The initial weights: what a rollback, or the check of an LR cut (verify_remedies), starts from.
+  if (s.recovery.rolls_back() || (s.options.verify_remedies() && !s.ranks)) s.recovery.snapshot(0);
   if (s.ranks) s.ranks->check_same_parameters();        // a collective: every rank builds its guard
 }
 

@@ -60,7 +60,10 @@ struct guard_options {
   /// scale, the batch without its NaN/Inf rows, a cut LR from the last calm
   /// snapshot) and record on the finding whether it kept the step finite
   /// (finding::remedy_checks, remedy_check.h). Costs one to four replays per
-  /// bad step that is replayed; an LR cut, up to 20 steps from the snapshot.
+  /// bad step that is replayed; an LR cut, up to 4 x 21 forward/backward
+  /// from the snapshot. Under the policies that keep no snapshots (skip,
+  /// backoff, abort) the guard keeps the initial weights for that check (one
+  /// copy of the model and optimizer state, within snapshot_memory_mb).
   /// Not in a distributed run (a replay on one rank would run the model's
   /// collectives alone).
   TORCH_ARG(bool, verify_remedies) = true;

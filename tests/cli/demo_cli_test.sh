@@ -12,10 +12,10 @@ WORK=$2
 [ -x "$NANGUARD" ] || { echo "FAIL: no nanguard binary at '$1'"; exit 1; }
 rm -rf "$WORK" && mkdir -p "$WORK" && cd "$WORK" || exit 1
 # expect_row NAME OP MODULE DIRECTION ROLE CAUSE REMEDY: the scenario's summary row, status ok
-# (the finding's diagnosis is CAUSE).
+# (the finding's diagnosis is CAUSE, and its remedy replayed on the failing step kept it finite).
 expect_row() {
-  grep -qE "^  $1 +$2 +$3 +$4 +[0-9]+ +$5 +$6 +$7 +[0-9.e+-]+ +ok\$" <<<"$out" ||
-    fail "expected the summary row '$1 $2 $3 $4 <step> $5 $6 $7 <loss> ok' in:
+  grep -qE "^  $1 +$2 +$3 +$4 +[0-9]+ +$5 +$6 +$7 +finite +[0-9.e+-]+ +ok\$" <<<"$out" ||
+    fail "expected the summary row '$1 $2 $3 $4 <step> $5 $6 $7 finite <loss> ok' in:
 $out"
 }
 
@@ -45,6 +45,10 @@ $out"
   [ "$(grep -cE '^    \|   remedy: +[a-z]' <<<"$out")" -eq 6 ] || fail "expected 6 diagnosed remedies in:
 $out"
   expect "log_of_nonpositive (high confidence)"
+  # Each finding's remedy, replayed on its step, kept it finite.
+  [ "$(grep -cE '^    \|   verified: +verified finite: ' <<<"$out")" -eq 6 ] || fail "expected 6 verified remedies in:
+$out"
+  expect "verified finite: lr x0.5 for 6 steps on this batch from step 0's weights"
   [ "$(grep -cE 'loss [0-9.e+-]+ -> [0-9.e+-]+: finite, falling' <<<"$out")" -eq 7 ] ||
     fail "expected 7 remedy runs (6 + rollback) finite and falling in:
 $out"

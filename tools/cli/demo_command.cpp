@@ -1,8 +1,10 @@
 // `nanguard demo [--scenario NAME] [--out DIR] [--list]`: the classic ways
 // training goes NaN (demo_scenarios.h). Each scenario trains twice: first
 // with the bug, watched by the op tracer, which names the op, module,
-// direction, step and role where the first NaN/Inf was born; then with the
-// remedy under nanguard::guard, which must train to a finite, falling loss.
+// direction, step and role where the first NaN/Inf was born, and replays
+// the failing step with the remedy applied, which must keep it finite
+// (verified remedies); then with the remedy under nanguard::guard, which
+// must train to a finite, falling loss.
 // DIR (locked while the demo runs) gets every run's event log, the repro
 // bundles and report.html.
 // Exit 0 when every scenario shows both, 1 otherwise: the demo is a test too.
@@ -187,6 +189,7 @@ struct scenario_result {
   std::vector<run_result> remedies;  // the remedy, then the extra one if any
   bool ok() const {
     if (!unguarded.first || unguarded.first->diagnosis.cause != scenario->expected) return false;
+    if (!verified_remedy(unguarded.first->remedy_checks)) return false;
     for (const run_result& r : remedies)
       if (!r.finite_and_falling()) return false;
     return true;
@@ -233,11 +236,12 @@ void print_summary(const std::vector<scenario_result>& results) {
   fmt::print("\nsummary\n");
   const auto row = [](const std::string& a, const std::string& b, const std::string& c, const std::string& d,
                       const std::string& e, const std::string& f, const std::string& g, const std::string& h,
-                      const std::string& i, const std::string& j) {
-    fmt::print("  {:<17} {:<16} {:<8} {:<9} {:>4}  {:<10} {:<21} {:<18} {:>10}  {}\n", a, b, c, d, e, f, g, h, i, j);
+                      const std::string& i, const std::string& j, const std::string& k) {
+    fmt::print("  {:<17} {:<16} {:<8} {:<9} {:>4}  {:<10} {:<21} {:<18} {:<16} {:>10}  {}\n", a, b, c, d, e, f, g, h,
+               i, j, k);
   };
-  row("scenario", "first NaN/Inf op", "module", "direction", "step", "role", "cause", "remedy", "final loss",
-      "status");
+  row("scenario", "first NaN/Inf op", "module", "direction", "step", "role", "cause", "remedy", "verified on step",
+      "final loss", "status");
   for (const scenario_result& r : results) {
     const auto& f = r.unguarded.first;
     std::string status = "ok";
@@ -245,12 +249,19 @@ void print_summary(const std::vector<scenario_result>& results) {
     else if (f->diagnosis.cause != r.scenario->expected)
       status = fmt::format("FAILED: diagnosed {}, expected {}", to_string(f->diagnosis.cause),
                            to_string(r.scenario->expected));
+    // The remedy replayed on the failing step: whether it kept it finite.
+    std::string verified = "-";
+    if (f && !f->remedy_checks.empty()) {
+      const remedy_check* v = verified_remedy(f->remedy_checks);
+      verified = to_string(v ? v->result : f->remedy_checks.front().result);
+      if (!v) status = "FAILED: its remedy did not keep the failing step finite";
+    }
     for (const run_result& m : r.remedies)
       if (!m.finite_and_falling()) status = "FAILED: " + m.name + " not finite and falling";
     row(r.scenario->name, f ? f->op : "-", f ? (f->module.empty() ? "?" : f->module) : "-",
         f ? to_string(f->direction) : "-", f ? std::to_string(f->step) : "-", f ? to_string(f->role) : "-",
-        f ? to_string(f->diagnosis.cause) : "-", r.scenario->remedy_short, show(r.remedies.front().last_loss()),
-        status);
+        f ? to_string(f->diagnosis.cause) : "-", r.scenario->remedy_short, verified,
+        show(r.remedies.front().last_loss()), status);
   }
 }
 
