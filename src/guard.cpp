@@ -348,7 +348,7 @@ void guard::impl::verify_remedies(step_record& r) {
   detail::remedy_trials::outcome o = trials.check(e.findings.front(), r, kept_patch.get());
   e.findings.front().remedy_checks = std::move(o.checks);
   if (!options.auto_fix() || kept_patch || !o.verified_rewrite) return;
-  kept_patch = std::make_unique<detail::op_patch>(*o.verified_rewrite);
+  kept_patch = std::make_unique<detail::op_patch>(*o.verified_rewrite, /*count_changes=*/false);
   e.auto_fix = kept_patch->rewrite().description();
   add_note(e.note, "auto_fix: " + e.auto_fix + " from the next step on");
 }

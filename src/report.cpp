@@ -1,4 +1,5 @@
 #include "nanguard/report.h"
+#include "nanguard/remedy_check.h"
 #include "nanguard/run_summary.h"
 #include "nanguard/version.h"
 
@@ -215,8 +216,12 @@ json timeline_row(const step_event& e) {
   for (const auto& s : e.spikes)
     items.push_back({"spike", s.series + " spike: " + number_text(s.value) + " (z = " + number_text(s.z) + ")"});
   if (e.verdict != verdict::none) items.push_back({"verdict", std::string("replay: ") + to_string(e.verdict)});
-  for (const auto& f : e.findings)
+  for (const auto& f : e.findings) {
     items.push_back({"finding", to_string(f) + " (likely cause: " + to_string(f.diagnosis.cause) + ")"});
+    if (const remedy_check* v = verified_remedy(f.remedy_checks))
+      items.push_back({"verified", (v->applied.empty() ? std::string(to_string(v->remedy)) : v->applied) +
+                                       " keeps the step finite (replayed loss " + number_text(v->loss) + ")"});
+  }
   if (!e.remedy.empty()) items.push_back({"remedy", e.remedy});
   // A log written before the remedy field says only where it rolled back to.
   if (e.rollback_to >= 0 && e.remedy.empty()) items.push_back({"rollback", "rolled back to the snapshot of step " + std::to_string(e.rollback_to)});

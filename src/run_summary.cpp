@@ -76,8 +76,8 @@ std::string advice_of(const step_event& e) {
   std::string advice = "remedy: " + one_line(f.diagnosis.remedy);
   if (const remedy_check* verified = verified_remedy(f.remedy_checks))
     advice += fmt::format(" [verified on this step: {} keeps it finite, loss {:.6g}]", verified->applied, verified->loss);
-  else if (!f.remedy_checks.empty())
-    advice += " [" + to_string(f.remedy_checks.front()) + "]";
+  else if (!f.remedy_checks.empty() && f.remedy_checks.front().remedy != remedy_kind::none)
+    advice += " [" + to_string(f.remedy_checks.front()) + "]";  // tried, and not enough or not applicable
   return advice;
 }
 

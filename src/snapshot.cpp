@@ -134,11 +134,13 @@ std::vector<param_change> snapshot_ring::diff() const {
     if (it == now.end()) continue;
     param_change c;
     c.name = name;
-    c.norm_then = l2(then);
+    // A snapshot of an accelerator's tensor is in host memory: compared on
+    // the accelerator, after the snapshot's copy on the same stream.
+    const at::Tensor before = then.to(it->second.device(), at::kDouble);
+    c.norm_then = l2(before);
     c.norm_now = l2(it->second.detach());
     c.finite = std::isfinite(c.norm_now);
-    c.absolute = c.finite ? l2(it->second.detach().to(at::kDouble) - then.to(at::kDouble))
-                          : std::numeric_limits<double>::infinity();
+    c.absolute = c.finite ? l2(it->second.detach().to(at::kDouble) - before) : std::numeric_limits<double>::infinity();
     c.relative = c.finite ? c.absolute / (c.norm_then + 1e-12) : std::numeric_limits<double>::infinity();
     out.push_back(std::move(c));
   }

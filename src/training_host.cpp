@@ -7,6 +7,7 @@
 #include <torch/optim.h>
 #include <torch/serialize/archive.h>
 
+#include <functional>
 #include <sstream>
 #include <type_traits>
 #include <utility>
@@ -29,13 +30,30 @@ struct module_state : saved_state {
   std::string serialized;
 };
 
-at::Tensor copy(const at::Tensor& t) { return t.defined() ? t.detach().clone() : t; }
+// A snapshot's copy of `t`: a tensor on an accelerator goes to pinned host
+// memory (the accelerator's memory is the model's), copied asynchronously on
+// the current stream, before which what writes `t` next is queued; a CPU
+// tensor is cloned.
+at::Tensor copy(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  if (t.is_cpu()) return t.detach().clone();
+  at::Tensor host = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+  host.copy_(t.detach(), /*non_blocking=*/true);
+  return host;
+}
+
+// A copy of a snapshot's tensor `t` back on `device`, the model's.
+at::Tensor copy_to(const at::Tensor& t, const at::Device& device) {
+  if (!t.defined()) return t;
+  return t.device() == device ? t.detach().clone() : t.to(device, /*non_blocking=*/true, /*copy=*/true);
+}
 
 int64_t bytes_of(const at::Tensor& t) { return t.defined() ? int64_t(t.nbytes()) : 0; }
 
 // A deep copy of one optimizer state (clone() alone shares the tensors);
 // nullptr for a state type this function does not know.
-std::unique_ptr<torch::optim::OptimizerParamState> deep_copy(const torch::optim::OptimizerParamState& s) {
+std::unique_ptr<torch::optim::OptimizerParamState> deep_copy(const torch::optim::OptimizerParamState& s,
+                                                              const std::function<at::Tensor(const at::Tensor&)>& copy) {
   using namespace torch::optim;
   if (auto* a = dynamic_cast<const AdamParamState*>(&s)) {
     auto c = std::make_unique<AdamParamState>(*a);
@@ -114,7 +132,7 @@ std::shared_ptr<const saved_state> module_host::save() {
   for (const auto& p : module_.named_parameters()) s->parameters.emplace_back(p.key(), copy(p.value()));
   for (const auto& b : module_.buffers()) s->buffers.push_back(copy(b));
   for (const auto& [key, state] : optimizer_.state()) {
-    auto c = deep_copy(*state);
+    auto c = deep_copy(*state, nanguard::copy);
     if (!c) {
       s->state.clear();
       torch::serialize::OutputArchive archive;
@@ -150,7 +168,9 @@ void module_host::restore(const saved_state& saved) {
   } else {
     auto& state = optimizer_.state();
     state.clear();
-    for (const auto& [key, st] : s->state) state[key] = deep_copy(*st);
+    const at::Device device = params.empty() ? at::Device(at::kCPU) : params.front().device();
+    for (const auto& [key, st] : s->state)
+      state[key] = deep_copy(*st, [&](const at::Tensor& t) { return copy_to(t, device); });
   }
 }
 

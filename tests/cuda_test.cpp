@@ -10,6 +10,8 @@
 #include "nanguard/nonfinite_record.h"
 #include "nanguard/precision.h"
 #include "nanguard/scope.h"
+#include "nanguard/snapshot.h"
+#include "nanguard/training_host.h"
 #include "nanguard/tracer.h"
 
 #include "detail/value_range.h"
@@ -428,6 +430,42 @@ TEST(cuda_distributed, averages_and_checks_cuda_gradients) {
 
 TEST(cuda_tracer, the_scenarios_have_findings_on_the_cpu) {
   for (const auto& [name, scenario] : kScenarios) EXPECT_NE("no finding", traced(scenario, at::kCPU)) << name;
+}
+
+}  // namespace
+
+namespace {
+
+// A snapshot of a CUDA model is in pinned host memory, not on the device;
+// restoring it brings back the parameters and the optimizer's state on the
+// device, and the ring's diff compares them there.
+TEST(cuda_snapshot, is_held_in_pinned_host_memory_and_restored_on_the_device) {
+  REQUIRE_CUDA();
+  torch::nn::Linear model(16, 4);
+  model->to(torch::kCUDA);
+  torch::optim::Adam optimizer(model->parameters(), torch::optim::AdamOptions(1e-2));
+  const auto train_step = [&] {
+    optimizer.zero_grad();
+    model->forward(torch::randn({8, 16}, torch::kCUDA)).pow(2).mean().backward();
+    optimizer.step();
+  };
+  train_step();
+  nanguard::module_host host(*model, optimizer);
+  const auto saved = host.save();
+  for (const auto& [name, t] : saved->parameters) {
+    EXPECT_TRUE(t.is_cpu()) << name;
+    EXPECT_TRUE(t.is_pinned()) << name;
+  }
+  const at::Tensor weight = model->weight.detach().clone();
+  nanguard::snapshot_ring ring(host, 1);
+  ASSERT_TRUE(ring.take(1));
+  train_step();
+  EXPECT_GT(ring.diff().front().absolute, 0);
+  EXPECT_EQ(ring.restore(), 1);
+  EXPECT_TRUE(torch::equal(model->weight, weight));
+  EXPECT_TRUE(model->weight.is_cuda());
+  train_step();  // Adam's restored state is on the device: the step runs
+  EXPECT_TRUE(torch::isfinite(model->weight).all().item<bool>());
 }
 
 }  // namespace

@@ -188,6 +188,20 @@ TEST(remedy_check, a_second_bug_the_remedy_does_not_reach_stays_nonfinite) {
   EXPECT_EQ(nanguard::verified_remedy(checks), nullptr);
 }
 
+TEST(remedy_check, a_remedy_whose_loss_runs_away_from_the_run_s_has_not_saved_the_step) {
+  linear_run run(3, 3);
+  guard g(*run.model, run.optimizer, skip());
+  const auto fn = [&](const std::vector<at::Tensor>& b) {
+    return (run.model->forward(b[0]) / b[0].std(0)).pow(2).mean();  // x / (0 + 1e-5): finite, 1e10 times too big
+  };
+  ASSERT_FALSE(g.step({torch::randn({8, 3})}, fn).skipped);
+  const step_event e = g.step({torch::randn({8, 3}).index_fill_(1, torch::tensor({1}), 2.0)}, fn);
+  const std::vector<remedy_check> checks = checks_of(e);
+  ASSERT_EQ(checks.size(), 1u);
+  EXPECT_EQ(checks[0].result, check_result::still_nonfinite) << to_string(checks[0]);
+  EXPECT_NE(checks[0].detail.find("runs away from the run's recent"), std::string::npos) << checks[0].detail;
+}
+
 TEST(remedy_check, a_remedy_check_leaves_the_model_and_the_rng_as_they_were) {
   linear_run run(3, 3);
   guard g(*run.model, run.optimizer, skip());

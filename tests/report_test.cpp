@@ -278,6 +278,36 @@ TEST(report, the_same_finding_at_many_steps_is_one_entry_with_its_count_and_step
   EXPECT_EQ(run.at("findings_omitted"), 0);
 }
 
+TEST(report, a_finding_shows_the_remedies_tried_and_the_verified_one) {
+  std::vector<step_event> events = healthy_run(10);
+  step_event& bad = events[4];
+  make_bad(bad, nanguard::action::skip);
+  bad.findings.push_back(sample_finding("encoder.norm"));
+  nanguard::finding& f = bad.findings.back();
+  f.diagnosis = nanguard::diagnose(f);
+  f.remedy_checks.push_back({nanguard::remedy_kind::float32, "aten::div in float32",
+                             nanguard::check_result::still_nonfinite, kNaN, "step 3 forward aten::div: nan"});
+  f.remedy_checks.push_back({nanguard::remedy_kind::denominator_eps, "eps 1e-05 on the zero denominators of aten::div",
+                             nanguard::check_result::finite, 0.52, ""});
+  const std::string html = nanguard::render_html_report({{"run", events}});
+  const json run = payload(html).at("runs").at(0);
+  // The finding's card draws each check (report.js: remedyChecksBlock), the verified one highlighted.
+  const json& checks = run.at("findings").at(0).at("remedy_checks");
+  ASSERT_EQ(checks.size(), 2u);
+  EXPECT_EQ(checks.at(0).at("result"), "still_nonfinite");
+  EXPECT_EQ(checks.at(0).at("loss"), "nan");
+  EXPECT_EQ(checks.at(1).at("result"), "finite");
+  EXPECT_EQ(checks.at(1).at("applied"), "eps 1e-05 on the zero denominators of aten::div");
+  EXPECT_NE(html.find("remedyChecksBlock(f.remedy_checks)"), std::string::npos);
+  EXPECT_NE(html.find(".remedy-checks .verified"), std::string::npos);
+  // The bad step's row in the timeline names the verified remedy.
+  const json& items = run.at("timeline").at(0).at("items");
+  EXPECT_NE(items.dump().find("[\"verified\",\"eps 1e-05 on the zero denominators of aten::div keeps the step finite "
+                              "(replayed loss 0.52)\"]"),
+            std::string::npos)
+      << items.dump();
+}
+
 // A data event as nanguard.data writes it: `check` of `source`, dropping `dropped`.
 step_event data_event(const std::string& source, int64_t check, int64_t checked, std::vector<int64_t> dropped,
                       const std::string& row_index) {

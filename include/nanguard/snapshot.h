@@ -44,9 +44,10 @@ struct param_change {
 /// such ones replace it, so a divergence that outlasts the recent snapshots
 /// can go further back than them without going back to the start.
 ///
-/// NOTE: copies live in memory (one copy of parameters, buffers and
+/// NOTE: copies live in host memory (one copy of parameters, buffers and
 /// optimizer state per snapshot: at most 2 x capacity of them, and no more
-/// bytes than the memory budget when one is set).
+/// bytes than the memory budget when one is set); a module_host copies a
+/// GPU's tensors into pinned host memory, asynchronously on the current stream.
 class snapshot_ring {
  public:
   /// Watches what `host` saves (training_host.h). REQUIRES: capacity >= 1,

@@ -111,7 +111,8 @@ class training_host {
 
 /// The host of a LibTorch module and optimizer. Its saves deep-copy the
 /// optimizer's state for the optimizers LibTorch ships (Adam, AdamW, SGD,
-/// RMSprop, Adagrad) and serialize any other.
+/// RMSprop, Adagrad) and serialize any other; what lives on a GPU is copied
+/// into pinned host memory (asynchronously, on the current stream) and back.
 ///
 /// NOTE: both must outlive the host.
 class module_host : public training_host {

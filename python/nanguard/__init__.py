@@ -18,7 +18,7 @@ from typing import List, Sequence
 import torch  # noqa: F401  (loads LibTorch before the extension)
 
 from . import _dtensor, _nanguard
-from ._results import Finding, NanGuardWarning, NonFiniteError, StepResult
+from ._results import Finding, NanGuardWarning, NonFiniteError, RemedyCheck, StepResult
 from ._trace import AllowRule, Trace, trace
 from ._options import POLICIES
 from ._guard import Guard
@@ -30,7 +30,7 @@ __version__ = _nanguard.__version__
 
 __all__ = [
     "census", "has_nonfinite", "census_many", "check_many", "RecordVerdict", "mark_written", "TensorStats", "trace", "Trace", "Finding",
-    "NonFiniteError", "AllowRule", "Guard", "NanGuardWarning", "StepResult", "POLICIES", "IsolationForest",
+    "RemedyCheck", "NonFiniteError", "AllowRule", "Guard", "NanGuardWarning", "StepResult", "POLICIES", "IsolationForest",
     "Firewall", "FirewallReport", "WarmupCosine", "Distributed", "report", "inspect",
 ]
 

@@ -125,7 +125,8 @@ class Guard:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, policy: Policy = "auto",
                  max_norm: float = 0.0, clip_value: float = 0.0,
                  loss_scale: Union[bool, LossScaleOptions] = False, replay: bool = True,
-                 trace_every_step: bool = False, event_log: Optional[PathLike] = None, snapshot_every: int = 10,
+                 trace_every_step: bool = False, verify_remedies: bool = True, auto_fix: bool = False,
+                 event_log: Optional[PathLike] = None, snapshot_every: int = 10,
                  snapshot_keep: int = 2, snapshot_memory_mb: float = 0.0, rollback_lr_factor: float = 0.5,
                  spike_rollback_z: float = 100.0,
                  max_bad_steps: int = 20, max_bad_fraction: float = 0.5,
@@ -325,7 +326,9 @@ class Guard:
         (0: the initial weights; -1: none), ``aborted``, ``first_step`` /
         ``first_loss`` and ``final_step`` / ``final_loss`` (the first and last
         steps the optimizer took), ``loss_scale``, ``lr`` and ``first_lr`` (of
-        the last and the first step), ``status`` (how the run ended:
+        the last and the first step), ``auto_fix`` and ``auto_fix_since`` (the
+        op rewrite ``auto_fix`` keeps in force and the step from which; "" and
+        -1: none), ``status`` (how the run ended:
         "finite", "recovered", "unrecovered", "nonfinite" or "empty", as
         ``nanguard report`` shows it), and ``text``, the line a verbose guard
         warns when it closes after a bad step."""

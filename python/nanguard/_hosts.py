@@ -38,9 +38,9 @@ class ModuleHost(_nanguard.TrainingHost):
             g["lr"] = lr
 
     def save(self):
-        model_state = copy.deepcopy(self.model.state_dict())
+        model_state = _off_accelerator(self.model.state_dict())
         saved = [(n, _local(model_state[n])) for n, _ in self.named if n in model_state]
-        return (model_state, copy.deepcopy(self.optimizer.state_dict())), saved
+        return (model_state, _off_accelerator(self.optimizer.state_dict())), saved
 
     def state_bytes(self):
         """The bytes a save() copies: the model's state and the optimizer's
@@ -185,6 +185,31 @@ def host_for(compiled, optimizer, distributed):
 
 def _trainable(model):
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def _off_accelerator(state):
+    """A deep copy of ``state`` (a state dict) whose tensors on an
+    accelerator are in pinned host memory, copied asynchronously on the
+    current stream (what writes them next is queued after the copy; loading
+    the state back copies onto the parameters' device). A DTensor keeps its
+    local shard where it is: each rank holds only its own."""
+    def host(t):
+        if not isinstance(t, torch.Tensor) or t.device.type == "cpu" or _is_dtensor(t):
+            return copy.deepcopy(t)
+        out = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+        return out.copy_(t.detach(), non_blocking=True)
+
+    def walk(v):
+        if isinstance(v, dict):
+            out = type(v)((k, walk(x)) for k, x in v.items())
+            if hasattr(v, "_metadata"):  # a module state dict's versions, which load_state_dict reads
+                out._metadata = copy.deepcopy(v._metadata)
+            return out
+        if isinstance(v, (list, tuple)):
+            return type(v)(walk(x) for x in v)
+        return host(v)
+
+    return walk(state)
 
 
 def _local(t):

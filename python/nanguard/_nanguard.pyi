@@ -275,6 +275,11 @@ class StepEvent:
     def action(self) -> str:
         ...
     @property
+    def auto_fix(self) -> str:
+        """
+        auto_fix: the verified op rewrite kept in force for the rest of the run ("": none).
+        """
+    @property
     def bundle(self) -> str:
         ...
     @property
@@ -487,6 +492,7 @@ class GuardOptions:
     """
     nanguard::guard_options (see nanguard.Guard).
     """
+    auto_fix: bool
     bundle_dir: str
     distributed: Distributed | None
     event_log: str
@@ -497,6 +503,7 @@ class GuardOptions:
     schedule: WarmupCosine | None
     trace_every_step: bool
     verbose: bool
+    verify_remedies: bool
     def __init__(self, **fields: typing.Any) -> None:
         """
         GuardOptions(**fields): guard_options() with each keyword's property set.
@@ -677,6 +684,10 @@ def finding_to_string(arg0: str) -> str:
     ...
 def finding_to_text(arg0: str) -> str:
     ...
+def remedy_check_to_string(remedy: str, applied: str, result: str, loss: typing.SupportsFloat, detail: str) -> str:
+    """
+    One remedy check as a line (nanguard::to_string(remedy_check)): "verified finite: ...".
+    """
 def read_csv(path: str, delimiter: str = ",") -> tuple[list[str], torch.Tensor]:
     """
     (columns, [rows, columns] float64 tensor) of a numeric CSV file.

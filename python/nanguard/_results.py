@@ -1,5 +1,6 @@
 """What the guard and the tracer hand back: a :class:`StepResult` per
-guarded step, a :class:`Finding` per op that made a NaN or Inf, the
+guarded step, a :class:`Finding` per op that made a NaN or Inf (with the
+:class:`RemedyCheck` of each remedy a guard tried on it), the
 :class:`NonFiniteError` that stops a caller, and the
 :class:`NanGuardWarning` a guard tells its user with.
 
@@ -17,6 +18,8 @@ from . import _nanguard
 Action = Literal["step", "skip", "backoff", "rollback", "abort", "data"]
 #: A replay's verdict ("": no replay).
 Verdict = Literal["", "reproduced", "not reproduced", "replay failed", "compiled only"]
+#: What a replay with a remedy gave (``nanguard::check_result``).
+CheckResult = Literal["finite", "still_nonfinite", "not_checkable"]
 
 
 class NanGuardWarning(UserWarning):
@@ -28,7 +31,7 @@ class NanGuardWarning(UserWarning):
     ``warnings.filterwarnings("ignore", category=nanguard.NanGuardWarning)``."""
 
 
-_FLOAT_KEYS = {"value", "min", "max", "mean", "std", "first_nonfinite_value", "l2_norm", "absmax"}
+_FLOAT_KEYS = {"value", "min", "max", "mean", "std", "first_nonfinite_value", "l2_norm", "absmax", "loss"}
 
 
 def _floats(d: Any) -> Any:
@@ -39,6 +42,36 @@ def _floats(d: Any) -> Any:
         return {k: (float(v) if k in _FLOAT_KEYS and isinstance(v, str) else _floats(v))
                 for k, v in d.items()}
     return d
+
+
+@dataclass(frozen=True)
+class RemedyCheck:
+    """One remedy a guard tried on a replay of the bad step, and what came
+    out (the C++ ``nanguard::remedy_check``; docs/diagnosis.md, "Verified
+    remedies"). ``str(c)`` is its line: "verified finite: eps 1e-05 on the
+    zero denominators of aten::div (replayed loss 0.52)".
+
+    Attributes:
+        remedy: the remedy's kind: "lr_cut", "loss_scale_cut", "skip_rows",
+            "float32", "safe_softmax", "denominator_eps", "clamp_input" or
+            "none" (no mechanical remedy for the cause).
+        applied: what the replay changed, e.g. "eps 1e-05 on the zero
+            denominators of aten::div".
+        result: "finite" (the loss and every gradient finite: the remedy
+            works), "still_nonfinite" or "not_checkable".
+        loss: the replay's loss with the remedy (NaN when none was computed).
+        detail: still_nonfinite: what stayed bad; not_checkable: why;
+            finite: "" or what the replay needed (rows dropped).
+    """
+
+    remedy: str
+    applied: str
+    result: CheckResult
+    loss: float = float("nan")
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return str(_nanguard.remedy_check_to_string(self.remedy, self.applied, self.result, self.loss, self.detail))
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,6 +87,10 @@ class Finding:
     "log_of_nonpositive", "unclassified"), ``f.evidence`` (one sentence with
     the numbers), ``f.remedy`` (what to change) and ``f.confidence``
     ("low", "medium", "high").
+
+    A guard's finding also says whether the remedy works: ``f.remedy_checks``
+    (a :class:`RemedyCheck` per remedy tried on a replay of the step) and
+    ``f.verified_remedy`` (the first that kept the step finite, or None).
 
     Attributes:
         op: the ATen op, e.g. "aten::div".
@@ -77,6 +114,8 @@ class Finding:
         evidence: the evidence for the cause, with its numbers.
         remedy: what to change, as one-liners for the front end (Python's for nanguard.trace).
         confidence: how far the evidence goes: "low", "medium" or "high".
+        remedy_checks: the remedies a guard tried on a replay of the step,
+            in order (empty when none was tried, and for a trace's finding).
     """
 
     op: str
@@ -98,6 +137,7 @@ class Finding:
     evidence: str = ""
     remedy: str = ""
     confidence: str = "low"
+    remedy_checks: List[RemedyCheck] = field(default_factory=list)
     _json: str = field(default="{}", repr=False, compare=False)
 
     @classmethod
@@ -105,10 +145,18 @@ class Finding:
         """The finding of the C++ ``to_json``'s text."""
         d = _floats(json.loads(json_text))
         diagnosis = d.get("diagnosis", {})
-        known = {f.name for f in fields(cls)} - {"_json", "cause", "evidence", "remedy", "confidence"}
+        known = {f.name for f in fields(cls)} - {"_json", "cause", "evidence", "remedy", "confidence", "remedy_checks"}
+        checks = [RemedyCheck(remedy=c["remedy"], applied=c["applied"], result=c["result"], loss=float(c["loss"]),
+                              detail=c["detail"]) for c in d.get("remedy_checks", [])]
         return cls(**{k: v for k, v in d.items() if k in known}, cause=diagnosis.get("cause", "unclassified"),
                    evidence=diagnosis.get("evidence", ""), remedy=diagnosis.get("remedy", ""),
-                   confidence=diagnosis.get("confidence", "low"), _json=json_text)
+                   confidence=diagnosis.get("confidence", "low"), remedy_checks=checks, _json=json_text)
+
+    @property
+    def verified_remedy(self) -> Optional[RemedyCheck]:
+        """The first remedy check whose replay came out finite (the remedy to
+        take), or None (``nanguard::verified_remedy``)."""
+        return next((c for c in self.remedy_checks if c.result == "finite"), None)
 
     def to_dict(self) -> Dict[str, Any]:
         """Every field as a dict (inputs and outputs with their census);
@@ -184,7 +232,9 @@ class StepResult:
     32768" ("" on a healthy step). ``forecast`` says when a loss or grad norm
     that grows step after step leaves its dtype's range ("the loss (4.1e+09)
     leaves the range 3.40282e+38 in about 26 steps (x3.1 a step)"; None when
-    healthy). ``to_dict()`` gives the event log's line.
+    healthy). ``auto_fix`` is the verified op rewrite that ``Guard(auto_fix=True)``
+    keeps in force from this step on ("" when none). ``to_dict()`` gives the
+    event log's line.
     """
 
     step: int
@@ -209,6 +259,7 @@ class StepResult:
     rank: int = -1
     nonfinite_ranks: List[int] = field(default_factory=list)
     forecast: Optional[str] = None
+    auto_fix: str = ""
     _event: Optional[_nanguard.StepEvent] = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -223,7 +274,8 @@ class StepResult:
                    verdict=cast(Verdict, event.verdict), spikes=event.spikes, nonfinite_params=bad,
                    top_norms=event.top_norms, clip_coef=event.clip_coef, bundle=event.bundle,
                    rollback_to=event.rollback_to, remedy=event.remedy, note=event.note, rank=event.rank,
-                   nonfinite_ranks=event.nonfinite_ranks, forecast=event.forecast, _event=event)
+                   nonfinite_ranks=event.nonfinite_ranks, forecast=event.forecast, auto_fix=event.auto_fix,
+                   _event=event)
 
     def to_dict(self) -> Dict[str, Any]:
         """The event as the event log holds it (``nanguard::step_event``; NaN

@@ -63,6 +63,8 @@ void bind_events(py::module_& m) {
       .def_readonly("bundle", &step_event::bundle)
       .def_readonly("remedy", &step_event::remedy)
       .def_readonly("note", &step_event::note)
+      .def_readonly("auto_fix", &step_event::auto_fix,
+                    "auto_fix: the verified op rewrite kept in force for the rest of the run (\"\": none).")
       .def_property_readonly(
           "forecast",
           [](const step_event& e) -> std::optional<std::string> {

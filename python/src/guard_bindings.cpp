@@ -111,6 +111,8 @@ py::dict summary_dict(const nanguard::run_summary& s) {
   d["loss_scale"] = s.loss_scale;
   d["lr"] = s.lr;
   d["first_lr"] = s.first_lr;
+  d["auto_fix"] = s.auto_fix;
+  d["auto_fix_since"] = s.auto_fix_since;
   d["status"] = nanguard::run_status(s);
   d["text"] = nanguard::to_string(s);
   return d;
@@ -200,6 +202,8 @@ py::class_<nanguard::guard_options> bind_guard_options_class(py::module_& m) {
   NANGUARD_GUARD_OPTION(o, max_norm);
   NANGUARD_GUARD_OPTION(o, clip_value);
   NANGUARD_GUARD_OPTION(o, replay);
+  NANGUARD_GUARD_OPTION(o, verify_remedies);
+  NANGUARD_GUARD_OPTION(o, auto_fix);
   NANGUARD_GUARD_OPTION(o, log_top_norms);
   NANGUARD_GUARD_OPTION(o, event_log);
   NANGUARD_GUARD_OPTION(o, bundle_dir);
@@ -273,6 +277,18 @@ py::tuple guard_option_rows(py::class_<nanguard::guard_options>& o) {
       .row("trace_every_step", "bool", "trace_every_step",
            "trace every step's forward and backward instead (the cost of :func:`nanguard.trace` on every step): "
            "a bad step's findings come from the step itself.")
+      .row("verify_remedies", "bool", "verify_remedies",
+           "after a replay names the op, replay the bad step again with its diagnosis's remedy applied (inside "
+           "the replay only: an eps on a zero denominator, a clamp, the op in float32, a safe softmax, a lower "
+           "loss scale, the batch without its NaN/Inf rows, a cut LR from the last calm snapshot) and record on "
+           "the finding whether it kept the step finite (:attr:`Finding.remedy_checks`, "
+           ":attr:`Finding.verified_remedy`): one to four replays per replayed bad step (under skip, backoff and "
+           "abort the guard keeps the initial weights for the LR cut's check).")
+      .row("auto_fix", "bool", "auto_fix",
+           "keep the first verified op rewrite (a safe softmax, an eps, a clamp, an op in float32) in force for "
+           "the rest of the run: every later warning and :meth:`summary` (``auto_fix``, ``auto_fix_since``) say "
+           "so. It changes the model's math from that step on and every op passes its dispatcher hook: make the "
+           "remedy a change to the model's code. Needs ``verify_remedies``.")
       .row("event_log", "Optional[PathLike]", "event_log",
            "a JSONL file, one C++ step event per step (``nanguard report`` and :func:`nanguard.report` turn it "
            "into HTML).",
@@ -382,11 +398,15 @@ void bind_guard(py::module_& m) {
              g.set_batch_names(std::move(names));
              // The guard runs the step on the elements of `batches`, by
              // reference: an element's position is the index of the
-             // micro-batch, which Python's forward takes.
+             // micro-batch, which Python's forward takes. Another batch (a
+             // remedy check's batch without its NaN/Inf rows) it cannot run:
+             // that check is not checkable.
              const nanguard::step_fn fn = [&](const std::vector<at::Tensor>& batch) {
                const std::less<const void*> before;
-               TORCH_INTERNAL_ASSERT(!before(&batch, batches.data()) && before(&batch, batches.data() + batches.size()),
-                                     "nanguard: the guard ran a step on a batch it was not given");
+               TORCH_CHECK_NOT_IMPLEMENTED(
+                   !before(&batch, batches.data()) && before(&batch, batches.data() + batches.size()),
+                   "nanguard.Guard.step: the closure runs on its own arguments only, not on another batch (the "
+                   "batch without its NaN/Inf rows); the C++ guard.step form runs one");
                return interruptible([&] { return forward(static_cast<size_t>(&batch - batches.data())); });
              };
              return g.step_accumulated(batches, fn);
@@ -400,8 +420,19 @@ void bind_guard(py::module_& m) {
            [](nanguard::guard& g, const at::Tensor& loss, const nanguard::step_fn& replay,
               const std::vector<at::Tensor>& batch, std::vector<std::string> names) {
              g.set_batch_names(std::move(names));
+             // Python's replay() runs the framework's own batch whatever it is
+             // given: another batch (a remedy check's batch without its
+             // NaN/Inf rows) it cannot run, so that check is not checkable.
              nanguard::step_fn fn;
-             if (replay) fn = [&](const std::vector<at::Tensor>& b) { return interruptible([&] { return replay(b); }); };
+             if (replay)
+               fn = [&](const std::vector<at::Tensor>& b) {
+                 const bool own = b.size() == batch.size() &&
+                                  std::equal(b.begin(), b.end(), batch.begin(),
+                                             [](const at::Tensor& x, const at::Tensor& y) { return x.is_same(y); });
+                 TORCH_CHECK_NOT_IMPLEMENTED(own, "nanguard.Guard.check: replay() runs the step's own batch only, "
+                                                  "not another batch (the batch without its NaN/Inf rows)");
+                 return interruptible([&] { return replay(b); });
+               };
              return g.check(loss, fn, batch);
            },
            py::arg("loss"), py::arg("replay"), py::arg("batch"), py::arg("names"),

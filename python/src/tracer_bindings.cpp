@@ -3,6 +3,7 @@
 
 #include <nanguard/diagnosis.h>
 #include <nanguard/finding.h>
+#include <nanguard/remedy_check.h>
 #include <nanguard/scope.h>
 #include <nanguard/tracer.h>
 
@@ -59,7 +60,7 @@ class py_tracer {
 
 namespace nanguard::python {
 
-/// Findings (as JSON) to text, and diagnosed again.
+/// Findings (as JSON) to text, and diagnosed again; a remedy check to its line.
 void bind_findings(py::module_& m) {
   m.def("finding_to_string", [](const std::string& json) {
     return nanguard::to_string(nanguard::finding_from_json(json));
@@ -74,6 +75,15 @@ void bind_findings(py::module_& m) {
     return nanguard::to_json(f);
   }, py::arg("finding_json"), py::arg("losses"), py::arg("grad_norms"), py::arg("lr"), py::arg("loss_scale"),
      py::arg("data"), "The finding (JSON) diagnosed again with the steps before it (nanguard::diagnose).");
+  m.def("remedy_check_to_string",
+        [](const std::string& remedy, const std::string& applied, const std::string& result, double loss,
+           const std::string& detail) {
+          return nanguard::to_string(nanguard::remedy_check{nanguard::remedy_kind_from_string(remedy), applied,
+                                                            nanguard::check_result_from_string(result), loss,
+                                                            detail});
+        },
+        py::arg("remedy"), py::arg("applied"), py::arg("result"), py::arg("loss"), py::arg("detail"),
+        "One remedy check as a line (nanguard::to_string(remedy_check)): \"verified finite: ...\".");
 }
 
 /// The module scopes Python opens around forward calls.

@@ -77,3 +77,28 @@ def test_guard_over_fsdp2(tmp_path, policy):
     p0, p1 = got[0][1], got[1][1]
     assert p0 == p1, "the ranks' full parameters differ"
     assert all(torch.isfinite(torch.tensor(p)).all() for p in p0)
+
+
+def _snapshot_of_a_shard(rank):
+    from nanguard._hosts import ShardedHost
+    model = _sharded_model()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    F.mse_loss(model(torch.randn(8, 4)), torch.randn(8, 1)).backward()
+    opt.step()  # Adam's state: two tensors per parameter, sharded like it
+    host = ShardedHost(model, opt)
+    (model_state, opt_state), _ = host.save()
+    held = sum(t.to_local().numel() if hasattr(t, "to_local") else t.numel() for t in model_state.values())
+    held += sum(v.to_local().numel() if hasattr(v, "to_local") else v.numel()
+                for s in opt_state["state"].values() for k, v in s.items() if k != "step")
+    full = sum(p.full_tensor().numel() for p in model.parameters())
+    return held, full
+
+
+def test_a_snapshot_holds_only_this_rank_s_shard(tmp_path):
+    """Under FSDP2 a snapshot (the parameters and Adam's two states) holds
+    this rank's shards only: the ranks' together are one copy of the model."""
+    got = run_ranks(_snapshot_of_a_shard, tmp_path)
+    full = got[0][1]
+    for rank, (held, _) in got.items():
+        assert held < 3 * full, (rank, held, full)
+    assert sum(held for held, _ in got.values()) == 3 * full, got

@@ -41,7 +41,9 @@ def describe(result: StepResult) -> str:
     finding: Optional[Finding] = result.finding
     if finding is None:
         return f"step {result.step}: {result.action} (loss {result.loss:.3f})"
-    return f"step {result.step}: {result.action}, {finding.op} in {finding.module or '?'} ({finding.cause})"
+    fix: Optional[nanguard.RemedyCheck] = finding.verified_remedy
+    verified = f"; verified: {fix.applied} (loss {fix.loss:.3g})" if fix is not None else ""
+    return f"step {result.step}: {result.action}, {finding.op} in {finding.module or '?'} ({finding.cause}){verified}"
 
 
 def trace_one() -> Optional[Finding]:

@@ -39,11 +39,12 @@ bool writes_an_argument(const c10::FunctionSchema& schema) {
   return false;
 }
 
-// ---- the rewrites; each returns whether it changed the call
+// ---- the rewrites; each returns whether it changed the call (`look`:
+// whether it reads the values first and leaves a call that needs no change)
 
 // clamp_input: the first input clamped into [low, high]. A pow only with a
 // fractional exponent (an integer power of a negative base is no error).
-bool clamp_first_input(const op_rewrite& r, const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+bool clamp_first_input(const op_rewrite& r, bool look, const c10::OperatorHandle& op, torch::jit::Stack& stack) {
   const size_t n = op.schema().arguments().size();
   c10::IValue& self = argument(stack, n, 0);
   if (!self.isTensor()) return false;
@@ -53,8 +54,8 @@ bool clamp_first_input(const op_rewrite& r, const c10::OperatorHandle& op, torch
     if (exponent == std::floor(exponent)) return false;
   }
   const at::Tensor x = self.toTensor();
-  const bool below = std::isfinite(r.low) && (x < r.low).any().item<bool>();
-  const bool above = std::isfinite(r.high) && (x > r.high).any().item<bool>();
+  const bool below = std::isfinite(r.low) && (!look || (x < r.low).any().item<bool>());
+  const bool above = std::isfinite(r.high) && (!look || (x > r.high).any().item<bool>());
   if (!below && !above) return false;
   self = at::clamp(x, std::isfinite(r.low) ? std::optional<at::Scalar>(r.low) : std::nullopt,
                    std::isfinite(r.high) ? std::optional<at::Scalar>(r.high) : std::nullopt);
@@ -62,13 +63,13 @@ bool clamp_first_input(const op_rewrite& r, const c10::OperatorHandle& op, torch
 }
 
 // denominator_eps: a division's `other` (a reciprocal's input) with eps for its zeros.
-bool fill_zero_denominator(const op_rewrite& r, const c10::OperatorHandle& op, torch::jit::Stack& stack) {
+bool fill_zero_denominator(const op_rewrite& r, bool look, const c10::OperatorHandle& op, torch::jit::Stack& stack) {
   const size_t n = op.schema().arguments().size();
   const size_t i = r.op == "aten::div" ? 1 : 0;
   if (n <= i || !argument(stack, n, i).isTensor()) return false;
   const at::Tensor d = argument(stack, n, i).toTensor();
   const at::Tensor zero = d == 0;
-  if (!zero.any().item<bool>()) return false;
+  if (look && !zero.any().item<bool>()) return false;
   argument(stack, n, i) = d.masked_fill(zero, r.eps);
   return true;
 }
@@ -132,8 +133,10 @@ void patch_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch
   const op_rewrite& r = patch->rewrite();
   bool changed = false;
   switch (r.kind) {
-    case remedy_kind::clamp_input: changed = clamp_first_input(r, op, *stack); break;
-    case remedy_kind::denominator_eps: changed = fill_zero_denominator(r, op, *stack); break;
+    case remedy_kind::clamp_input: changed = clamp_first_input(r, patch->counts_changes(), op, *stack); break;
+    case remedy_kind::denominator_eps:
+      changed = fill_zero_denominator(r, patch->counts_changes(), op, *stack);
+      break;
     case remedy_kind::safe_softmax:
       if (run_safe_softmax(op, *stack)) return patch->count_rewrite();
       break;
@@ -209,7 +212,8 @@ std::string op_rewrite::description() const {
   }
 }
 
-op_patch::op_patch(op_rewrite rewrite) : rewrite_(std::move(rewrite)) {
+op_patch::op_patch(op_rewrite rewrite, bool count_changes)
+    : rewrite_(std::move(rewrite)), count_changes_(count_changes) {
   register_fallback();
   const std::lock_guard<std::mutex> lock(patch_mutex);
   TORCH_CHECK(!current_patch, "nanguard: an op patch for ", current_patch ? current_patch->rewrite_.op : "",

@@ -62,7 +62,10 @@ struct op_rewrite {
 /// One patch at a time: making a second throws c10::Error.
 class op_patch {
  public:
-  explicit op_patch(op_rewrite rewrite);
+  /// `count_changes`: whether calls_rewritten() counts only the calls the
+  /// rewrite changed, which reads each input's values on the host (a sync
+  /// per call on a GPU: for a replay, not for a patch kept over a run).
+  explicit op_patch(op_rewrite rewrite, bool count_changes = true);
   ~op_patch();
   op_patch(const op_patch&) = delete;
   op_patch& operator=(const op_patch&) = delete;
@@ -88,9 +91,12 @@ class op_patch {
 
   /// Counts one rewritten call (the dispatcher fallback's).
   void count_rewrite() { ++rewritten_; }
+  /// Whether the rewrite looks at the values first (see the constructor).
+  bool counts_changes() const { return count_changes_; }
 
  private:
   op_rewrite rewrite_;
+  bool count_changes_;
   std::atomic<int64_t> rewritten_{0};
 };
 

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <deque>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -25,6 +26,9 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int64_t kMostLrCutSteps = 20;
 // A loss this many times above its start has run away (recovery's calm factor).
 constexpr double kRunawayFactor = 10;
+// A remedy's loss this many times the run's recent median has not saved the
+// step (recovery's runaway factor).
+constexpr double kFarAboveRecent = 1e3;
 // The most LR cuts tried: what the next 1, 2, 3, 4 rollbacks would cut together.
 constexpr int64_t kMostLrCuts = 4;
 // An LR check's detail when the batch fails from the calm weights too.
@@ -177,8 +181,25 @@ remedy_trials::remedy_trials(training_host& host, step_replay& replay, recovery&
                              const loss_scaler& scaler, const guard_options& options)
     : host_(host), replay_(replay), recovery_(recovery), sentinel_(sentinel), scaler_(scaler), options_(options) {}
 
+// `c`, a replay that came out finite, unless its loss runs away from the
+// run's recent losses (recovery's rule): a remedy that makes the loss 1e9
+// has not saved the step.
+remedy_check remedy_trials::unless_running_away(remedy_check c) const {
+  const std::deque<double>& recent = recovery_.losses();
+  if (recent.empty() || c.remedy == remedy_kind::lr_cut) return c;  // the LR check judges its own run
+  std::vector<double> sorted(recent.begin(), recent.end());
+  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+  const double median = sorted[sorted.size() / 2];
+  if (!(std::abs(c.loss) > kFarAboveRecent * std::max(std::abs(median), 1e-12)))
+    return c;
+  c.result = check_result::still_nonfinite;
+  c.detail = fmt::format("finite, but its loss {:.6g} runs away from the run's recent {:.6g}", c.loss, median);
+  return c;
+}
+
 remedy_trials::outcome remedy_trials::check(const finding& f, const step_record& r, const op_patch* patch_in_force) {
   outcome out;
+  trying_ = remedy_kind::none;
   try {
     checks_of(f, r, patch_in_force, out);
   } catch (const interrupted&) {
@@ -186,13 +207,15 @@ remedy_trials::outcome remedy_trials::check(const finding& f, const step_record&
   } catch (const std::exception& ex) {
     // A replay that throws (the step itself, or a remedy its code refuses).
     host_.zero_grad();
-    out.checks.push_back(not_checkable(remedy_kind::none, "", "the replay failed: " + message_of(ex)));
+    // The remedy the failing replay tried (its kind), or none when none was begun.
+    out.checks.push_back(not_checkable(trying_, "", "the replay failed: " + message_of(ex)));
   }
   return out;
 }
 
 void remedy_trials::checks_of(const finding& f, const step_record& r, const op_patch* patch_in_force, outcome& out) {
   const auto tried = [&](remedy_check c, std::optional<op_rewrite> rewrite = std::nullopt) {
+    if (c.result == check_result::finite) c = unless_running_away(std::move(c));
     if (c.result == check_result::finite && !verified_remedy(out.checks)) out.verified_rewrite = std::move(rewrite);
     out.checks.push_back(std::move(c));
     return out.checks.back().result == check_result::finite;
@@ -226,6 +249,7 @@ void remedy_trials::checks_of(const finding& f, const step_record& r, const op_p
 // The step again with `rewrite` in force.
 remedy_check remedy_trials::try_rewrite(const op_rewrite& rewrite, const step_record& r,
                                         const op_patch* patch_in_force) {
+  trying_ = rewrite.kind;
   remedy_check c;
   c.remedy = rewrite.kind;
   c.applied = rewrite.description();
@@ -246,6 +270,7 @@ remedy_check remedy_trials::try_rewrite(const op_rewrite& rewrite, const step_re
 
 // The step again at lower loss scales: half, 1/16, 1/256 of it, then 1.
 remedy_check remedy_trials::try_loss_scales(const step_record& r) {
+  trying_ = remedy_kind::loss_scale_cut;
   remedy_check c;
   c.remedy = remedy_kind::loss_scale_cut;
   const double scale = scaler_.get_scale();
@@ -264,6 +289,7 @@ remedy_check remedy_trials::try_loss_scales(const step_record& r) {
 
 // The step again without the batch's non-finite rows.
 remedy_check remedy_trials::try_without_rows(const step_record& r) {
+  trying_ = remedy_kind::skip_rows;
   int64_t dropped = 0, rows = 0;
   const micro_batches kept = without_nonfinite_rows(*r.batches, dropped, rows);
   const std::string applied = fmt::format("the batch without its {} non-finite row{} (of {})", dropped,
@@ -285,6 +311,7 @@ remedy_check remedy_trials::try_without_rows(const step_record& r) {
 // few (each cuts more): the first LR at which the loss stays finite and does
 // not run away is the one verified.
 remedy_check remedy_trials::try_lr_cut(const step_record& r) {
+  trying_ = remedy_kind::lr_cut;
   const std::string what = "a cut LR from the last calm snapshot";
   snapshot_ring& ring = recovery_.ring();
   if (ring.empty())

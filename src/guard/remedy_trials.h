@@ -53,6 +53,7 @@ class remedy_trials {
   remedy_check try_lr_cut(const step_record& r);
   remedy_check train_from_snapshot(const step_record& r, double cut);
   remedy_check replayed(remedy_check c, const rerun_outcome& o) const;
+  remedy_check unless_running_away(remedy_check c) const;
 
   training_host& host_;
   step_replay& replay_;
@@ -60,6 +61,7 @@ class remedy_trials {
   const sentinel& sentinel_;
   const loss_scaler& scaler_;
   const guard_options& options_;
+  remedy_kind trying_ = remedy_kind::none;  // the remedy being tried (a replay that throws is its check)
 };
 
 }  // namespace nanguard::detail

@@ -429,6 +429,29 @@
     return box;
   }
 
+  // The remedies the guard tried on replays of the step (remedy_check.h): a
+  // line each with its result, what it applied, the replayed loss and the
+  // detail; the first that kept the step finite is the verified one.
+  var CHECK_RESULTS = {finite: 'finite', still_nonfinite: 'still non-finite', not_checkable: 'not checkable'};
+
+  function remedyChecksBlock(checks) {
+    var box = el('div', 'remedy-checks');
+    var verified = false;
+    checks.forEach(function (c) {
+      var first = c.result === 'finite' && !verified;
+      verified = verified || first;
+      var p = el('p', 'check ' + c.result + (first ? ' verified' : ''));
+      p.appendChild(el('span', 'k', first ? 'verified' : 'tried'));
+      p.appendChild(el('span', 'result', CHECK_RESULTS[c.result] || c.result));
+      var text = ': ' + (c.applied || c.remedy);
+      if (!isNaN(num(c.loss))) text += ' (replayed loss ' + fmt(c.loss) + ')';
+      if (c.detail) text += '; ' + c.detail;
+      p.appendChild(el('span', null, text));
+      box.appendChild(p);
+    });
+    return box;
+  }
+
   function findingCard(f) {
     var card = el('div', 'finding ' + f.role);
     card.setAttribute('data-op', f.op);
@@ -441,6 +464,7 @@
     }
     card.appendChild(el('div', 'finding-title', title));
     if (f.diagnosis) card.appendChild(diagnosisBlock(f.diagnosis));
+    if ((f.remedy_checks || []).length) card.appendChild(remedyChecksBlock(f.remedy_checks));
     var kv = el('div', 'kv');
     var fields = [['op', f.op], ['module', f.module || '(unknown)'], ['direction', f.direction], ['role', f.role],
       ['step', f.step]];

@@ -48,9 +48,15 @@ finding = {"step": 120, "op": "aten::div", "caller": "", "direction": "forward",
            "role": "producer", "module": "enc</script><script>document.title='pwned'</script>", "culprit": "",
            "inputs": [{"name": "input 0", "dtype": "Float", "shape": [8, 4], "stats": stats(0)}],
            "outputs": [{"name": "output 0", "dtype": "Float", "shape": [8, 4], "stats": stats(4)}],
-           "output": 0, "index": 12, "value": "nan", "thread": 1, "sequence_nr": 7, "backtrace": "", "rank": -1}
+           "output": 0, "index": 12, "value": "nan", "thread": 1, "sequence_nr": 7, "backtrace": "", "rank": -1,
+           "remedy_checks": [{"remedy": "float32", "applied": "aten::div in float32", "result": "still_nonfinite",
+                              "loss": "nan", "detail": "step 120 forward aten::div: nan"},
+                             {"remedy": "denominator_eps", "applied": "eps 1e-05 on the zero denominators of aten::div",
+                              "result": "finite", "loss": 0.52, "detail": ""}]}
 backward = dict(finding, step=200, op="aten::mul", direction="backward", node="SqrtBackward0", forward_op="aten::sqrt",
-                module="encoder.layers.0", value="inf")
+                module="encoder.layers.0", value="inf",
+                remedy_checks=[{"remedy": "none", "applied": "", "result": "not_checkable", "loss": "nan",
+                                "detail": "no rewrite of aten::mul for sqrt_at_zero"}])
 with open("baseline/events.jsonl", "w") as f:
     scale = 65536.0
     for s in range(1, 301):
@@ -128,6 +134,15 @@ case_the_report_in_a_browser() {
   grep -q 'sqrt_at_zero (high confidence)' dom.html || fail "the backward finding's cause is missing"
   grep -q 'torch::sqrt(x + 1e-12)' dom.html || fail "the backward finding's remedy is missing"
   grep -q 'skipped the step; loss scale 65536 -&gt; 32768' dom.html || fail "the remedy the guard applied is missing"
+  # The remedies tried on replays of the step: a line each, the verified one highlighted.
+  [[ $(grep -o '<div class="remedy-checks">' dom.html | wc -l) -eq 2 ]] || fail "expected 2 findings with remedy checks"
+  [[ $(grep -o '<p class="check finite verified">' dom.html | wc -l) -eq 1 ]] || fail "expected 1 verified remedy"
+  grep -q 'finite</span><span>: eps 1e-05 on the zero denominators of aten::div (replayed loss 0.52)' dom.html ||
+    fail "the verified remedy's line is missing"
+  grep -q 'still non-finite</span><span>: aten::div in float32; step 120 forward aten::div: nan' dom.html ||
+    fail "the still non-finite check's line is missing"
+  grep -q 'not checkable</span><span>: none; no rewrite of aten::mul for sqrt_at_zero' dom.html ||
+    fail "the not checkable check's line is missing"
   grep -q 'encoder.layers.0.weight' dom.html || fail "the per-parameter grad norms are missing"
   grep -q 'Plots show [0-9]* of 100000 steps' dom.html || fail "the long run does not say it was downsampled"
   grep -q 'No training steps logged.' dom.html || fail "the empty run is not listed"

@@ -217,6 +217,7 @@ assert f['op'] == 'aten::div' and f['module'] == 'norm', f"
   expect "parameters: lin.weight"
   expect "culprit_inputs[0]"
   expect "cause:     division_by_zero (high confidence)"
+  expect "verified:  verified finite: eps 1e-05 on the zero denominators of aten::div (replayed loss"
   # A compiled model's bundle (verdict "compiled only": the eager replay ran finite,
   # no finding): inspect says why there is no finding, and the note (stage, kernel, remedy).
   cp -r "$B" compiled_only
@@ -251,6 +252,30 @@ EOF
   run 2 "$NANGUARD" replay "$B" --model "$M/mlp_clf.pt"
   expect "cannot replay '$B' with '$M/mlp_clf.pt': nanguard::guard::replay: the bundle's parameter"
   expect "is not in the model"
+}
+
+# the remedy verified on a replay of the bad step; --auto-fix keeps it for the later steps
+case_verified_remedy_and_auto_fix() {
+  run 3 train --model "$M/norm_net.pt" --data "$M/constant.csv" --target y --task regress --steps 5 --batch 8 \
+    --out verified
+  expect "  verified: verified finite: eps 1e-05 on the zero denominators of aten::div (replayed loss"
+  summary verified "
+assert s['auto_fix'] is None, s
+c = f['remedy_checks'][0]
+assert (c['remedy'], c['result']) == ('denominator_eps', 'finite') and 'aten::div' in c['applied'], f"
+  run 0 train --model "$M/norm_net.pt" --data "$M/constant.csv" --target y --task regress --steps 5 --batch 8 \
+    --auto-fix --out auto_fix
+  expect "nanguard train: recovered"
+  expect "steps: 5 of 5, 1 skipped"
+  expect "auto_fix: kept eps 1e-05 on the zero denominators of aten::div from step 1: make it a change to the model"
+  summary auto_fix "
+assert s['auto_fix'] == 'eps 1e-05 on the zero denominators of aten::div' and s['skipped_steps'] == 1, s"
+  run 3 train --model "$M/norm_net.pt" --data "$M/constant.csv" --target y --task regress --steps 5 --batch 8 \
+    --policy skip --no-verify-remedies --out unverified --quiet
+  grep -qF "verified:" <<<"$out" && fail "--no-verify-remedies still verified a remedy: $out"
+  run 2 train --model "$M/norm_net.pt" --data "$M/constant.csv" --target y --task regress \
+    --auto-fix --no-verify-remedies --out both
+  expect "excludes"
 }
 
 # bad input: exit 2 and one line saying what
@@ -316,6 +341,7 @@ run_cases a_finite_run \
   nan_and_inf_in_the_data \
   an_lr_that_blows_up \
   abort_inspect_replay \
+  verified_remedy_and_auto_fix \
   bad_input
 
 if [ "$failures" -ne 0 ]; then echo "$failures check(s) failed"; exit 1; fi

@@ -23,6 +23,7 @@
 #include <nanguard/events.h>
 #include <nanguard/firewall.h>
 #include <nanguard/guard.h>
+#include <nanguard/remedy_check.h>
 #include <nanguard/report.h>
 #include <nanguard/run_summary.h>
 #include <nanguard/schedule.h>
@@ -65,6 +66,8 @@ struct train_args {
   std::string policy = "auto";
   std::string firewall = "off";
   std::string trace = "on-failure";
+  bool no_verify_remedies = false;
+  bool auto_fix = false;
   uint64_t seed = 0;
   std::string out = "nanguard-train";
   std::string device = "cpu";
@@ -136,6 +139,8 @@ json first_json(const step_event& e, const std::vector<int64_t>& rows) {
     j["evidence"] = f.diagnosis.evidence;
     j["remedy"] = f.diagnosis.remedy;
     j["confidence"] = to_string(f.diagnosis.confidence);
+    // The remedies the guard checked on replays of the step, as the finding's JSON has them.
+    j["remedy_checks"] = json::parse(to_json(f)).at("remedy_checks");
   }
   // The CSV lines of the step's rows holding a NaN/Inf: the data's share,
   // whatever the role (the tracer names a value that flowed through a
@@ -321,6 +326,8 @@ guard_options make_guard_options(const train_args& a, const run_outputs& out) {
   options.policy(policy_from_string(a.policy))
       .max_norm(a.clip)
       .replay(a.trace == "on-failure")
+      .verify_remedies(!a.no_verify_remedies)
+      .auto_fix(a.auto_fix)
       .snapshot_every(std::clamp<int64_t>(a.steps / 10, 1, 100))
       .event_log(out.events)
       .bundle_dir(out.bundles)
@@ -498,6 +505,7 @@ json summary_json(const train_args& a, const train_outcome& o, const guard& g, c
   s["lr_factor"] = g.lr_factor();
   s["policy"] = a.policy;
   s["trace"] = a.trace;
+  s["auto_fix"] = g.narrator().summary().auto_fix.empty() ? json(nullptr) : json(g.narrator().summary().auto_fix);
   s["bundle"] = o.bundle_path.empty() ? json(nullptr) : json(o.bundle_path);
   s["events"] = out.events;
   s["model"] = a.model;
@@ -528,6 +536,7 @@ void print_first_nonfinite(const train_args& a, const train_outcome& o) {
     fmt::print("  likely cause: {} ({} confidence): {}\n", to_string(f.diagnosis.cause),
                to_string(f.diagnosis.confidence), f.diagnosis.evidence);
     fmt::print("  remedy: {}\n", f.diagnosis.remedy);
+    for (const remedy_check& c : f.remedy_checks) fmt::print("  verified: {}\n", to_string(c));
   }
   if (!o.first_rows.empty())
     fmt::print("  the NaN/Inf came from the data: {} line{} {}\n", a.data, o.first_rows.size() > 1 ? "s" : "",
@@ -553,6 +562,8 @@ void print_summary(const train_args& a, const train_outcome& o, const guard& g, 
              ended_finite(status) ? fmt::format("{:.6g}", s.final_loss) : "not finite");
   if (status == "unrecovered") fmt::print("  not recovered: {}\n", why_unrecovered(s));
   if (o.first_bad) print_first_nonfinite(a, o);
+  if (!s.auto_fix.empty())
+    fmt::print("  auto_fix: kept {} from step {}: make it a change to the model\n", s.auto_fix, s.auto_fix_since);
   if (a.firewall != "off")
     fmt::print("  data firewall ({}): {} rows dropped, {} rows repaired\n", a.firewall, batches.dropped_lines(),
                batches.repaired_lines());
@@ -623,6 +634,14 @@ command add_train_command(CLI::App& app) {
   sub->add_option("--trace", a->trace, "op tracer: on-failure (replay a bad step), always (every step) or off")
       ->check(CLI::IsMember({"always", "on-failure", "off"}))
       ->capture_default_str();
+  auto* no_verify = sub->add_flag("--no-verify-remedies", a->no_verify_remedies,
+                                  "do not replay a bad step with its remedy applied (the finding's `verified:` "
+                                  "lines: 1 to 4 replays per bad step, an LR cut up to 21 steps)");
+  sub->add_flag("--auto-fix", a->auto_fix,
+                "keep the first verified op rewrite (an eps on a zero denominator, a clamp, a safe softmax, an op "
+                "in float32) in force for the rest of the run; the warnings and summary.json say so. It changes "
+                "the model's math: make the remedy a change to the model")
+      ->excludes(no_verify);
   sub->add_option("--seed", a->seed, "seed of the batch order and the model's randomness")
       ->capture_default_str()
       ->check(non_negative_integer());
