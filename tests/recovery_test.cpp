@@ -173,6 +173,23 @@ TEST(recovery, a_loss_1000_times_the_runs_best_rolls_back_at_once_under_auto_and
   EXPECT_FALSE(skip.r->running_away());
 }
 
+TEST(recovery, in_the_first_steps_a_loss_10_times_the_first_rolls_back) {
+  fixture f;
+  observe_calm(*f.r, 1, 0.73);
+  nanguard::step_event e;
+  e.loss = 7.2;  // under 10 times the first
+  f.r->observe_finite(e);
+  EXPECT_FALSE(f.r->running_away());
+  e.loss = 11.3;  // AdamW at 100 times its stable LR, a transformer's second step
+  f.r->observe_finite(e);
+  ASSERT_TRUE(f.r->running_away());
+  EXPECT_EQ(e.reason, "loss diverging from the start: 11.3 is over 10 times the first loss (0.73)");
+  fixture later;  // once the run has a calm window, the rule is 1000 times its best
+  observe_calm(*later.r, 6, 0.73);
+  later.r->observe_finite(e);
+  EXPECT_FALSE(later.r->running_away());
+}
+
 TEST(recovery, a_converged_loss_rising_orders_of_magnitude_below_the_first_is_no_runaway) {
   fixture f;
   observe_calm(*f.r, 1, 1.0);

@@ -89,14 +89,28 @@ void recovery::observe_finite(step_event& e) {
   ++steps_observed_;
   const bool spiked = spiked_three_times(e);
   const bool leaving = e.forecast && e.forecast->steps_left <= forecast_steps;
-  runaway_ = rolls_back() && options_.spike_rollback_z() > 0 && (spiked || leaving || far_above_best(e.loss));
+  const bool early = early_runaway(e.loss);
+  runaway_ =
+      rolls_back() && options_.spike_rollback_z() > 0 && (spiked || leaving || early || far_above_best(e.loss));
   if (!runaway_) return remember_finite(e);
   e.reason = spiked ? fmt::format("loss diverging: a spike of z >= {:g} on 3 steps in a row (loss {:.6g})",
                                   options_.spike_rollback_z(), e.loss)
              : leaving ? (e.forecast->series == "loss" ? "loss diverging: " : "grad norm diverging: ") +
                              to_string(*e.forecast)
+             : early   ? fmt::format("loss diverging from the start: {:.6g} is over {:g} times the first loss ({:.6g})",
+                                     e.loss, calm_factor, first_loss_)
                        : fmt::format("loss diverging: {:.6g} is over {:g} times the run's best ({:.6g})", e.loss,
                                      runaway_factor, best_loss_);
+}
+
+// Whether `loss`, in the first steps from the start or a rollback (before
+// a calm window), is over calm_factor times the first loss: an LR far too
+// high throws a model out of its initial basin in a step or two (AdamW at
+// 100 times its stable LR: a transformer's loss 0.73 -> 11 at step 2), and
+// it may land on a finite plateau from which no NaN ever comes.
+bool recovery::early_runaway(double loss) const {
+  return steps_observed_ <= calm_window && first_loss_ > 0 && std::isfinite(first_loss_) &&
+         loss > calm_factor * first_loss_;
 }
 
 // auto: whether `e` is the third step in a row whose loss spiked by

@@ -132,6 +132,7 @@ class recovery {
   bool scale_overflow(const step_event& e, std::optional<cause> c) const;
   bool spiked_three_times(const step_event& e);
   bool far_above_best(double loss) const;
+  bool early_runaway(double loss) const;
   void remember_finite(const step_event& e);
   std::string too_many_bad() const;
   bad_batch_record* bad_batch_of(const step_record& r);
