@@ -65,12 +65,18 @@ std::string one_line(std::string s) {
   return s;
 }
 
+// What to do about a runaway: the LR, which the rollbacks cut for this run only.
+const char* const runaway_advice =
+    "remedy: lower the LR or warm it up longer and clip the gradients (max_norm 1.0): the rollback cut the LR "
+    "for this run only";
+
 // What to do about a bad step, on one line: the diagnosis's remedy, or of
 // a NaN/Inf only the compiled code makes (no op to diagnose) the note of
 // the compiler's bisection: its stage, kernel and remedy, the note an
 // abort's error ends with ("" when there is neither).
 std::string advice_of(const step_event& e) {
   if (e.verdict == verdict::compiled_only) return one_line(e.note);
+  if (is_runaway(e)) return runaway_advice;
   if (e.findings.empty() || e.findings.front().diagnosis.remedy.empty()) return "";
   const finding& f = e.findings.front();
   std::string advice = "remedy: " + one_line(f.diagnosis.remedy);
@@ -84,6 +90,11 @@ std::string advice_of(const step_event& e) {
 bool bad(const step_event& e) { return e.action != action::step && e.action != action::data; }
 
 }  // namespace
+
+bool is_runaway(const step_event& e) {
+  return e.findings.empty() && std::isfinite(e.loss) &&
+         (e.reason.rfind("loss diverging", 0) == 0 || e.reason.rfind("grad norm diverging", 0) == 0);
+}
 
 std::string warning_line(const step_event& e, int64_t times) {
   if (!bad(e)) return "";

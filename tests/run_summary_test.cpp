@@ -74,6 +74,22 @@ TEST(run_summary, a_nan_only_compiled_code_makes_is_told_with_its_kernel_and_rem
             "nanguard: step 5: non-finite loss (only in the compiled code) again (2nd time): skipped the step");
 }
 
+// A finite step rolled back because its loss ran away: no op is named, and
+// the line says what to change (the rollback's LR cut lasts one run).
+TEST(run_summary, a_runaway_step_is_told_with_the_lr_remedy) {
+  step_event e = taken(2, 8.7);
+  e.skipped = true;
+  e.action = action::rollback;
+  e.reason = "loss diverging from the start: 8.7 is over 10 times the first loss (0.73)";
+  e.remedy = "rolled back to the snapshot of step 0 (the initial weights); lr 0.1 -> 0.05";
+  EXPECT_TRUE(nanguard::is_runaway(e));
+  EXPECT_EQ(nanguard::warning_line(e),
+            "nanguard: step 2: loss diverging from the start: 8.7 is over 10 times the first loss (0.73): rolled "
+            "back to the snapshot of step 0 (the initial weights); lr 0.1 -> 0.05; remedy: lower the LR or warm it "
+            "up longer and clip the gradients (max_norm 1.0): the rollback cut the LR for this run only");
+  EXPECT_FALSE(nanguard::is_runaway(bad(3, action::skip, "skipped the step")));
+}
+
 TEST(run_summary, the_summary_says_what_a_user_must_know) {
   run_narrator n;
   n.observe(taken(1, 9.7));

@@ -65,6 +65,11 @@ struct run_summary {
 /// the next run at lr <= 0.0469`).
 std::string to_string(const run_summary& s);
 
+/// Whether `e` is a finite step the guard did not take because its loss or
+/// grad norm ran away (its reason: "loss diverging: ..."): no op made a
+/// NaN/Inf, and none is named.
+bool is_runaway(const step_event& e);
+
 /// How a run ended, from its summary (what `nanguard report` shows): "empty"
 /// (no step); "finite" (no bad step); "recovered" (bad steps, and it ended
 /// taking steps, its last steps/10 (1 to 10) not all bad, at a finite loss

@@ -189,7 +189,9 @@ assert f is not None and f['step'] >= 2, f"
   run 0 train --model "$M/linear_reg.pt" --data "$M/big.csv" --target y --task regress --steps 150 --batch 16 \
     --optimizer sgd --lr 3.0 --policy rollback --out from_step_1
   expect "nanguard train: recovered"
-  expect "loss diverging: "
+  expect "loss diverging from the start: "
+  expect "(finite: the guard acted before a NaN/Inf)"
+  expect "remedy: lower the LR or warm it up longer"
   expect "rolled back to the snapshot of step 0 (the initial weights)"
   summary from_step_1 "
 assert s['status'] == 'recovered' and 1 <= s['rollbacks'] <= 6 and s['lr_factor'] < 0.05, s

@@ -527,7 +527,9 @@ void write_outputs(const train_args& a, const json& summary, const run_outputs& 
 // and the CSV lines of its NaN/Inf.
 void print_first_nonfinite(const train_args& a, const train_outcome& o) {
   const step_event& e = *o.first_bad;
-  if (e.findings.empty()) {
+  if (is_runaway(e)) {
+    fmt::print("  first bad step: step {}: {} (finite: the guard acted before a NaN/Inf)\n", e.step, e.reason);
+  } else if (e.findings.empty()) {
     fmt::print("  first non-finite: step {} (no op named: {})\n", e.step,
                a.trace == "off" ? "--trace off" : e.verdict == verdict::none ? "no replay" : to_string(e.verdict));
   } else {
