@@ -16,6 +16,14 @@ assert os.path.realpath(nanguard.integrations.__file__).startswith(site + os.sep
 for callback in ("lightning", "transformers"):
     assert os.path.exists(os.path.join(os.path.dirname(nanguard.integrations.__file__), callback + ".py")), callback
 
+# The package's metadata: its licence (the LICENSE file, BSD-3-Clause) and classifiers.
+from importlib.metadata import metadata  # noqa: E402
+
+meta = metadata("nanguard")
+assert "License :: OSI Approved :: BSD License" in (meta.get_all("Classifier") or []), meta.get_all("Classifier")
+assert "LICENSE" in " ".join(meta.get_all("License-File") or []) or "BSD 3-Clause" in (meta.get("License") or ""), \
+    dict(meta)
+
 s = nanguard.census(torch.tensor([1.0, float("nan"), float("inf")]))
 assert (s.nan, s.pos_inf, s.finite) == (1, 1, 1), s.to_dict()
 
