@@ -44,8 +44,7 @@ at::Tensor copy(const at::Tensor& t) {
 
 // A copy of a snapshot's tensor `t` back on `device`, the model's.
 at::Tensor copy_to(const at::Tensor& t, const at::Device& device) {
-  if (!t.defined()) return t;
-  return t.device() == device ? t.detach().clone() : t.to(device, /*non_blocking=*/true, /*copy=*/true);
+  return t.defined() ? t.to(device, /*non_blocking=*/true, /*copy=*/true) : t;
 }
 
 int64_t bytes_of(const at::Tensor& t) { return t.defined() ? int64_t(t.nbytes()) : 0; }

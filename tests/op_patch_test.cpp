@@ -80,7 +80,7 @@ TEST(op_patch, a_safe_softmax_gives_zeros_for_a_fully_masked_row) {
 TEST(op_patch, float32_runs_the_op_and_what_mixes_with_it_in_float32) {
   const at::Tensor h = torch::full({4}, 300.0, at::kHalf).requires_grad_();
   EXPECT_TRUE(torch::isinf(h.pow(2)).all().item<bool>());  // 90000 > 65504
-  const op_patch patch(op_rewrite::float32("aten::pow", "Half"));
+  const op_patch patch(op_rewrite::float32("aten::pow", at::kHalf));
   at::Tensor loss;
   {
     const op_patch::scope on;
@@ -106,7 +106,7 @@ TEST(op_patch, its_description_names_the_op_and_the_constants) {
             "eps 1e-05 on the zero denominators of aten::div");
   EXPECT_EQ(op_rewrite::clamp_input("aten::acos", -0.999, 0.999).description(),
             "the input of aten::acos clamped to [-0.999, 0.999]");
-  EXPECT_EQ(op_rewrite::float32("aten::pow", "Half").description(), "aten::pow in float32 instead of Half");
+  EXPECT_EQ(op_rewrite::float32("aten::pow", at::kHalf).description(), "aten::pow in float32 instead of Half");
 }
 
 }  // namespace

@@ -192,10 +192,14 @@ def _off_accelerator(state):
     accelerator are in pinned host memory, copied asynchronously on the
     current stream (what writes them next is queued after the copy; loading
     the state back copies onto the parameters' device). A DTensor keeps its
-    local shard where it is: each rank holds only its own."""
+    local shard where it is: each rank holds only its own. One memo for
+    the whole state, as one deepcopy of it: tensors that share storage
+    (tied weights) still share it in the copy."""
+    memo = {}
+
     def host(t):
         if not isinstance(t, torch.Tensor) or t.device.type == "cpu" or _is_dtensor(t):
-            return copy.deepcopy(t)
+            return copy.deepcopy(t, memo)
         out = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
         return out.copy_(t.detach(), non_blocking=True)
 
@@ -203,7 +207,7 @@ def _off_accelerator(state):
         if isinstance(v, dict):
             out = type(v)((k, walk(x)) for k, x in v.items())
             if hasattr(v, "_metadata"):  # a module state dict's versions, which load_state_dict reads
-                out._metadata = copy.deepcopy(v._metadata)
+                out._metadata = copy.deepcopy(v._metadata, memo)
             return out
         if isinstance(v, (list, tuple)):
             return type(v)(walk(x) for x in v)

@@ -104,14 +104,13 @@ bool cast_up(const op_rewrite& r, const c10::OperatorHandle& op, torch::jit::Sta
   for (size_t i = 0; i < n; ++i) {
     const c10::IValue& a = argument(stack, n, i);
     if (!a.isTensor() || !a.toTensor().defined()) continue;
-    const std::string dtype = c10::toString(a.toTensor().scalar_type());
-    low = low || dtype == r.dtype;
+    low = low || a.toTensor().scalar_type() == r.dtype;
     high = high || a.toTensor().scalar_type() == at::kFloat;
   }
   if (!low || (!target && !high)) return false;
   for (size_t i = 0; i < n; ++i) {
     c10::IValue& a = argument(stack, n, i);
-    if (a.isTensor() && a.toTensor().defined() && c10::toString(a.toTensor().scalar_type()) == r.dtype)
+    if (a.isTensor() && a.toTensor().defined() && a.toTensor().scalar_type() == r.dtype)
       a = a.toTensor().to(at::kFloat);
   }
   return true;
@@ -141,7 +140,7 @@ void patch_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch
       if (run_safe_softmax(op, *stack)) return patch->count_rewrite();
       break;
     case remedy_kind::float32: {
-      changed = cast_up(r, op, *stack);
+      cast_up(r, op, *stack);  // counted below as a call of the target, cast or not
       const bool target = op.schema().name() == r.op;
       if (target) patch->count_rewrite();
       return op.redispatchBoxed(target ? without_autocast(below) : below, stack);
@@ -191,11 +190,11 @@ op_rewrite op_rewrite::safe_softmax(std::string op) {
   return r;
 }
 
-op_rewrite op_rewrite::float32(std::string op, std::string dtype) {
+op_rewrite op_rewrite::float32(std::string op, at::ScalarType dtype) {
   op_rewrite r;
   r.kind = remedy_kind::float32;
   r.op = std::move(op);
-  r.dtype = std::move(dtype);
+  r.dtype = dtype;
   return r;
 }
 
@@ -207,7 +206,7 @@ std::string op_rewrite::description() const {
       return fmt::format("the input of {} clamped to [{}, {}]", op, bound(low), bound(high));
     case remedy_kind::denominator_eps: return fmt::format("eps {} on the zero denominators of {}", bound(eps), op);
     case remedy_kind::safe_softmax: return fmt::format("a safe softmax (0 for a fully masked row) for {}", op);
-    case remedy_kind::float32: return fmt::format("{} in float32 instead of {}", op, dtype);
+    case remedy_kind::float32: return fmt::format("{} in float32 instead of {}", op, c10::toString(dtype));
     default: return to_string(kind);
   }
 }

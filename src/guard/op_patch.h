@@ -22,6 +22,8 @@
 
 #include "nanguard/remedy_check.h"
 
+#include <c10/core/ScalarType.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -40,8 +42,8 @@ struct op_rewrite {
   double low = 0;   ///< clamp_input: the lowest value the input keeps (-inf: none)
   double high = 0;  ///< clamp_input: the highest (+inf: none)
   double eps = 0;   ///< denominator_eps: what replaces an exact zero
-  /// The low-precision dtype the op ran in (float32), e.g. "Half".
-  std::string dtype;
+  /// float32: the low-precision dtype the op ran in (float16 or bfloat16).
+  at::ScalarType dtype = at::kHalf;
 
   /// Runs `op` with its first input clamped to [low, high].
   static op_rewrite clamp_input(std::string op, double low, double high);
@@ -51,7 +53,7 @@ struct op_rewrite {
   static op_rewrite safe_softmax(std::string op);
   /// Runs `op` in float32 (autocast off, its `dtype` inputs cast up), and
   /// every op that then mixes float32 with `dtype` in float32.
-  static op_rewrite float32(std::string op, std::string dtype);
+  static op_rewrite float32(std::string op, at::ScalarType dtype);
 
   /// What the rewrite does, for a check and a warning:
   /// "eps 1e-05 on the zero denominators of aten::div".

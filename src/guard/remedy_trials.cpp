@@ -4,6 +4,7 @@
 #include "nanguard/policy.h"
 
 #include "detail/dtype_limits.h"
+#include "detail/median.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/ScalarType.h>
@@ -53,16 +54,10 @@ bool low_precision(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat
 
 // `value` (the remedy's advice, e.g. the 1e-12 of clamp_min(1e-12)), raised
 // to what the dtype holds as a normal number (float16 flushes 1e-12 to 0).
-double at_least_normal(double value, at::ScalarType t) {
-  const double normal = t == at::kHalf ? 6.103515625e-05 : t == at::kDouble ? 2.2250738585072014e-308 : 1.1754943508222875e-38;
-  return std::max(value, normal);
-}
+double at_least_normal(double value, at::ScalarType t) { return std::max(value, smallest_normal(t)); }
 
-// The gap below 1 the dtype resolves (1 - 1e-6 is 1 in float16).
-double gap_below_one(double value, at::ScalarType t) {
-  const double epsilon = t == at::kHalf ? 9.765625e-04 : t == at::kBFloat16 ? 7.8125e-03 : 0;
-  return std::max(value, epsilon);
-}
+// A gap below 1 of `value`, or the one the dtype resolves (1 - 1e-6 is 1 in float16).
+double gap_below_one(double value, at::ScalarType t) { return std::max(value, epsilon(t)); }
 
 const std::set<std::string> kLogs = {"aten::log", "aten::log2", "aten::log10"};
 const std::set<std::string> kRoots = {"aten::sqrt", "aten::rsqrt", "aten::pow"};
@@ -95,7 +90,7 @@ std::optional<op_rewrite> rewrite_for(const finding& f) {
       break;
     case cause::precision_range:
     case cause::overflow:
-      if (low_precision(t)) return op_rewrite::float32(op, c10::toString(t));
+      if (low_precision(t)) return op_rewrite::float32(op, t);
       if (op == "aten::exp") return op_rewrite::clamp_input(op, -kInf, std::min(80.0, std::log(largest_finite(t)) - 1));
       break;
     default: break;
@@ -187,57 +182,66 @@ remedy_trials::remedy_trials(training_host& host, step_replay& replay, recovery&
 remedy_check remedy_trials::unless_running_away(remedy_check c) const {
   const std::deque<double>& recent = recovery_.losses();
   if (recent.empty() || c.remedy == remedy_kind::lr_cut) return c;  // the LR check judges its own run
-  std::vector<double> sorted(recent.begin(), recent.end());
-  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
-  const double median = sorted[sorted.size() / 2];
-  if (!(std::abs(c.loss) > kFarAboveRecent * std::max(std::abs(median), 1e-12)))
-    return c;
+  const double typical = median({recent.begin(), recent.end()});
+  if (!(std::abs(c.loss) > kFarAboveRecent * std::max(std::abs(typical), 1e-12))) return c;
   c.result = check_result::still_nonfinite;
-  c.detail = fmt::format("finite, but its loss {:.6g} runs away from the run's recent {:.6g}", c.loss, median);
+  c.detail = fmt::format("finite, but its loss {:.6g} runs away from the run's recent {:.6g}", c.loss, typical);
   return c;
 }
 
 remedy_trials::outcome remedy_trials::check(const finding& f, const step_record& r, const op_patch* patch_in_force) {
   outcome out;
-  trying_ = remedy_kind::none;
-  try {
-    checks_of(f, r, patch_in_force, out);
-  } catch (const interrupted&) {
-    throw;  // Ctrl-C: the user stops the run
-  } catch (const std::exception& ex) {
-    // A replay that throws (the step itself, or a remedy its code refuses).
-    host_.zero_grad();
-    // The remedy the failing replay tried (its kind), or none when none was begun.
-    out.checks.push_back(not_checkable(trying_, "", "the replay failed: " + message_of(ex)));
-  }
+  checks_of(f, r, patch_in_force, out);
   return out;
 }
 
+// `trial()`, the check of a remedy of `kind`, in the host's traced run (the
+// tracer's module names; a compiled model runs eagerly, where a rewrite
+// reaches its ops); when it throws (the step itself, or a remedy its code
+// refuses), a not-checkable check that says why.
+template <typename Trial>
+remedy_check remedy_trials::guarded(remedy_kind kind, Trial trial) {
+  try {
+    const traced_run run(host_);
+    return trial();
+  } catch (const interrupted&) {
+    throw;  // Ctrl-C: the user stops the run
+  } catch (const std::exception& ex) {
+    host_.zero_grad();
+    return not_checkable(kind, "", "the replay failed: " + message_of(ex));
+  }
+}
+
 void remedy_trials::checks_of(const finding& f, const step_record& r, const op_patch* patch_in_force, outcome& out) {
+  // The checks stop at the first finite one: its rewrite, if any, is the verified one.
   const auto tried = [&](remedy_check c, std::optional<op_rewrite> rewrite = std::nullopt) {
     if (c.result == check_result::finite) c = unless_running_away(std::move(c));
-    if (c.result == check_result::finite && !verified_remedy(out.checks)) out.verified_rewrite = std::move(rewrite);
+    const bool finite = c.result == check_result::finite;
+    if (finite) out.verified_rewrite = std::move(rewrite);
     out.checks.push_back(std::move(c));
-    return out.checks.back().result == check_result::finite;
+    return finite;
   };
+  const auto lr_cut = [&] { return guarded(remedy_kind::lr_cut, [&] { return try_lr_cut(r); }); };
   const cause c = f.diagnosis.cause;
   if (c == cause::bad_data) {
-    tried(try_without_rows(r));
+    tried(guarded(remedy_kind::skip_rows, [&] { return try_without_rows(r); }));
     return;
   }
   if (c == cause::divergence) {
-    tried(try_lr_cut(r));
+    tried(lr_cut());
     return;
   }
   const bool scaled = scaler_.enabled() && scaler_.get_scale() > 1;
   if ((c == cause::precision_range || c == cause::overflow) && scaled && f.direction == direction::backward &&
-      tried(try_loss_scales(r)))
+      tried(guarded(remedy_kind::loss_scale_cut, [&] { return try_loss_scales(r); })))
     return;
   const std::optional<op_rewrite> rewrite = rewrite_for(f);
-  if (rewrite && tried(try_rewrite(*rewrite, r, patch_in_force), rewrite)) return;
+  if (rewrite &&
+      tried(guarded(rewrite->kind, [&] { return try_rewrite(*rewrite, r, patch_in_force); }), rewrite))
+    return;
   // An overflow of values that grew over training: the LR that grew them.
   if (c == cause::overflow) {
-    tried(try_lr_cut(r));
+    tried(lr_cut());
     return;
   }
   if (rewrite) return;
@@ -249,7 +253,6 @@ void remedy_trials::checks_of(const finding& f, const step_record& r, const op_p
 // The step again with `rewrite` in force.
 remedy_check remedy_trials::try_rewrite(const op_rewrite& rewrite, const step_record& r,
                                         const op_patch* patch_in_force) {
-  trying_ = rewrite.kind;
   remedy_check c;
   c.remedy = rewrite.kind;
   c.applied = rewrite.description();
@@ -270,7 +273,6 @@ remedy_check remedy_trials::try_rewrite(const op_rewrite& rewrite, const step_re
 
 // The step again at lower loss scales: half, 1/16, 1/256 of it, then 1.
 remedy_check remedy_trials::try_loss_scales(const step_record& r) {
-  trying_ = remedy_kind::loss_scale_cut;
   remedy_check c;
   c.remedy = remedy_kind::loss_scale_cut;
   const double scale = scaler_.get_scale();
@@ -289,7 +291,6 @@ remedy_check remedy_trials::try_loss_scales(const step_record& r) {
 
 // The step again without the batch's non-finite rows.
 remedy_check remedy_trials::try_without_rows(const step_record& r) {
-  trying_ = remedy_kind::skip_rows;
   int64_t dropped = 0, rows = 0;
   const micro_batches kept = without_nonfinite_rows(*r.batches, dropped, rows);
   const std::string applied = fmt::format("the batch without its {} non-finite row{} (of {})", dropped,
@@ -311,7 +312,6 @@ remedy_check remedy_trials::try_without_rows(const step_record& r) {
 // few (each cuts more): the first LR at which the loss stays finite and does
 // not run away is the one verified.
 remedy_check remedy_trials::try_lr_cut(const step_record& r) {
-  trying_ = remedy_kind::lr_cut;
   const std::string what = "a cut LR from the last calm snapshot";
   snapshot_ring& ring = recovery_.ring();
   if (ring.empty())

@@ -47,6 +47,8 @@ class remedy_trials {
 
  private:
   void checks_of(const finding& f, const step_record& r, const op_patch* patch_in_force, outcome& out);
+  template <typename Trial>
+  remedy_check guarded(remedy_kind kind, Trial trial);
   remedy_check try_rewrite(const op_rewrite& rewrite, const step_record& r, const op_patch* patch_in_force);
   remedy_check try_loss_scales(const step_record& r);
   remedy_check try_without_rows(const step_record& r);
@@ -61,7 +63,6 @@ class remedy_trials {
   const sentinel& sentinel_;
   const loss_scaler& scaler_;
   const guard_options& options_;
-  remedy_kind trying_ = remedy_kind::none;  // the remedy being tried (a replay that throws is its check)
 };
 
 }  // namespace nanguard::detail

@@ -4,8 +4,6 @@
 
 #include <ATen/ATen.h>
 
-#include <cmath>
-
 namespace nanguard::detail {
 
 step_replay::step_replay(training_host& host, const sentinel& sentinel, loss_scaler& scaler,
@@ -103,19 +101,19 @@ rerun_outcome step_replay::rerun(const step_record& r, const micro_batches& batc
       t.emplace(options_.tracer());
       name_tensors(*t, batches, r.event.step);
     }
-    const traced_run run(host_);
     bool finite = true;
     double sum = 0;
     for (const auto& batch : batches) {
       const at::Tensor loss = loss_of(r.fn, batch, sentinel_.parameters());
-      const double value = loss.detach().to(at::kDouble).item<double>();
+      double value = 0;
+      finite = sentinel_.check_loss(loss, &value);
       sum += value;
-      if (!std::isfinite(value)) {
-        finite = false;
+      if (!finite) {
         if (t) t->judge_by_outputs({loss});
         break;
       }
-      (loss * (scale / double(batches.size()))).backward();
+      const at::Tensor share = share_of(loss, batches.size());
+      (scale == 1 ? share : share * scale).backward();  // scaler_.scale(share) at the scaler's scale
     }
     std::optional<tracer_pause> pause;
     if (t) pause.emplace(*t);
@@ -153,16 +151,7 @@ bool step_replay::forward_backward(const std::vector<at::Tensor>& batch, const s
 // again under each stage of the compiler; the stage that makes the NaN/Inf
 // again gives the verdict "compiled only" and the note.
 void step_replay::bisect_compiled(step_record& r) {
-  const auto step_finite = [&] {
-    host_.zero_grad();
-    restore_generators(r.rng_before);
-    for (const auto& batch : *r.batches) {
-      const at::Tensor loss = loss_of(r.fn, batch, sentinel_.parameters());
-      if (!sentinel_.check_loss(loss)) return false;
-      scaler_.scale(share_of(loss, r.batches->size())).backward();
-    }
-    return sentinel_.inspect_grads(scaler_.inv_scale()).finite();
-  };
+  const auto step_finite = [&] { return rerun(r, *r.batches, scaler_.get_scale(), /*traced=*/false).finite; };
   try {
     const std::string stage = host_.bisect_compiled(step_finite);
     if (stage.empty()) return;

@@ -74,8 +74,9 @@ class step_replay {
 
   /// Runs the step of `r` once more from its RNG state on `batches` (its own,
   /// or a remedy's) with the loss scaled by `scale`, under the tracer when
-  /// `traced` (in the host's traced run either way: a compiled model runs
-  /// eagerly). Leaves the gradients for the caller (an optimizer step may
+  /// `traced` (whose findings name modules inside a traced_run, which also
+  /// runs a compiled model eagerly; outside one, the model runs as it
+  /// trains). Leaves the gradients for the caller (an optimizer step may
   /// follow) and the RNG where it was. Throws what the step throws.
   rerun_outcome rerun(const step_record& r, const micro_batches& batches, double scale, bool traced);
 
