@@ -48,18 +48,35 @@ const char* to_string(role r) {
 
 role role_from_string(const std::string& name) { return detail::enum_from_string(name, all_roles, "role"); }
 
+std::vector<int64_t> element_position(const finding& f) {
+  const bool listed = f.output >= 0 && f.output < int(f.outputs.size()) && f.index >= 0;
+  if (!listed) return {f.index};
+  const std::vector<int64_t>& shape = f.outputs[size_t(f.output)].shape;
+  std::vector<int64_t> position(shape.size());
+  int64_t rest = f.index;
+  for (size_t d = shape.size(); d-- > 0;) {  // row-major: the last dimension varies fastest
+    if (shape[d] <= 0) return {f.index};
+    position[d] = rest % shape[d];
+    rest /= shape[d];
+  }
+  return rest == 0 ? position : std::vector<int64_t>{f.index};
+}
+
 std::string to_string(const finding& f) {
+  const std::string source = to_string(f.source);
   std::string where = f.module.empty() ? "" : " in " + f.module;
   std::string node = f.node.empty() ? "" : fmt::format(" ({} of {})", f.node, f.forward_op.empty() ? "?" : f.forward_op);
   std::string culprit = f.culprit.empty() ? "" : fmt::format(" from {}", f.culprit);
   std::string rank = f.rank >= 0 ? fmt::format(" rank {}", f.rank) : "";
-  return fmt::format("step {}{} {} {}{}{}: {}{}, output {} [{}] = {}", f.step, rank, to_string(f.direction), f.op,
-                     node, where, to_string(f.role), culprit, f.output, f.index, value_string(f.value));
+  return fmt::format("{}step {}{} {} {}{}{}: {}{}, output {} {} = {}", source.empty() ? "" : source + ": ", f.step,
+                     rank, to_string(f.direction), f.op, node, where, to_string(f.role), culprit, f.output,
+                     shape_string(element_position(f)), value_string(f.value));
 }
 
 std::string to_text(const finding& f) {
   std::string out = fmt::format("non-finite value at step {}{}\n", f.step,
                                 f.rank >= 0 ? fmt::format(" on rank {}", f.rank) : "");
+  if (f.source.known()) out += fmt::format("  source:    {}\n", to_string(f.source));
   out += fmt::format("  op:        {} ({}{})\n", f.op, to_string(f.direction),
                      f.caller.empty() ? "" : ", inside " + f.caller);
   if (!f.node.empty())
@@ -68,7 +85,8 @@ std::string to_text(const finding& f) {
   out += fmt::format("  module:    {}\n", f.module.empty() ? "(unknown)" : f.module);
   out += fmt::format("  role:      {}{}\n", to_string(f.role),
                      f.culprit.empty() ? "" : " (non-finite " + f.culprit + ")");
-  out += fmt::format("  element:   output {} flat index {} = {}\n", f.output, f.index, value_string(f.value));
+  out += fmt::format("  element:   output {} {} (flat index {}) = {}\n", f.output, shape_string(element_position(f)),
+                     f.index, value_string(f.value));
   for (const auto* group : {&f.inputs, &f.outputs})
     for (const auto& r : *group)
       out += fmt::format("  {:<10} {} {}: {}\n", r.name + ":", r.dtype, shape_string(r.shape),

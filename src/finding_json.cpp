@@ -97,10 +97,19 @@ std::vector<remedy_check> checks_from(const json& j) {
   return out;
 }
 
+// The finding's source line; unknown in a finding written before they were recorded.
+source_location source_from(const json& j) {
+  if (!j.contains("source")) return {};
+  const json& s = json_field<json::object_t>(j, "source", kWhere);
+  return {json_field<std::string>(s, "file", kWhere), json_field<int64_t>(s, "line", kWhere),
+          json_field<std::string>(s, "function", kWhere)};
+}
+
 }  // namespace
 
 std::string to_json(const finding& f) {
   const json j = {{"step", f.step},
+                  {"source", {{"file", f.source.file}, {"line", f.source.line}, {"function", f.source.function}}},
                   {"op", f.op},
                   {"caller", f.caller},
                   {"direction", to_string(f.direction)},
@@ -113,6 +122,7 @@ std::string to_json(const finding& f) {
                   {"outputs", records_json(f.outputs)},
                   {"output", f.output},
                   {"index", f.index},
+                  {"position", element_position(f)},
                   {"value", number(f.value)},
                   {"thread", f.thread},
                   {"sequence_nr", f.sequence_nr},
@@ -134,6 +144,7 @@ finding finding_from_json(const std::string& text) {
   const auto integer = [&](const char* key) { return json_field<int64_t>(j, key, kWhere); };
   finding f;
   f.step = integer("step");
+  f.source = source_from(j);
   f.op = text_of("op");
   f.caller = json_field<std::string>(j, "caller", "", kWhere);
   f.direction = enum_field(j, "direction", all_directions);

@@ -52,7 +52,7 @@ nanguard::finding full_finding() {
 
 TEST(finding, one_line_names_step_rank_direction_op_node_module_role_and_element) {
   EXPECT_EQ("step 12 rank 3 backward aten::div (SqrtBackward0 of aten::sqrt) in encoder.norm: producer, "
-            "output 0 [1] = inf",
+            "output 0 [0, 1] = inf",
             nanguard::to_string(full_finding()));
   nanguard::finding f;
   f.op = "aten::addmm";
@@ -66,14 +66,35 @@ TEST(finding, text_holds_every_part_and_the_census_of_each_tensor) {
   const std::string text = nanguard::to_text(full_finding());
   for (const char* part : {"non-finite value at step 12 on rank 3", "aten::div (backward, inside aten::norm)",
                            "SqrtBackward0 (created by forward aten::sqrt)", "encoder.norm", "producer",
-                           "output 0 flat index 1 = inf", "input 0:", "Float [2, 3]", "zero=2", "+inf=2", "cause:"})
+                           "output 0 [0, 1] (flat index 1) = inf", "input 0:", "Float [2, 3]", "zero=2", "+inf=2", "cause:"})
     EXPECT_NE(std::string::npos, text.find(part)) << part << " not in:\n" << text;
 }
 
+TEST(finding, one_line_starts_with_the_user_s_line_when_known) {
+  nanguard::finding f = full_finding();
+  f.source = {"/home/me/train.py", 42, "forward"};
+  EXPECT_EQ("/home/me/train.py:42 (forward): step 12 rank 3 backward aten::div (SqrtBackward0 of aten::sqrt) in "
+            "encoder.norm: producer, output 0 [0, 1] = inf",
+            nanguard::to_string(f));
+  EXPECT_NE(std::string::npos, nanguard::to_text(f).find("  source:    /home/me/train.py:42 (forward)\n"));
+}
+
+TEST(finding, element_position_counts_rows_then_columns) {
+  nanguard::finding f = full_finding();  // output 0 is [2, 3]
+  f.index = 5;
+  EXPECT_EQ((std::vector<int64_t>{1, 2}), nanguard::element_position(f));
+  f.outputs[0].shape = {2, 0, 3};  // no element: the flat index alone
+  EXPECT_EQ((std::vector<int64_t>{5}), nanguard::element_position(f));
+  f.outputs.clear();
+  EXPECT_EQ((std::vector<int64_t>{5}), nanguard::element_position(f));
+}
+
 TEST(finding, json_round_trips_every_field_nan_and_inf_included) {
-  const nanguard::finding f = full_finding();
+  nanguard::finding f = full_finding();
+  f.source = {"/home/me/train.py", 42, "forward"};
   const nanguard::finding back = nanguard::finding_from_json(nanguard::to_json(f));
   EXPECT_EQ(nanguard::to_json(f), nanguard::to_json(back));
+  EXPECT_EQ("/home/me/train.py:42 (forward)", nanguard::to_string(back.source));
   EXPECT_EQ(f.caller, back.caller);
   EXPECT_EQ(f.sequence_nr, back.sequence_nr);
   EXPECT_EQ(f.rank, back.rank);

@@ -6,6 +6,7 @@
 #include <nanguard/cause.h>
 #include <nanguard/census.h>
 #include <nanguard/remedy_check.h>
+#include <nanguard/source_location.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
@@ -51,6 +52,7 @@ struct tensor_record {
 /// The report about one op that output a NaN or Inf.
 struct finding {
   int64_t step = -1;                     ///< training step (tracer::set_step)
+  source_location source;                ///< the user's line the op ran from (backward: its forward op's)
   std::string op;                        ///< the ATen op, e.g. "aten::div"
   std::string caller;                    ///< the outermost op it ran inside ("aten::to"), if any
   nanguard::direction direction = direction::forward;
@@ -78,7 +80,13 @@ struct finding {
   std::vector<at::Tensor> input_values;
 };
 
-/// One line: `step 3 forward aten::div in norm: producer, output 0 [12] = nan`.
+/// The position of the first non-finite element in its output (`[24, 0]`
+/// for flat index 48 of a [32, 2] output); the flat index alone when the
+/// output's shape is not listed.
+std::vector<int64_t> element_position(const finding& f);
+
+/// One line, the user's line first when known:
+/// `train.py:42 (forward): step 3 forward aten::div in norm: producer, output 0 [24, 0] = nan`.
 std::string to_string(const finding& f);
 /// Several lines, with the census of every input and output, then the
 /// diagnosis (cause, evidence, remedy).

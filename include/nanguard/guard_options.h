@@ -54,7 +54,7 @@ struct guard_options {
   /// Options of the replay's tracer (and of trace_every_step's). A replay
   /// runs once per bad step, so it also checks inside kernels to name the
   /// op within.
-  TORCH_ARG(tracer_options, tracer) = tracer_options().inside_kernels(true);
+  TORCH_ARG(tracer_options, tracer) = tracer_options().inside_kernels(true).record_sources(true);
   /// After a replay names the op of a bad step, try the diagnosis's remedy
   /// on the step (inside further replays only: an op rewrite, a lower loss
   /// scale, the batch without its NaN/Inf rows, a cut LR from the last calm

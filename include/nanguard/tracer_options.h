@@ -45,6 +45,12 @@ struct tracer_options {
   /// is named, for two thirds of the cost per op; the guard's replay turns
   /// it on.
   TORCH_ARG(bool, inside_kernels) = false;
+  /// Record the call stack of every forward op that makes an autograd node
+  /// (a microsecond or two each, cheap references to Python's code objects),
+  /// so that a finding in its backward names the user's line that ran the
+  /// forward op (finding::source); a forward finding's line is read when it
+  /// is made, whatever this says. The guard's replay turns it on.
+  TORCH_ARG(bool, record_sources) = false;
   /// Measure what the tracer costs (`tracer::cost()`): two clock reads per
   /// op, and a locked count per tensor it reads.
   TORCH_ARG(bool, measure_cost) = false;

@@ -13,6 +13,7 @@ same LibTorch as ``torch``); tensors cross without copies.
 >>> print(t.findings[0])                        # doctest: +SKIP
 step 0 forward aten::div in norm: producer, output 0 [0] = nan
 """
+import os
 from typing import List, Sequence
 
 import torch  # noqa: F401  (loads LibTorch before the extension)
@@ -24,6 +25,9 @@ from ._options import POLICIES
 from ._guard import Guard
 from ._cli import inspect, report
 from . import data, tensorboard  # noqa: E402  (nanguard.data, nanguard.tensorboard)
+
+# A finding's source line is the user's: the innermost frame outside torch and nanguard.
+_nanguard.set_library_paths([os.path.dirname(torch.__file__), os.path.dirname(__file__)])
 
 #: nanguard's version (the C++ core's: one number for the library, the CLI and the module).
 __version__ = _nanguard.__version__

@@ -139,7 +139,7 @@ class Tracer:
     """
     nanguard::tracer: observes every ATen op of this thread.
     """
-    def __init__(self, max_findings: typing.SupportsInt, capture_backtrace: bool, allow: collections.abc.Sequence[tuple[str, str, bool, bool, bool]], measure_cost: bool = False, inside_kernels: bool = False) -> None:
+    def __init__(self, max_findings: typing.SupportsInt, capture_backtrace: bool, allow: collections.abc.Sequence[tuple[str, str, bool, bool, bool]], measure_cost: bool = False, inside_kernels: bool = False, record_sources: bool = False) -> None:
         ...
     def active(self) -> bool:
         ...
@@ -723,6 +723,10 @@ def policy_from_string(name: str) -> str:
 def resume_observers() -> None:
     """
     Ends the latest pause_observers() on this thread.
+    """
+def set_library_paths(directories: collections.abc.Sequence[str]) -> None:
+    """
+    Frames from files under these directories are not the user's code: a finding's source line is the innermost frame outside them (nanguard::set_library_paths).
     """
 def scope_depth() -> int:
     """

@@ -93,6 +93,11 @@ class Finding:
     ``f.verified_remedy`` (the first that kept the step finite, or None).
 
     Attributes:
+        file: the user's file the op ran from ("" when unknown): the
+            innermost Python (or TorchScript) frame outside torch and
+            nanguard; a backward op's is its forward op's.
+        line: the line in ``file`` (0 when unknown).
+        function: the function of that line ("forward").
         op: the ATen op, e.g. "aten::div".
         direction: "forward" or "backward".
         role: "producer" (the op made the NaN/Inf from finite inputs),
@@ -106,6 +111,8 @@ class Finding:
         step: the training step (-1 if unknown).
         output: which output holds the bad value.
         index: the flat index of its first non-finite element.
+        position: that element's index in each dimension of its output
+            (``[24, 0]``: row 24, column 0).
         value: that element: NaN, +Inf or -Inf.
         inputs: the op's floating-point inputs: dicts of name, dtype, shape, stats (a census).
         outputs: its floating-point outputs, the same way.
@@ -129,10 +136,14 @@ class Finding:
     step: int = -1
     output: int = 0
     index: int = -1
+    position: List[int] = field(default_factory=list)
     value: float = 0.0
     inputs: List[Dict[str, Any]] = field(default_factory=list)
     outputs: List[Dict[str, Any]] = field(default_factory=list)
     rank: int = -1
+    file: str = ""
+    line: int = 0
+    function: str = ""
     cause: str = "unclassified"
     evidence: str = ""
     remedy: str = ""
@@ -148,6 +159,7 @@ class Finding:
         known = {f.name for f in fields(cls)} - {"_json", "cause", "evidence", "remedy", "confidence", "remedy_checks"}
         checks = [RemedyCheck(remedy=c["remedy"], applied=c["applied"], result=c["result"], loss=float(c["loss"]),
                               detail=c["detail"]) for c in d.get("remedy_checks", [])]
+        d.update(d.pop("source", {}))  # file, line, function
         return cls(**{k: v for k, v in d.items() if k in known}, cause=diagnosis.get("cause", "unclassified"),
                    evidence=diagnosis.get("evidence", ""), remedy=diagnosis.get("remedy", ""),
                    confidence=diagnosis.get("confidence", "low"), remedy_checks=checks, _json=json_text)

@@ -159,7 +159,7 @@ class Trace:
         self._findings = None
         _compile.watch_compilation()
         self._tracer = _nanguard.Tracer(self.max_findings, self.capture_backtrace, rules, self.measure_cost,
-                                         self.inside_kernels)
+                                         self.inside_kernels, record_sources=True)
         try:
             self._end_eager_run = _compile.begin_eager_run()
             self._tracer.set_step(int(self.step))

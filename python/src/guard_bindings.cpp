@@ -223,7 +223,7 @@ py::class_<nanguard::guard_options> bind_guard_options_class(py::module_& m) {
   o.def_property(
       "trace_every_step", [](const nanguard::guard_options& g) { return g.trace_every_step(); },
       [](nanguard::guard_options& g, bool on) {
-        g.trace_every_step(on).tracer(nanguard::tracer_options().inside_kernels(!on));
+        g.trace_every_step(on).tracer(nanguard::tracer_options(g.tracer()).inside_kernels(!on));
       });
   // The spike window also bounds the samples a spike needs (10 at most).
   o.def_property(

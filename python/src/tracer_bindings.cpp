@@ -5,6 +5,7 @@
 #include <nanguard/finding.h>
 #include <nanguard/remedy_check.h>
 #include <nanguard/scope.h>
+#include <nanguard/source_location.h>
 #include <nanguard/tracer.h>
 
 #include <torch/nn/module.h>
@@ -102,15 +103,20 @@ void bind_scope(py::module_& m) {
         "The dotted path of the innermost open scope on this thread.");
 }
 
-/// The Tracer: observes every ATen op of its thread.
+/// The Tracer: observes every ATen op of its thread. The calls that take
+/// its lock release the GIL: a finding reads the Python stack (its source
+/// line) under that lock, on the thread that ran the op.
 void bind_tracer(py::module_& m) {
+  m.def("set_library_paths", &nanguard::set_library_paths, py::arg("directories"),
+        "Frames from files under these directories are not the user's code: a finding's source line is the "
+        "innermost frame outside them (nanguard::set_library_paths).");
   py::class_<py_tracer>(m, "Tracer", "nanguard::tracer: observes every ATen op of this thread.")
       .def(py::init([](int64_t max_findings, bool capture_backtrace,
                        const std::vector<std::tuple<std::string, std::string, bool, bool, bool>>& allow,
-                       bool measure_cost, bool inside_kernels) {
+                       bool measure_cost, bool inside_kernels, bool record_sources) {
              nanguard::tracer_options o;
              o.max_findings(max_findings).capture_backtrace(capture_backtrace).measure_cost(measure_cost);
-             o.inside_kernels(inside_kernels);
+             o.inside_kernels(inside_kernels).record_sources(record_sources);
              std::vector<nanguard::allow_rule> rules;
              for (const auto& [op, module, nan, pos_inf, neg_inf] : allow)
                rules.push_back(nanguard::allow_rule().op(op).module(module).nan(nan).pos_inf(pos_inf).neg_inf(neg_inf));
@@ -118,29 +124,29 @@ void bind_tracer(py::module_& m) {
              return std::make_unique<py_tracer>(std::move(o));
            }),
            py::arg("max_findings"), py::arg("capture_backtrace"), py::arg("allow"), py::arg("measure_cost") = false,
-           py::arg("inside_kernels") = false)
+           py::arg("inside_kernels") = false, py::arg("record_sources") = false)
       .def("name_parameters", [](py_tracer& t, const std::vector<std::pair<std::string, at::Tensor>>& named) {
         t.get().name_parameters(*mirror_of(named));
       }, py::arg("named_parameters"), "Names parameters (and through them modules) from (name, tensor) pairs.")
       .def("name_tensor", [](py_tracer& t, const at::Tensor& x, const std::string& name) {
         t.get().name_tensor(x, name);
       })
-      .def("set_step", [](py_tracer& t, int64_t step) { t.get().set_step(step); })
+      .def("set_step", [](py_tracer& t, int64_t step) { t.get().set_step(step); }, without_gil())
       .def("keep_known_across_steps", [](py_tracer& t, const std::vector<at::Tensor>& tensors) {
         t.get().keep_known_across_steps(tensors);
-      }, py::arg("tensors"), "What the tracer knows of these tensors (an optimizer's state) outlasts the step.")
+      }, py::arg("tensors"), without_gil(), "What the tracer knows of these tensors (an optimizer's state) outlasts the step.")
       .def("judge_by_outputs", [](py_tracer& t, const std::vector<at::Tensor>& outputs) {
         t.get().judge_by_outputs(outputs);
-      }, py::arg("outputs"), "The traced model returned these tensors: judges every chain by whether it reaches them.")
-      .def("awaits_judgement", [](py_tracer& t) { return t.get().awaits_judgement(); },
+      }, py::arg("outputs"), without_gil(), "The traced model returned these tensors: judges every chain by whether it reaches them.")
+      .def("awaits_judgement", [](py_tracer& t) { return t.get().awaits_judgement(); }, without_gil(),
            "False when judge_by_outputs would change nothing (a healthy pass): the outputs need not be collected.")
-      .def("found", [](py_tracer& t) { return t.get().found(); })
+      .def("found", [](py_tracer& t) { return t.get().found(); }, without_gil())
       .def("findings_json", [](py_tracer& t) {
         std::vector<std::string> out;
         for (const auto& f : t.get().findings()) out.push_back(nanguard::to_json(f));
         return out;
-      })
-      .def("clear", [](py_tracer& t) { t.get().clear(); })
+      }, without_gil())
+      .def("clear", [](py_tracer& t) { t.get().clear(); }, without_gil())
       .def("pause", [](py_tracer& t) { t.get().pause(); })
       .def("resume", [](py_tracer& t) { t.get().resume(); })
       .def("active", [](py_tracer& t) { return t.get().active(); })

@@ -306,8 +306,11 @@ at::Tensor number_tensor(const c10::IValue& number) {
 // Remembers a forward op by its sequence number, which the backward nodes
 // it made carry. set_step() forgets them all; a trace that spans many steps
 // without it keeps the newest kForwardOpsKept (the few thousand ops of a
-// step, many times over), so that its memory stays bounded.
+// step, many times over), so that its memory stays bounded; the newest
+// kStacksKept of them keep their call stacks (a kilobyte each in a deep
+// training loop).
 constexpr size_t kForwardOpsKept = size_t(1) << 18;
+constexpr size_t kStacksKept = size_t(1) << 14;
 
 void forget_forward_ops(tracer_state& st) {
   st.forward_ops.clear();
@@ -318,11 +321,18 @@ void forget_forward_ops(tracer_state& st) {
 void remember_forward_op(tracer_state& st, int64_t sequence_nr, forward_record op) {
   st.forward_ops.insert_or_assign(sequence_nr, std::move(op));
   std::vector<int64_t>& order = st.forward_order;  // a ring once full
-  if (order.size() < kForwardOpsKept) return order.push_back(sequence_nr);
-  int64_t& oldest = order[st.forward_next];
-  st.forward_next = (st.forward_next + 1) % kForwardOpsKept;
-  if (oldest != sequence_nr) st.forward_ops.erase(oldest);
-  oldest = sequence_nr;
+  const size_t position = order.size() < kForwardOpsKept ? order.size() : st.forward_next;
+  if (order.size() < kForwardOpsKept) {
+    order.push_back(sequence_nr);
+  } else {
+    int64_t& oldest = order[st.forward_next];
+    st.forward_next = (st.forward_next + 1) % kForwardOpsKept;
+    if (oldest != sequence_nr) st.forward_ops.erase(oldest);
+    oldest = sequence_nr;
+  }
+  const size_t stale = (position + kForwardOpsKept - kStacksKept) % kForwardOpsKept;
+  if (stale >= order.size()) return;
+  if (const auto it = st.forward_ops.find(order[stale]); it != st.forward_ops.end()) it->second.stack.reset();
 }
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
@@ -377,9 +387,11 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   if (!ctx->deferred) bound_outputs(*st, traits, inputs, *ctx);
   if (traits.writes_unreturned) ctx->memo_writes = this_thread_memo().writes();
   if (!node) {  // forward
+    // Before the lock: reading the Python stack takes the GIL.
+    if (st->options.record_sources()) ctx->stack = capture_call_stack();
     std::lock_guard<std::mutex> lock(st->mutex);
     ctx->module = module_of(*st, ctx->inputs);
-    if (fn.seqNr() >= 0) remember_forward_op(*st, fn.seqNr(), {name, ctx->module});
+    if (fn.seqNr() >= 0) remember_forward_op(*st, fn.seqNr(), {name, ctx->module, ctx->stack});
   }
   // The ops it runs go unobserved (a bmm's per-slice ops, a kernel's inner
   // work); its outputs are checked as a whole. Last, so that nothing can

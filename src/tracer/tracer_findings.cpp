@@ -249,9 +249,26 @@ bool starts_own_chain(const tracer_state& st, int origin, const tensor_stats& ou
 
 // A finding about the op at `site`: when and where it ran. Its role and
 // tensors are filled in by the caller.
-finding finding_at(const tracer_state& st, const op_site& site, std::string module) {
+// The user's line of the forward op `sequence_nr`, from the stack recorded as it ran (record_sources).
+source_location forward_source(const tracer_state& st, int64_t sequence_nr) {
+  const auto it = st.forward_ops.find(sequence_nr);
+  return it == st.forward_ops.end() ? source_location() : user_frame(it->second.stack);
+}
+
+// The user's line the op at `site` ran from: a backward node's forward op's;
+// a forward op's from the stack recorded as it started, or else from this
+// thread's stack now, when `now` is its own (the eager path, as the op
+// ends; the deferred path checks it later, under another stack).
+source_location source_at(const tracer_state& st, const op_site& site, const call_stack& recorded, bool now) {
+  if (site.node) return forward_source(st, site.node->sequence_nr);
+  if (recorded) return user_frame(recorded);
+  return now ? user_frame(capture_call_stack()) : source_location();
+}
+
+finding finding_at(const tracer_state& st, const op_site& site, std::string module, source_location source) {
   finding f;
   f.step = st.step;
+  f.source = std::move(source);
   f.op = site.name;
   f.direction = site.node ? direction::backward : direction::forward;
   if (site.node) {
@@ -384,7 +401,7 @@ void on_nonfinite_output(tracer_state& st, const op_site& site, const op_context
     return;
   }
 
-  finding f = finding_at(st, site, std::move(module));
+  finding f = finding_at(st, site, std::move(module), source_at(st, site, ctx.stack, !census_then));
   const op_frame* named_op = &ctx;  // the op the finding names, whose inputs it lists
   int origin = -1;
   if (!in.any_bad() || in.all_bad_allowed) f.role = role::producer;
@@ -409,6 +426,7 @@ void on_nonfinite_node_input(tracer_state& st, const op_site& site, const ran_no
   finding f;
   f.step = st.step;
   f.direction = direction::backward;
+  f.source = forward_source(st, sender ? sender->sequence_nr : site.seq_nr);
   if (sender) {
     f.op = f.node = sender->name;
     f.role = role::producer;

@@ -7,6 +7,7 @@
 #include "nanguard/nonfinite_record.h"
 #include "nanguard/tracer_options.h"
 
+#include "detail/call_stack.h"
 #include "detail/observer_slot.h"
 #include "op_traits.h"
 #include "range_rules.h"
@@ -57,6 +58,7 @@ struct module_ref {
 struct forward_record {
   std::string op;  // owned: a Python autograd.Function's name dies with its call
   module_ref module;
+  call_stack stack;  // with record_sources: where the user's code ran it
   int nonfinite_record = -1;  // the finding record of its non-finite output, if any
 };
 
@@ -79,6 +81,7 @@ struct op_frame {
   // With keep_inputs: copies of the inputs the op writes, taken before it runs.
   c10::SmallVector<at::Tensor, 1> values_before;
   module_ref module;
+  call_stack stack;  // forward, with record_sources: this thread's stack as it started
 };
 
 // What a start callback hands its end callback.
