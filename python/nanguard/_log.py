@@ -47,8 +47,9 @@ _LIBRARIES = ("torch", "lightning", "pytorch_lightning", "lightning_fabric", "tr
 @dataclass(frozen=True)
 class Site:
     """A line of the user's code that a warning is attributed to, and the
-    globals of its module while it runs (None: kept for later, the module
-    left to its own lifetime)."""
+    globals of its module while it runs, whose ``__warningregistry__`` the
+    warning uses as ``warnings.warn`` would (None: a site kept for later,
+    which holds no reference to the module)."""
 
     filename: str
     lineno: int
@@ -132,5 +133,7 @@ def tell(message: str, level: int = logging.WARNING, fallback: Optional[Site] = 
         logger.handle(logger.makeRecord(logger.name, level, site.filename, site.lineno, message, (), None))
     if level >= logging.WARNING:
         registry = None if site.module_globals is None else site.module_globals.setdefault("__warningregistry__", {})
+        # No module_globals: warn_explicit would ask the module's loader for its source, which `python -c`
+        # code has not (an ImportError); the warning's line is read from the file, as warnings.warn does.
         warnings.warn_explicit(message, NanGuardWarning, site.filename, site.lineno, module=site.module,
-                               registry=registry, module_globals=site.module_globals)
+                               registry=registry)
