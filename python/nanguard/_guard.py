@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import atexit
 import inspect
-import os
-import sys
-import warnings
+import logging
 import weakref
 from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union,
                     cast)
@@ -32,6 +30,7 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from . import _compile, _nanguard
 from ._batches import call_of, named_call_tensors, trainable_loss
 from ._hosts import host_for
+from ._log import Site, tell, user_site
 from ._lr_schedulers import follow_rollback
 from ._options import (LossScaleOptions, PathLike, Policy, ScheduleOptions, documented, guard_options,
                        keyword_options, read)
@@ -42,24 +41,14 @@ if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
     from torch.utils.tensorboard import SummaryWriter
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-def _warn_user(message: str) -> None:
-    """Warns ``message`` as a NanGuardWarning attributed to the first frame
-    outside nanguard: the user's ``guard.step``, ``close`` or framework call."""
-    frame, level = sys._getframe(1), 2  # stacklevel 2: the caller
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, NanGuardWarning, stacklevel=level)
-
-
-def _end_run(core: Any, verbose: bool) -> Dict[str, Any]:
-    """Ends a guard's run: when it had a bad step, warns its summary;
-    returns the summary."""
+def _end_run(core: Any, verbose: bool, built_at: Optional[Site]) -> Dict[str, Any]:
+    """Ends a guard's run: tells its summary (verbose; a warning after a bad
+    step, else an INFO record of the ``nanguard`` logger), attributed to
+    the user's frame, else to ``built_at`` (a guard closed at the
+    interpreter's exit); returns the summary."""
     summary = core.summary()
-    if verbose and summary["not_taken"] > 0:
-        _warn_user(summary["text"])
+    if verbose:
+        tell(summary["text"], logging.WARNING if summary["not_taken"] > 0 else logging.INFO, fallback=built_at)
     return summary
 
 
@@ -157,8 +146,8 @@ class Guard:
         self._core: Optional[_nanguard.GuardCore] = _nanguard.GuardCore(
             self._host, guard_options(options, distributed=group, verbose=False))
         self._verbose = options["verbose"] and getattr(group, "rank", 0) == 0
-        # On close(), or when collected.
-        self._end = weakref.finalize(self, _end_run, self._core, self._verbose)
+        # On close(), or when collected; its summary falls back on where the guard was built (at exit).
+        self._end = weakref.finalize(self, _end_run, self._core, self._verbose, user_site())
         self._summary: Optional[Dict[str, Any]] = None  # after close(): the run's
         _open_guards.add(self)
 
@@ -280,7 +269,7 @@ class Guard:
     def _warn(self) -> None:
         """The last step's warning, if it has one, as a NanGuardWarning (verbose)."""
         if self._verbose and self._active().last_warning:
-            _warn_user(self._active().last_warning)
+            tell(self._active().last_warning)
 
     def _active(self) -> _nanguard.GuardCore:
         if self._core is None:

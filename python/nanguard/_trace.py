@@ -11,6 +11,7 @@ import torch.utils._pytree
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _compile, _nanguard
+from ._log import tell
 from ._results import Finding, NonFiniteError
 
 
@@ -116,7 +117,10 @@ class Trace:
 
     Made by :func:`trace`; use it as a context manager. ``findings`` lists
     what was found, first first; ``check()`` raises :class:`NonFiniteError`
-    when ``raise_on_finding`` is set and something was found.
+    when ``raise_on_finding`` is set and something was found. Otherwise, with
+    ``warn`` (the default), the exit of the ``with`` block tells the first
+    finding as a :class:`NanGuardWarning` and a record of the ``nanguard``
+    logger.
 
     NOTE: ATen swallows exceptions thrown inside op observers, so nothing is
     raised inside the op: the error comes at ``check()`` or at the exit of
@@ -125,7 +129,8 @@ class Trace:
 
     def __init__(self, model: Optional[torch.nn.Module] = None, max_findings: int = 1, raise_on_finding: bool = False,
                  allow: Iterable[AllowRule] = DEFAULT_ALLOW, step: int = 0, capture_backtrace: bool = False,
-                 prefix: str = "", measure_cost: bool = False, inside_kernels: bool = False) -> None:
+                 prefix: str = "", measure_cost: bool = False, inside_kernels: bool = False,
+                 warn: bool = True) -> None:
         if max_findings < 1:
             raise ValueError(f"nanguard.trace: max_findings must be >= 1, got {max_findings}")
         if model is not None and not isinstance(model, torch.nn.Module):
@@ -143,6 +148,7 @@ class Trace:
         self.prefix = prefix
         self.measure_cost = bool(measure_cost)
         self.inside_kernels = bool(inside_kernels)
+        self.warn = bool(warn)
         self._cost: Optional[Dict[str, Any]] = None
         self._tracer: Optional[_nanguard.Tracer] = None
         self._close_scopes: Optional[Callable[[], None]] = None
@@ -178,7 +184,16 @@ class Trace:
         self._close()
         if exc_type is None:
             self.check()
+        self._tell()
         return False
+
+    def _tell(self) -> None:
+        """At the block's exit, with ``warn`` and no ``raise_on_finding``: the
+        first finding as a warning (and a ``nanguard`` log record)."""
+        findings = self.findings
+        if self.warn and not self.raise_on_finding and findings:
+            more = f"\n  ({len(findings) - 1} more in Trace.findings)" if len(findings) > 1 else ""
+            tell(f"nanguard: trace found a non-finite value: {findings[0]}{more}")
 
     def _hook_outputs(self, model: torch.nn.Module) -> Any:
         """After each forward of ``model``, the tracer judges what was found by
@@ -288,7 +303,7 @@ class Trace:
 
 def trace(model: Optional[torch.nn.Module] = None, max_findings: int = 1, raise_on_finding: bool = False,
           allow: Iterable[AllowRule] = DEFAULT_ALLOW, step: int = 0, capture_backtrace: bool = False,
-          measure_cost: bool = False, inside_kernels: bool = False) -> Trace:
+          measure_cost: bool = False, inside_kernels: bool = False, warn: bool = True) -> Trace:
     """A context manager that checks every forward and backward op's output.
 
     With ``model`` (an ``nn.Module``) findings name its modules (by forward
@@ -306,6 +321,7 @@ def trace(model: Optional[torch.nn.Module] = None, max_findings: int = 1, raise_
             loss = loss_fn(model(x), y)
             loss.backward()
         # NonFiniteError here, at the exit, when an op made a NaN/Inf
+        # (raise_on_finding=False: a NanGuardWarning there instead)
 
     Code compiled with ``torch.compile`` runs eagerly inside the block
     (``torch.compiler.set_stance("force_eager")``), so that every op is
@@ -327,6 +343,11 @@ def trace(model: Optional[torch.nn.Module] = None, max_findings: int = 1, raise_
         inside_kernels: also check the ops a kernel runs inside itself,
             naming the inner op (``aten::sum`` inside ``aten::mean``), for
             half as much again per op; off, the kernel is named.
+        warn: at the block's exit, tell the first finding (when there is
+            one and ``raise_on_finding`` is off) as a
+            :class:`NanGuardWarning` and a WARNING record of the
+            ``nanguard`` logger (its one line, cause and remedy);
+            ``warn=False``: silent, the findings only in ``Trace.findings``.
 
     Returns:
         The :class:`Trace`, to use in a ``with`` block: ``t.findings``.
@@ -338,4 +359,4 @@ def trace(model: Optional[torch.nn.Module] = None, max_findings: int = 1, raise_
     """
     return Trace(model, max_findings=max_findings, raise_on_finding=raise_on_finding, allow=allow,
                  step=step, capture_backtrace=capture_backtrace, measure_cost=measure_cost,
-                 inside_kernels=inside_kernels)
+                 inside_kernels=inside_kernels, warn=warn)

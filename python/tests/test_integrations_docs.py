@@ -48,3 +48,12 @@ def test_a_missing_framework_says_how_to_install_it(module, package):
     assert r.returncode != 0
     assert "ImportError" in r.stderr and f"the {package!r} package is not installed" in r.stderr, r.stderr[-2000:]
     assert "make setup" in r.stderr and "requirements-frameworks.txt" in r.stderr
+
+
+def test_the_last_cause_codes_agree_with_the_core_and_the_doc_s_table():
+    from nanguard import _nanguard
+    from nanguard.integrations import LAST_CAUSE_CODES
+    assert all(_nanguard.cause_code(name) == code for code, name in LAST_CAUSE_CODES.items() if code > 0)
+    assert sorted(LAST_CAUSE_CODES) == list(range(len(LAST_CAUSE_CODES)))
+    table = dict(re.findall(r"\| (\d+) \| `?(\w+)`?", DOC.read_text(encoding="utf-8")))
+    assert {int(k): v for k, v in table.items()} == LAST_CAUSE_CODES

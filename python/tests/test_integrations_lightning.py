@@ -369,6 +369,58 @@ def test_the_logger_gets_the_guard_s_metrics_and_the_user_sees_each_bad_step(tmp
     assert rows[3]["nanguard/grad_norm"] == "nan"  # the bad step's, not the step before's
 
 
+class LoggedLoss(Classifier):
+    """Logs its loss as ``train_loss`` (on the progress bar too); records, at
+    the end of each batch, the step's loss and the Trainer's logged one."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.seen = []  # (global_step, the step's loss, callback_metrics', progress_bar_metrics' train_loss)
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.log("train_loss", loss, prog_bar=True)
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        t = self.trainer
+        self.seen.append((t.global_step, float(outputs["loss"]), float(t.callback_metrics["train_loss"]),
+                          float(t.progress_bar_metrics["train_loss"])))
+
+
+def test_a_replay_leaves_no_stale_loss_in_lightning_s_logged_metrics(tmp_path):
+    """The replay (and each remedy trial) runs training_step again, whose
+    self.log must not outlive it: each step's logged train_loss is the loss
+    that step computed (the bad step's own NaN/Inf, then the healthy ones')."""
+    from lightning.pytorch.loggers import CSVLogger
+    import csv
+    model = LoggedLoss(log0_at=3)
+    cb = NanGuard(policy="skip")
+    torch.manual_seed(0)
+    trainer = pl.Trainer(max_steps=8, accelerator="cpu", devices=1, logger=CSVLogger(tmp_path, name="run"),
+                         log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[cb])
+    trainer.fit(model, loader())
+    assert [r.step for r in cb.bad_steps] == [4]
+    assert len(model.losses) > 8  # the replay and the remedy trials ran training_step again
+    for step, loss, logged, bar in model.seen:
+        assert str(logged) == str(bar) == str(loss), model.seen  # nan == nan as text
+    assert not math.isfinite(model.seen[3][1]) and all(math.isfinite(s[2]) for s in model.seen[4:])
+    with open(os.path.join(trainer.logger.log_dir, "metrics.csv")) as f:
+        logged = [r["train_loss"] for r in csv.DictReader(f) if r.get("train_loss")]
+    assert [float(v) for v in logged] == pytest.approx([s[1] for s in model.seen], nan_ok=True)
+
+
+def test_the_warnings_are_attributed_to_the_user_s_trainer_fit():
+    model = Classifier(log0_at=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(model, [NanGuard(policy="skip")])
+    told = [w for w in caught if issubclass(w.category, nanguard.NanGuardWarning)]
+    assert len(told) == 2 and {os.path.basename(w.filename) for w in told} == {os.path.basename(__file__)}, \
+        [(w.filename, w.lineno) for w in told]
+
+
 class OneCycle(Classifier):
     """OneCycleLR, and a log of 0 at each of ``log0_at``'s global steps."""
 

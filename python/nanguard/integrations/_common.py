@@ -14,6 +14,16 @@ from nanguard._options import GUARD_OPTIONS, unknown_option_error
 from nanguard._results import NonFiniteError
 
 
+#: What the callbacks' ``nanguard/last_cause`` metric means (a logger takes
+#: numbers): 0 before the first bad step, else the code of the last bad
+#: step's cause (``nanguard._nanguard.cause_code``; 1 also for a bad step
+#: with no finding), as the table of docs/integrations.md.
+LAST_CAUSE_CODES = {0: "none", **{i + 1: name for i, name in enumerate((
+    "unclassified", "log_of_nonpositive", "division_by_zero", "overflow", "fully_masked_softmax", "sqrt_at_zero",
+    "inverse_trig_at_bound", "inf_arithmetic", "precision_range", "divergence", "bad_data",
+    "masked_infinity_reduced"))}}
+
+
 #: The options of both callbacks: the Guard's but loss_scale (the framework's), and their own log_metrics.
 CALLBACK_OPTIONS = tuple(o for o in GUARD_OPTIONS if o != "loss_scale") + ("log_metrics",)
 
@@ -122,7 +132,7 @@ class CallbackGuard:
         back), ``nanguard/rollbacks``, ``nanguard/last_cause`` (0 before the
         first bad step, else :func:`nanguard._nanguard.cause_code` of its
         cause: 1 + its position in docs/diagnosis.md's classes, 1 for
-        unclassified), ``nanguard/loss_scale`` (the framework's GradScaler's
+        unclassified; :data:`LAST_CAUSE_CODES` names each), ``nanguard/loss_scale`` (the framework's GradScaler's
         scale, else the guard's) and ``nanguard/grad_norm`` (the last step's
         global norm before clipping; NaN for a bad step)."""
         last_bad = self.bad_steps[-1] if self.bad_steps else None

@@ -43,8 +43,12 @@ names that rank, its op and its verdict. Rank 0 writes
 ``event_log`` and ``bundle_dir``; rank N writes ``<stem>.rankN<suffix>``
 beside them.
 
-NOTE: a replay calls ``training_step`` again, so what it logs with
-``self.log`` is logged a second time for that (bad) step. Manual
+Logged metrics: a replay calls ``training_step`` again (and again for each
+remedy the guard tries on it); what it logs with ``self.log`` goes to a
+collection of its own, dropped after the replay, so that the Trainer's
+metrics (``callback_metrics``, the progress bar, the logger's
+``train_loss``) hold what the step itself logged: a bad step's own
+(non-finite) loss, and each healthy step's loss after it. Manual
 optimization and more than one optimizer are not supported (a clear
 ValueError at ``fit``).
 """
@@ -161,7 +165,7 @@ class NanGuard(_pl.Callback, CallbackGuard):
         wrapped = trainer.strategy.model
         no_sync = wrapped.no_sync if isinstance(wrapped, torch.nn.parallel.DistributedDataParallel) \
             else contextlib.nullcontext
-        with no_sync(), trainer.precision_plugin.train_step_context():
+        with no_sync(), trainer.precision_plugin.train_step_context(), _logs_set_aside(trainer):
             for batch, batch_idx in window:
                 out = pl_module.training_step(batch, batch_idx)
                 if isinstance(out, dict):
@@ -190,6 +194,28 @@ def _named_window(window: Any) -> Any:
         tensors += t
         names += n
     return tensors, names
+
+
+@contextlib.contextmanager
+def _logs_set_aside(trainer):
+    """What ``self.log`` writes while a replay runs goes to a collection of
+    its own, dropped after it: the Trainer's logged metrics
+    (``callback_metrics``, the progress bar, the logger) keep the step's own
+    values. Else a replay's ``self.log("train_loss", ...)``, logged from the
+    callback's hook, stays in the metrics after the step: the NaN of the
+    replay (or a remedy's trial loss) over every healthy step's loss until
+    the epoch ends."""
+    loop = getattr(trainer.fit_loop, "epoch_loop", None)
+    connector = trainer._logger_connector
+    if loop is None or not hasattr(loop, "_results"):  # another Lightning: logs as the step's own
+        yield
+        return
+    results, fx = loop._results, connector._current_fx
+    loop._results = type(results)(training=True)
+    try:
+        yield
+    finally:
+        loop._results, connector._current_fx = results, fx
 
 
 def _logs_this_step(trainer):
