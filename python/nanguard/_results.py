@@ -80,7 +80,7 @@ class Finding:
     the census of its inputs and outputs, and the first bad element (the
     C++ ``nanguard::finding``, read from its JSON).
 
-    ``f.line()`` is one line; ``str(f)`` that line, then the cause and the
+    ``f.summary()`` is one line; ``str(f)`` that line, then the cause and the
     remedy (a line each); ``f.to_text()`` every line with the census;
     ``f.to_dict()`` every field (the C++ ``to_json``).
 
@@ -185,7 +185,7 @@ class Finding:
         """Several lines, with the census of every input and output."""
         return str(_nanguard.finding_to_text(self._json))
 
-    def line(self) -> str:
+    def summary(self) -> str:
         """The one-line summary: step, direction, op, module, role and the
         first bad element (``nanguard::to_string``)."""
         return str(_nanguard.finding_to_string(self._json))
@@ -195,7 +195,7 @@ class Finding:
         indented: ``cause: log_of_nonpositive (high confidence): log of a
         value at or below 0: ...`` and ``remedy: ...`` (and the verified
         remedy, for a guard's finding that has one)."""
-        text = f"{self.line()}\n  cause: {self.cause} ({self.confidence} confidence)"
+        text = f"{self.summary()}\n  cause: {self.cause} ({self.confidence} confidence)"
         if self.evidence:
             text += f": {self.evidence}"
         if self.remedy:
@@ -205,7 +205,7 @@ class Finding:
         return text
 
     def __repr__(self) -> str:
-        return f"<nanguard.Finding {self.line()}>"
+        return f"<nanguard.Finding {self.summary()}>"
 
     def __getattr__(self, name: str) -> Any:
         # The JSON's other fields (thread, sequence_nr, backtrace, ...) as attributes too.
@@ -228,7 +228,7 @@ class NonFiniteError(RuntimeError):
             # note names the compiler's stage, its kernel and the remedy.
             message = f"non-finite value: step {result.step}: {result.reason or 'non-finite step'}; {result.note}"
         else:
-            message = f"non-finite value: {finding.line()}; cause: {finding.cause}"
+            message = f"non-finite value: {finding.summary()}; cause: {finding.cause}"
             if finding.remedy:
                 message += f"; remedy: {finding.remedy}"
             if result is not None and result.note:  # e.g. why no repro bundle was written

@@ -36,7 +36,7 @@ SCRIPT = textwrap.dedent('''\
 
 STEP = "nanguard: step 2: -inf from aten::log"
 SUMMARY = "nanguard: 3 steps, 1 not taken"
-TRACE = "nanguard: trace found a non-finite value: step 0 forward aten::log"
+TRACE = "nanguard: trace found a non-finite value: "  # then the finding, the line of its op first
 
 
 def run_script(tmp_path, setup, *flags, env=None):
@@ -56,6 +56,7 @@ def test_by_default_each_line_shows_once_as_a_warning_at_the_users_line(tmp_path
         assert err.count(line) == 1, err
     assert f"train.py:12: NanGuardWarning: {STEP}" in err
     assert f"train.py:13: NanGuardWarning: {TRACE}" in err
+    assert f"{tmp_path / 'train.py'}:14 (<module>): step 0 forward aten::log: producer" in err
     # The guard is closed at the interpreter's exit: attributed to where it was built.
     assert f"train.py:10: NanGuardWarning: {SUMMARY}" in err
     assert "weakref.py" not in err
@@ -126,7 +127,7 @@ def test_str_of_a_finding_ends_with_its_cause_and_remedy_and_repr_stays_one_line
         torch.log(torch.tensor([-1.0]))
     f = t.findings[0]
     line, cause, remedy = str(f).split("\n")
-    assert line == f.line() and line.startswith("step 0 forward aten::log: producer")
+    assert line == f.summary() and line.startswith(f"{__file__}:{f.line} (test_str_of_a_finding_ends_with_its_cause_and_remedy_and_repr_stays_one_line): step 0 forward aten::log: producer")
     assert cause == f"  cause: log_of_nonpositive (high confidence): {f.evidence}"
     assert remedy == f"  remedy: {f.remedy}"
-    assert repr(f) == f"<nanguard.Finding {f.line()}>"
+    assert repr(f) == f"<nanguard.Finding {f.summary()}>"
