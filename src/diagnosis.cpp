@@ -157,7 +157,8 @@ std::string remedy_for(cause c, const finding& f, const diagnosis_context& ctx) 
              code(e, "nanguard::masked_softmax(scores, mask)",
                   "torch.where(mask.any(-1, keepdim=True), scores.softmax(-1), 0.0)") +
              ": zeros for such rows), or mask with a large finite value (" + code(e, "scores.masked_fill(mask, -1e9)") +
-             ")";
+             "); a sequence that is all padding (a key padding mask row of all true) has nothing to attend to: "
+             "keep such sequences out of the batch";
     case cause::sqrt_at_zero:
       return "keep the argument away from 0 (" + code(e, "torch::sqrt(x + 1e-12)", "torch.sqrt(x + 1e-12)") +
              cpp_only(e, ", nanguard::safe_sqrt(x)") +
@@ -314,6 +315,21 @@ std::optional<diagnosis> backward_at_singularity(const finding& f) {
                             f.node, at_zero->stats.zeros, at_zero->stats.numel, at_zero->name, f.op, s.what));
   }
   return std::nullopt;
+}
+
+// aten::_masked_softmax, the attention of nn.MultiheadAttention's and
+// nn.TransformerEncoderLayer's fused fast path (eval), takes its mask as
+// booleans, not as -inf: NaN from finite scores means rows whose every
+// position is masked (a sequence that is all padding).
+std::optional<diagnosis> fully_masked_rows(const finding& f) {
+  const tensor_record* out = bad_output(f);
+  if (base_name(f.op) != "_masked_softmax" || !out || out->stats.nan == 0 || !inputs_finite(f)) return std::nullopt;
+  const int64_t row = out->shape.empty() ? 1 : std::max<int64_t>(out->shape.back(), 1);
+  return make(cause::fully_masked_softmax, confidence::high,
+              fmt::format("{} made {} NaN from finite scores ({} row(s) of {}): rows whose every position the mask "
+                          "hides, a sequence that is all padding{}",
+                          f.op, out->stats.nan, out->stats.nan / row, row,
+                          f.caller.empty() ? "" : fmt::format(", inside {} (the fused fast path)", f.caller)));
 }
 
 // A NaN made from infinities: a softmax row with nothing but -inf, or
@@ -529,7 +545,7 @@ diagnosis unclassified(const finding& f, const std::string& lead) {
 }
 
 diagnosis diagnose_producer(const finding& f) {
-  static const rule rules[] = {gathered_mask, backward_at_singularity, nan_from_infinities, log_domain,
+  static const rule rules[] = {gathered_mask, backward_at_singularity, fully_masked_rows, nan_from_infinities, log_domain,
                                inverse_trig_domain,     zero_division,       reduction_of_too_few,
                                power_overflow,          exponential_overflow,  half_overflow};
   for (const rule& r : rules)

@@ -68,40 +68,45 @@ def open_module_scopes(model: torch.nn.Module, prefix: str = "") -> Callable[[],
     of ``model``, so that findings name modules; returns the function that
     removes the hooks again (and closes the scopes a forward that raised
     left open). A TorchScript module (``torch.jit.script``) and what it holds
-    get no hooks: the tracer reads their names from TorchScript's scope."""
+    get no hooks: the tracer reads their names from TorchScript's scope.
+
+    The hooks are global (``register_module_forward_pre_hook``), looking the
+    module up by identity, so that no module holds a hook of its own: a
+    module with hooks leaves its fast path (``nn.TransformerEncoderLayer``
+    in eval runs its fused kernel only when none of its modules has one),
+    and the traced step must compute what the untraced step computes."""
     depth = _nanguard.scope_depth()
     stack: List[str] = []  # qualified names of the modules running now
-    hooks: List[Any] = []
-
-    def make(name: str) -> Tuple[Callable[..., None], Callable[..., None]]:
-        def pre(module: torch.nn.Module, args: Any) -> None:
-            top = stack[-1] if stack else prefix
-            if not top:
-                rel = name
-            elif name.startswith(top + "."):
-                rel = name[len(top) + 1:]
-            else:
-                rel = name  # run outside its parent: nests under the open scope
-            _nanguard.scope_push(rel)
-            stack.append(name)
-
-        def post(module: torch.nn.Module, args: Any, output: Any) -> None:
-            if stack and stack[-1] == name:
-                stack.pop()
-                _nanguard.scope_pop()
-
-        return pre, post
-
-    scripted = []  # names of the TorchScript modules met: nothing inside them is hooked
+    names: Dict[int, str] = {}  # the hooked modules' qualified names, by id
+    scripted: List[str] = []  # names of the TorchScript modules met: nothing inside them is hooked
     for name, module in _compile.original_module(model).named_modules():
         if _scripted(module) or any(name.startswith(s + ".") for s in scripted):
             scripted.append(name)
-            continue
-        if not name:
-            continue  # the model itself: findings name paths inside it
-        pre, post = make(f"{prefix}.{name}" if prefix else name)
-        hooks.append(module.register_forward_pre_hook(pre))
-        hooks.append(module.register_forward_hook(post))
+        elif name:  # not the model itself: findings name paths inside it
+            names[id(module)] = f"{prefix}.{name}" if prefix else name
+
+    def pre(module: torch.nn.Module, args: Any) -> None:
+        name = names.get(id(module))
+        if name is None:
+            return
+        top = stack[-1] if stack else prefix
+        if not top:
+            rel = name
+        elif name.startswith(top + "."):
+            rel = name[len(top) + 1:]
+        else:
+            rel = name  # run outside its parent: nests under the open scope
+        _nanguard.scope_push(rel)
+        stack.append(name)
+
+    def post(module: torch.nn.Module, args: Any, output: Any) -> None:
+        name = names.get(id(module))
+        if name is not None and stack and stack[-1] == name:
+            stack.pop()
+            _nanguard.scope_pop()
+
+    hooks = [torch.nn.modules.module.register_module_forward_pre_hook(pre),
+             torch.nn.modules.module.register_module_forward_hook(post)]
 
     def close() -> None:
         for h in hooks:
@@ -206,12 +211,10 @@ class Trace:
             if module is model and self._tracer is not None and self._tracer.awaits_judgement():
                 self._tracer.judge_by_outputs(_output_tensors(output))
 
-        if _scripted(model):
-            # A TorchScript module takes no hook of its own; a call from
-            # Python still runs the global ones (its submodules run inside
-            # TorchScript, so this one hook sees only it).
-            return torch.nn.modules.module.register_module_forward_hook(judge)
-        return model.register_forward_hook(judge)
+        # Global, as the scopes' hooks (see open_module_scopes): a hook of
+        # the model's own would turn its fast path off. A TorchScript module
+        # takes none of its own either; a call from Python still runs these.
+        return torch.nn.modules.module.register_module_forward_hook(judge)
 
     def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """After the step of any torch.optim optimizer: what the tracer knows of
@@ -306,8 +309,10 @@ def trace(model: Optional[torch.nn.Module] = None, max_findings: int = 1, raise_
           measure_cost: bool = False, inside_kernels: bool = False, warn: bool = True) -> Trace:
     """A context manager that checks every forward and backward op's output.
 
-    With ``model`` (an ``nn.Module``) findings name its modules (by forward
-    hooks that open nanguard scopes; no per-tensor work in Python) and its
+    With ``model`` (an ``nn.Module``) findings name its modules (by global
+    forward hooks that open nanguard scopes, so that no module holds a hook
+    and fused fast paths such as ``nn.TransformerEncoderLayer``'s in eval
+    still run; no per-tensor work in Python) and its
     parameters, and each forward of ``model`` that left something to judge
     (not a healthy one) hands its outputs to the tracer: a pass with no
     backward (evaluation, ``torch.no_grad()``, generation) is judged by what

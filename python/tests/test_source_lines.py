@@ -75,3 +75,38 @@ def test_torchscript_names_the_line_of_its_source():
     f = t.findings[0]
     line = 1 + open(__file__).read().splitlines().index("    return x / (x - x)")
     assert (f.op, f.file, f.line, f.function) == ("aten::div", __file__, line, "scripted_ratio")
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 2,
+                                             enable_nested_tensor=False)
+
+    def forward(self, x, padding):
+        return self.encoder(x, src_key_padding_mask=padding)
+
+
+def test_the_trace_leaves_the_fused_fast_path_alone_and_names_its_masked_softmax():
+    # pytorch PR #190486: in eval, nn.TransformerEncoderLayer's fused kernel
+    # makes NaN for a sequence that is all padding; the slow path, which a
+    # module holding hooks takes, does not. The trace must see the fast path.
+    torch.manual_seed(0)
+    model = Encoder().eval()
+    x = torch.randn(2, 4, 8)
+    padding = torch.zeros(2, 4, dtype=torch.bool)
+    padding[1] = True
+    with torch.no_grad():
+        plain = model(x, padding)
+        with nanguard.trace(model, warn=False, inside_kernels=True) as t:
+            traced = model(x, padding)
+    assert torch.equal(plain.isnan(), traced.isnan()) and plain.isnan().any()
+    assert torch.equal(torch.nan_to_num(plain), torch.nan_to_num(traced))
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    f = t.findings[0]
+    assert (f.op, f.caller, f.module, f.role) == ("aten::_masked_softmax", "aten::_transformer_encoder_layer_fwd",
+                                                  "encoder.layers.0.self_attn", "producer")
+    assert f.position[0] == 1  # the padded sequence
+    assert (f.file, f.line) == (__file__, line_of(Encoder.forward, "self.encoder("))
+    assert (f.cause, f.confidence) == ("fully_masked_softmax", "high")
+    assert "all padding" in f.evidence and "fast path" in f.evidence and "all padding" in f.remedy

@@ -62,9 +62,24 @@ bool within(std::string_view inner, std::string_view outer) {
          (inner.size() > outer.size() && inner.substr(0, outer.size()) == outer && inner[outer.size()] == '.');
 }
 
-// The module of an op: TorchScript's hierarchy, then the parameters it
-// reads (when inside the open scope), then the open scope.
-module_ref module_of(tracer_state& st, const c10::SmallVector<at::Tensor, 4>& inputs) {
+// The innermost module holding both dotted paths ("enc.0" for "enc.0.attn"
+// and "enc.0.norm1").
+std::string_view common_module(std::string_view a, std::string_view b) {
+  size_t common = 0;  // the length of their longest common prefix of whole names
+  for (size_t i = 0; i <= std::min(a.size(), b.size()); ++i) {
+    const bool end_a = i == a.size() || a[i] == '.', end_b = i == b.size() || b[i] == '.';
+    if (end_a && end_b) common = i;
+    if (i == a.size() || i == b.size() || a[i] != b[i]) break;
+  }
+  return a.substr(0, common);
+}
+
+// The module of an op: TorchScript's hierarchy; then the module owning the
+// parameters it reads, within the open scope (the innermost one owning them
+// all: a fused layer's kernel reads its submodules' parameters); then, for
+// an op run inside another (the work of a fused kernel), that op's module;
+// then the open scope.
+module_ref module_of(tracer_state& st, const c10::SmallVector<at::Tensor, 4>& inputs, const op_frame* enclosing) {
   module_ref m;
   m.scripted = dotted_module_path(torch::jit::currentModuleHierarchy());
   if (!m.scripted.empty()) return m;
@@ -72,12 +87,12 @@ module_ref module_of(tracer_state& st, const c10::SmallVector<at::Tensor, 4>& in
   const std::string_view open = m.scope ? std::string_view(*m.scope) : std::string_view();
   for (const auto& t : inputs) {
     const std::string* name = st.parameters.find(t.unsafeGetTensorImpl());
-    if (!name) continue;
-    if (within(parent_of(*name), open)) {
-      m.parameter = name;
-      return m;
-    }
+    if (!name || !within(parent_of(*name), open)) continue;
+    if (!m.parameter) m.parameter = name;
+    else if (const std::string_view owner = m.owner ? *m.owner : parent_of(*m.parameter); owner != parent_of(*name))
+      m.owner = std::string(common_module(owner, parent_of(*name)));
   }
+  if (!m.parameter && enclosing && !enclosing->traits->user_scope) return enclosing->module;
   return m;
 }
 
@@ -390,7 +405,7 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     // Before the lock: reading the Python stack takes the GIL.
     if (st->options.record_sources()) ctx->stack = capture_call_stack();
     std::lock_guard<std::mutex> lock(st->mutex);
-    ctx->module = module_of(*st, ctx->inputs);
+    ctx->module = module_of(*st, ctx->inputs, ops.empty() ? nullptr : ops.back());
     if (fn.seqNr() >= 0) remember_forward_op(*st, fn.seqNr(), {name, ctx->module, ctx->stack});
   }
   // The ops it runs go unobserved (a bmm's per-slice ops, a kernel's inner

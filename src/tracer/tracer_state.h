@@ -45,10 +45,12 @@ inline std::string_view parent_of(std::string_view name) {
 struct module_ref {
   std::string scripted;                      // TorchScript's hierarchy, inside scripted code
   const std::string* parameter = nullptr;    // a parameter it reads, owned by the open scope
+  std::optional<std::string> owner;          // the module owning all the parameters it reads, when they are several
   std::shared_ptr<const std::string> scope;  // the open scope
 
   std::string path() const {
     if (!scripted.empty()) return scripted;
+    if (owner) return *owner;
     if (parameter) return std::string(parent_of(*parameter));
     return scope ? *scope : "";
   }
