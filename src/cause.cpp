@@ -13,8 +13,8 @@ namespace {
 constexpr const char* kCauseNames[] = {
     "unclassified", "log_of_nonpositive", "division_by_zero", "overflow", "fully_masked_softmax", "sqrt_at_zero",
     "inverse_trig_at_bound", "inf_arithmetic", "precision_range", "divergence", "bad_data",
-    "masked_infinity_reduced"};
-static_assert(std::size(kCauseNames) == size_t(cause::masked_infinity_reduced) + 1, "a name for every cause");
+    "masked_infinity_reduced", "constant_in_model"};
+static_assert(std::size(kCauseNames) == size_t(cause::constant_in_model) + 1, "a name for every cause");
 static_assert(std::size(all_causes) == std::size(kCauseNames), "every cause in all_causes");
 
 // In the order of enum class confidence (all_confidences).

@@ -186,6 +186,10 @@ std::string remedy_for(cause c, const finding& f, const diagnosis_context& ctx) 
                   "x.masked_fill(mask, torch.finfo(x.dtype).min)") +
              "), or keep the masked entries out of the reduction: label smoothing reads every class, masked ones "
              "too (smooth over the unmasked classes only, or `F.cross_entropy(logits, y)` without label_smoothing)";
+    case cause::constant_in_model:
+      return "find where the model's code computes that number (a division of Python floats, a config value, "
+             "`float(\"inf\")` where a large finite value was meant) and make it finite (" +
+             code(e, "std::numeric_limits<float>::lowest()", "torch.finfo(x.dtype).min") + " for a mask)";
     case cause::unclassified: break;
   }
   return "no class fits the evidence: read the census of the inputs and outputs, " + more_findings(e) +
@@ -563,6 +567,10 @@ diagnosis diagnose_input(const finding& f, const diagnosis_context& ctx) {
   for (const auto& r : f.inputs)
     if (r.name == f.culprit || (!bad && !r.stats.all_finite())) bad = &r;
   const std::string counts = bad ? fmt::format("{} of {}", nonfinite_counts(bad->stats), bad->stats.numel) : "NaN/Inf";
+  if (f.culprit.rfind("constant (", 0) == 0)  // the tracer's name of a number argument
+    return make(cause::constant_in_model, confidence::high,
+                fmt::format("{} of {} is the number {}, written in the model's code (not data, not a parameter)",
+                            f.culprit, f.op, bad ? num(bad->stats.first_nonfinite_value) : "NaN/Inf"));
   if (f.culprit.rfind("received via ", 0) == 0)  // the tracer's name of what a collective wrote
     return unclassified(f, fmt::format("the non-finite values were {} ({}): another rank sent them, and that rank's "
                                        "own trace names the op that made them",

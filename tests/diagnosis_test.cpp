@@ -496,12 +496,12 @@ TEST(diagnosis, names_round_trip) {
   for (cause c : {cause::unclassified, cause::log_of_nonpositive, cause::division_by_zero, cause::overflow,
                   cause::fully_masked_softmax, cause::sqrt_at_zero, cause::inverse_trig_at_bound,
                   cause::inf_arithmetic, cause::precision_range, cause::divergence, cause::bad_data,
-                  cause::masked_infinity_reduced})
+                  cause::masked_infinity_reduced, cause::constant_in_model})
     EXPECT_EQ(c, nanguard::cause_from_string(nanguard::to_string(c)));
   for (confidence c : {confidence::low, confidence::medium, confidence::high})
     EXPECT_EQ(c, nanguard::confidence_from_string(nanguard::to_string(c)));
   // Every value is in its all_ table, and reads back through the one helper.
-  EXPECT_EQ(std::size(nanguard::all_causes), size_t(cause::masked_infinity_reduced) + 1);
+  EXPECT_EQ(std::size(nanguard::all_causes), size_t(cause::constant_in_model) + 1);
   for (cause c : nanguard::all_causes) EXPECT_EQ(c, nanguard::cause_from_string(nanguard::to_string(c)));
   for (nanguard::front_end e : nanguard::all_front_ends)
     EXPECT_EQ(e, nanguard::front_end_from_string(nanguard::to_string(e)));

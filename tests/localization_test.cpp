@@ -216,6 +216,19 @@ def forward(x):
   bool nan_operand = false;
   for (const auto& in : f.inputs) nan_operand |= in.stats.nan > 0 && in.shape.empty();
   EXPECT_TRUE(nan_operand) << first_of(t);
+  // A number in the model's code: a constant, never the data.
+  EXPECT_EQ("constant (argument 1)", f.culprit);
+  EXPECT_EQ(cause::constant_in_model, f.diagnosis.cause) << first_of(t);
+}
+
+TEST(tracer, a_nan_number_in_eager_code_is_a_constant_in_the_model) {
+  nanguard::tracer t(traced());
+  at::relu(torch::randn({2, 4})) * std::nan("");  // a wrapped number, as Python's float is
+  ASSERT_TRUE(t.found());
+  const nanguard::finding& f = t.findings().front();
+  EXPECT_EQ("constant (argument 1)", f.culprit) << first_of(t);
+  EXPECT_EQ(cause::constant_in_model, f.diagnosis.cause) << first_of(t);
+  EXPECT_EQ(nanguard::confidence::high, f.diagnosis.confidence);
 }
 
 TEST(tracer, a_complex_parameter_under_the_range_rules_prints_nothing) {

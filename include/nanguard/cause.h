@@ -25,6 +25,7 @@ enum class cause {
   divergence,             ///< the gradient norm or the loss spiked in the steps before
   bad_data,               ///< the non-finite value came in with the input batch
   masked_infinity_reduced,  ///< a sum, mean or loss read the infinities of a mask (label smoothing over -inf)
+  constant_in_model,        ///< a NaN or Inf written in the model's code as a number (`x * float("nan")`)
 };
 
 /// Every cause, in declaration order.
@@ -39,7 +40,8 @@ inline constexpr cause all_causes[] = {cause::unclassified,
                                        cause::precision_range,
                                        cause::divergence,
                                        cause::bad_data,
-                                       cause::masked_infinity_reduced};
+                                       cause::masked_infinity_reduced,
+                                       cause::constant_in_model};
 /// "log_of_nonpositive", "division_by_zero", ... (the enum's name).
 const char* to_string(cause c);
 /// The cause whose to_string is `name`. Throws c10::Error listing the names for another.

@@ -315,7 +315,9 @@ void check_node_inputs(tracer_state& st, const at::RecordFunction& fn) {
 // code runs as aten::mul of a 0-dim Double tensor. Listed among the op's
 // inputs, the finding names it either way.
 at::Tensor number_tensor(const c10::IValue& number) {
-  return at::scalar_tensor(number.toDouble(), at::kDouble);
+  at::Tensor t = at::scalar_tensor(number.toDouble(), at::kDouble);
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);  // as eager code's Python numbers are: named a constant
+  return t;
 }
 
 // Remembers a forward op by its sequence number, which the backward nodes

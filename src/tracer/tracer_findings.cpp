@@ -8,6 +8,7 @@
 #include "detail/op_tensors.h"
 
 #include <c10/util/Backtrace.h>
+#include <fmt/format.h>
 
 #include <fnmatch.h>
 
@@ -55,6 +56,14 @@ bool allowed_by_rules(const tracer_options& o, const std::string& op, const std:
 
 tensor_record record_of(const at::Tensor& t, std::string name) {
   return {std::move(name), c10::toString(t.scalar_type()), t.sizes().vec(), census(t)};
+}
+
+// The name of an unnamed input, the op's argument `argument`: "input 1";
+// "constant (argument 1)" for a number (a Python float eager code wraps in a
+// tensor, a TorchScript double): written in the model's code, not data.
+std::string input_name(const at::Tensor& t, int argument) {
+  return t.unsafeGetTensorImpl()->is_wrapped_number() ? fmt::format("constant (argument {})", argument)
+                                                      : fmt::format("input {}", argument);
 }
 
 std::string name_of(tracer_state& st, const at::Tensor& t, const std::string& fallback) {
@@ -211,7 +220,7 @@ input_records read_inputs(tracer_state& st, const op_context& ctx, const at::Ten
   for (size_t i = 0; i < ctx.inputs.size(); ++i) {
     const at::Tensor& t = ctx.inputs[i];
     const bool self_inplace = ctx.nonfinite_before[i] >= 0 && t.is_alias_of(out);
-    tensor_record r = record_of(t, name_of(st, t, "input " + std::to_string(ctx.argument_of[i])));
+    tensor_record r = record_of(t, name_of(st, t, input_name(t, ctx.argument_of[i])));
     if (self_inplace) r.name += " (in place: as the op left it)";
     const bool bad = self_inplace ? ctx.nonfinite_before[i] == 1 : !r.stats.all_finite();
     if (bad) {
@@ -298,7 +307,7 @@ int blame_enclosing_op(tracer_state& st, const op_site& site, const op_frame& ma
   in.records.clear();
   for (size_t i = 0; i < maker.inputs.size(); ++i) {
     const at::Tensor& t = maker.inputs[i];
-    in.records.push_back(record_of(t, name_of(st, t, "input " + std::to_string(maker.argument_of[i]))));
+    in.records.push_back(record_of(t, name_of(st, t, input_name(t, maker.argument_of[i]))));
     if (f.role == role::producer && !in.records.back().stats.all_finite()) {
       const taint* from = st.reported.find_viewed(t);
       f.role = from ? role::propagator : role::input;

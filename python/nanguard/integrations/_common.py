@@ -21,7 +21,7 @@ from nanguard._results import NonFiniteError
 LAST_CAUSE_CODES = {0: "none", **{i + 1: name for i, name in enumerate((
     "unclassified", "log_of_nonpositive", "division_by_zero", "overflow", "fully_masked_softmax", "sqrt_at_zero",
     "inverse_trig_at_bound", "inf_arithmetic", "precision_range", "divergence", "bad_data",
-    "masked_infinity_reduced"))}}
+    "masked_infinity_reduced", "constant_in_model"))}}
 
 
 #: The options of both callbacks: the Guard's but loss_scale (the framework's), and their own log_metrics.
