@@ -109,8 +109,9 @@ std::string data_firewall(front_end e, const std::string& culprit, const std::st
           "(`DataLoader(dataset, collate_fn=" + py_collate + ")`, or `nanguard.data.FirewallDataset(dataset, fw)`)";
       break;
     case front_end::transformers: {
-      const std::string key = culprit.empty() || culprit.rfind("input ", 0) == 0 || culprit.rfind("batch", 0) == 0
-                                  ? "FEATURES" : culprit;
+      // The batch's key: "labels" of the culprit "labels (view)" or "labels[0]".
+      const std::string field = culprit.substr(0, culprit.find_first_of(" ["));
+      const std::string key = field.empty() || culprit.rfind("input ", 0) == 0 || field == "batch" ? "FEATURES" : field;
       r = "validate the data where the Trainer collates it: it drops or repairs rows with NaN/Inf "
           "(`Trainer(data_collator=nanguard.data.firewall_collate(fw, collate_fn=default_data_collator, field=\"" +
           key + "\"))`, fw a `nanguard.Firewall(nonfinite=\"drop\")`; the field a [batch, features] tensor)";
@@ -130,6 +131,10 @@ std::string more_findings(front_end e) {
          code(e, "tracer_options().max_findings(8)", "nanguard.trace(model, max_findings=8)") + ")";
 }
 
+// Shapes of a case that change the remedy (defined with the evidence helpers).
+bool log_of_mask(const finding& f);
+bool mean_over_empty_mask(const finding& f);
+
 std::string remedy_for(cause c, const finding& f, const diagnosis_context& ctx) {
   // A finding of no known front end (a tracer on its own) is written for
   // the process's language: Python's alone once the module is imported.
@@ -138,12 +143,22 @@ std::string remedy_for(cause c, const finding& f, const diagnosis_context& ctx) 
                           : ctx.front_end;
   switch (c) {
     case cause::log_of_nonpositive:
+      if (log_of_mask(f))
+        return "make the additive mask without a log, which is -inf where the mask is 0 (" +
+               code(e, "torch::where(mask.to(torch::kBool), 0.0, std::numeric_limits<float>::lowest())",
+                    "torch.where(mask.bool(), 0.0, torch.finfo(scores.dtype).min)") +
+               ": 0 where kept, a large finite negative where masked), or mask the scores themselves (" +
+               code(e, "scores.masked_fill(~mask.to(torch::kBool), std::numeric_limits<float>::lowest())",
+                    "scores.masked_fill(~mask.bool(), torch.finfo(scores.dtype).min)") + ")";
       return "take the log in log space: log_softmax / logsigmoid instead of log(softmax(x)) / log(sigmoid(x)) (" +
              code(e, "torch::log_softmax(x, -1)", "torch.log_softmax(x, -1)") +
              cpp_only(e, "; nanguard::cross_entropy") + "), or clamp first (" +
              code(e, "torch::log(p.clamp_min(1e-12))", "torch.log(p.clamp_min(1e-12))") +
              cpp_only(e, "; nanguard::safe_log") + ")";
     case cause::division_by_zero:
+      if (mean_over_empty_mask(f))
+        return "divide a masked sum by at least 1 (" + code(e, "(x * mask).sum(1) / mask.sum(1).clamp_min(1)") +
+               ": 0 for a row whose mask is all 0), or keep rows with nothing in their mask out of the batch";
       return "put an eps in the denominator (" + code(e, "x / (x.std(0) + 1e-5)") +
              cpp_only(e, ", nanguard::standardize(x, 0), nanguard::safe_div") +
              "); look for zero-variance features (a constant column) and batches of 1";
@@ -153,10 +168,13 @@ std::string remedy_for(cause c, const finding& f, const diagnosis_context& ctx) 
              code(e, "torch::exp(x.clamp_max(80))", "torch.exp(x.clamp(max=80))") +
              "); if the values grew over training, " + clip_and_lower_lr(e);
     case cause::fully_masked_softmax:
-      return "give rows with nothing to attend to a defined result (" +
-             code(e, "nanguard::masked_softmax(scores, mask)",
-                  "torch.where(mask.any(-1, keepdim=True), scores.softmax(-1), 0.0)") +
-             ": zeros for such rows), or mask with a large finite value (" + code(e, "scores.masked_fill(mask, -1e9)") +
+      // mask: true where masked, as masked_fill and a key padding mask take it.
+      return "give rows with nothing to attend to a defined result: mask with a large finite value instead of -inf (" +
+             code(e, "scores.masked_fill(mask, std::numeric_limits<float>::lowest()).softmax(-1)",
+                  "scores.masked_fill(mask, torch.finfo(scores.dtype).min).softmax(-1)") +
+             ": such a row comes out uniform), then zero those rows if they must not count (" +
+             code(e, "p.masked_fill(mask.all(-1, true), 0.0)", "p.masked_fill(mask.all(-1, keepdim=True), 0.0)") +
+             cpp_only(e, "; nanguard::masked_softmax(scores, mask) does both") +
              "); a sequence that is all padding (a key padding mask row of all true) has nothing to attend to: "
              "keep such sequences out of the batch";
     case cause::sqrt_at_zero:
@@ -181,11 +199,12 @@ std::string remedy_for(cause c, const finding& f, const diagnosis_context& ctx) 
              "the last calm snapshot and halves the LR";
     case cause::bad_data: return data_firewall(e, f.culprit, ctx.data_file);
     case cause::masked_infinity_reduced:
-      return "mask with a large finite negative value instead of -inf (" +
-             code(e, "x.masked_fill(mask, std::numeric_limits<float>::lowest())",
-                  "x.masked_fill(mask, torch.finfo(x.dtype).min)") +
-             "), or keep the masked entries out of the reduction: label smoothing reads every class, masked ones "
-             "too (smooth over the unmasked classes only, or `F.cross_entropy(logits, y)` without label_smoothing)";
+      // A very large finite mask value is no fix here: a sum over it overflows again.
+      return "keep the masked entries out of the reduction: label smoothing reads every class, masked ones too "
+             "(smooth over the unmasked classes only, or " +
+             code(e, "torch::nn::functional::cross_entropy(logits, y)", "F.cross_entropy(logits, y)") +
+             " without label_smoothing); a sum or mean of a masked tensor: sum only the kept entries (" +
+             code(e, "x.masked_fill(mask, 0).sum(-1)", "x.masked_fill(mask, 0.0).sum(-1)") + ")";
     case cause::constant_in_model:
       return "find where the model's code computes that number (a division of Python floats, a config value, "
              "`float(\"inf\")` where a large finite value was meant) and make it finite (" +
@@ -396,10 +415,12 @@ std::optional<diagnosis> log_domain(const finding& f) {
   if (!(in.min <= pole)) return std::nullopt;
   if (op != "log1p" && in.min == 0) {
     const bool probabilities = in.max <= 1;
+    const char* what = log_of_mask(f)       ? ": a 0/1 mask (log(0) = -inf where it is 0)"
+                       : probabilities ? ": probabilities that underflowed to 0 (a softmax or sigmoid)"
+                                       : "";
     return make(cause::log_of_nonpositive, confidence::high,
                 fmt::format("{} of 0: {} of {} inputs are exactly 0 (smallest {}, largest {}){}", op, in.zeros,
-                            in.numel, num(in.min), num(in.max),
-                            probabilities ? ": probabilities that underflowed to 0 (a softmax or sigmoid)" : ""));
+                            in.numel, num(in.min), num(in.max), what));
   }
   return make(cause::log_of_nonpositive, confidence::high,
               fmt::format("{} of a value at or below {}: the smallest of {} inputs is {}", op, num(pole), in.numel,
@@ -423,6 +444,27 @@ bool in_normalisation(const finding& f) {
   return false;
 }
 
+// True for a tensor of 0s and 1s, a mask: its sum (mean × n) counts its
+// non-zero elements, so that each of them is 1.
+bool zero_one(const tensor_stats& s) {
+  return s.zeros > 0 && s.min == 0 && s.max == 1 &&
+         std::abs(s.mean * double(s.numel) - double(s.numel - s.zeros)) < 0.5;
+}
+
+// A log of a 0/1 mask (an additive attention mask made with mask.log()).
+bool log_of_mask(const finding& f) {
+  return one_of(base_name(f.op), {"log", "log2", "log10"}) && !f.inputs.empty() && zero_one(f.inputs[0].stats);
+}
+
+// 0/0 by a non-negative count that can be 0, outside a normalisation: a
+// mean over a mask with nothing in it ((x * mask).sum(1) / mask.sum(1)).
+bool mean_over_empty_mask(const finding& f) {
+  const tensor_record* out = bad_output(f);
+  return one_of(base_name(f.op), {"div", "true_divide", "divide"}) && f.inputs.size() == 2 && out &&
+         out->stats.nan > 0 && f.inputs[0].stats.zeros > 0 && f.inputs[1].stats.zeros > 0 &&
+         f.inputs[1].stats.min >= 0 && !in_normalisation(f);
+}
+
 std::optional<diagnosis> zero_division(const finding& f) {
   const std::string op = base_name(f.op);
   const bool unary = one_of(op, {"reciprocal", "rsqrt"});
@@ -440,6 +482,8 @@ std::optional<diagnosis> zero_division(const finding& f) {
   std::string note;
   if (in_normalisation(f))
     note += " in a normalisation (a constant feature or a batch of 1 has std 0, a zero vector norm 0)";
+  else if (mean_over_empty_mask(f))
+    note += ", a count with nothing in it (a mean over a mask that is all 0 in a row?)";
   if (low_precision(f.inputs[d].dtype)) note += fmt::format(" ({} flushes tiny values to 0)", f.inputs[d].dtype);
   return make(cause::division_by_zero, confidence::high,
               fmt::format("{}: {} of {} denominators ({}) are exactly 0{}", zero_over_zero ? "0/0" : "x/0", den.zeros,
