@@ -10,6 +10,7 @@
 
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -297,8 +298,10 @@ bool names_parameter(const std::string& name, const diagnosis_context& ctx) {
   return !is_batch_tensor(name, ctx) && !name.empty();
 }
 
+// An unnamed input ("input 1") counts as data while nothing says which
+// tensors are: once they are named, it is none of them.
 bool names_data(const std::string& name, const diagnosis_context& ctx) {
-  return is_batch_tensor(name, ctx) || name.rfind("batch", 0) == 0 || name.rfind("input ", 0) == 0;
+  return is_batch_tensor(name, ctx) || name.rfind("batch", 0) == 0 || (name.rfind("input ", 0) == 0 && ctx.data.empty());
 }
 
 // ------------------------------------------------------------ producer rules
@@ -444,25 +447,32 @@ bool in_normalisation(const finding& f) {
   return false;
 }
 
-// True for a tensor of 0s and 1s, a mask: its sum (mean × n) counts its
-// non-zero elements, so that each of them is 1.
-bool zero_one(const tensor_stats& s) {
-  return s.zeros > 0 && s.min == 0 && s.max == 1 &&
-         std::abs(s.mean * double(s.numel) - double(s.numel - s.zeros)) < 0.5;
-}
+// The sum of a tensor's elements, from its census.
+double sum_of(const tensor_stats& s) { return s.mean * double(s.numel); }
 
-// A log of a 0/1 mask (an additive attention mask made with mask.log()).
+bool whole(double v) { return std::isfinite(v) && std::abs(v - std::round(v)) < 1e-3; }
+
+// A log of a 0/1 mask (an additive attention mask made with mask.log()):
+// an input of 0s and 1s (its sum counts its non-zero elements), not one
+// 1 per row as probabilities saturated by a softmax are.
 bool log_of_mask(const finding& f) {
-  return one_of(base_name(f.op), {"log", "log2", "log10"}) && !f.inputs.empty() && zero_one(f.inputs[0].stats);
+  if (!one_of(base_name(f.op), {"log", "log2", "log10"}) || f.inputs.empty()) return false;
+  const tensor_record& in = f.inputs[0];
+  const tensor_stats& s = in.stats;
+  const int64_t ones = s.numel - s.zeros;
+  const int64_t rows = in.shape.empty() ? 1 : s.numel / std::max<int64_t>(in.shape.back(), 1);
+  return s.zeros > 0 && s.min == 0 && s.max == 1 && std::abs(sum_of(s) - double(ones)) < 0.5 && ones != rows;
 }
 
-// 0/0 by a non-negative count that can be 0, outside a normalisation: a
-// mean over a mask with nothing in it ((x * mask).sum(1) / mask.sum(1)).
+// 0/0 by a count (whole numbers, not all 0) outside a normalisation: a mean
+// over a mask with nothing in a row ((x * mask).sum(1) / mask.sum(1)).
 bool mean_over_empty_mask(const finding& f) {
   const tensor_record* out = bad_output(f);
-  return one_of(base_name(f.op), {"div", "true_divide", "divide"}) && f.inputs.size() == 2 && out &&
-         out->stats.nan > 0 && f.inputs[0].stats.zeros > 0 && f.inputs[1].stats.zeros > 0 &&
-         f.inputs[1].stats.min >= 0 && !in_normalisation(f);
+  if (!one_of(base_name(f.op), {"div", "true_divide", "divide"}) || f.inputs.size() != 2 || !out ||
+      out->stats.nan == 0 || f.inputs[0].stats.zeros == 0 || in_normalisation(f))
+    return false;
+  const tensor_stats& count = f.inputs[1].stats;
+  return count.zeros > 0 && count.zeros < count.numel && count.min >= 0 && whole(count.max) && whole(sum_of(count));
 }
 
 std::optional<diagnosis> zero_division(const finding& f) {
@@ -615,6 +625,11 @@ diagnosis diagnose_input(const finding& f, const diagnosis_context& ctx) {
     return make(cause::constant_in_model, confidence::high,
                 fmt::format("{} of {} is the number {}, written in the model's code (not data, not a parameter)",
                             f.culprit, f.op, bad ? num(bad->stats.first_nonfinite_value) : "NaN/Inf"));
+  if (f.culprit.rfind("input ", 0) == 0 && !ctx.data.empty())  // none of the named data, no parameter
+    return make(cause::constant_in_model, confidence::medium,
+                fmt::format("{} of {} held {} and is none of the data ({}) nor a parameter: a tensor the model's "
+                            "code holds (a constant such as torch.tensor([...]), or a buffer)",
+                            f.culprit, f.op, counts, fmt::join(ctx.data, ", ")));
   if (f.culprit.rfind("received via ", 0) == 0)  // the tracer's name of what a collective wrote
     return unclassified(f, fmt::format("the non-finite values were {} ({}): another rank sent them, and that rank's "
                                        "own trace names the op that made them",

@@ -72,7 +72,8 @@ std::string dotted_module_path(const std::vector<std::string>& hierarchy) {
     const std::string& entry = hierarchy[i];
     const std::string name = entry.substr(0, entry.find('('));
     if (i == 0 && name == "TOP") continue;  // the scripted model itself
-    if (name.empty()) continue;
+    // SELF: a method of the module the frame above runs in (conv's _conv_forward).
+    if (name.empty() || name == "SELF") continue;
     if (!path.empty()) path += '.';
     path += name;
   }

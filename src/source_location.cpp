@@ -1,31 +1,39 @@
 #include "nanguard/source_location.h"
 
-#include "detail/call_stack.h"
-
+#include <ATen/ops/empty_like_ops.h>
 #include <fmt/format.h>
-#include <torch/csrc/profiler/combined_traceback.h>
 
-#include <algorithm>
+#include <dlfcn.h>
+
+#include <filesystem>
 #include <mutex>
-#include <string_view>
 
 namespace nanguard {
 namespace {
+
+// The directory of the torch package this LibTorch belongs to ("…/torch/"
+// of "…/torch/lib/libtorch_cpu.so"), "" when it is not found.
+std::string torch_package_directory() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<const void*>(&at::_ops::empty_like::call), &info) == 0 || !info.dli_fname) return "";
+  const std::filesystem::path package = std::filesystem::path(info.dli_fname).parent_path().parent_path();
+  return package.filename() == "torch" ? package.string() + "/" : "";
+}
 
 struct library_directories {
   std::mutex mutex;
   std::vector<std::string> paths;
 };
 
+// Torch's own Python code is library code from the start, for a C++ program
+// too: a scripted model's archive maps its ops back to the files it was
+// scripted from, nn.Linear's forward among them.
 library_directories& libraries() {
-  static library_directories dirs;
+  static library_directories dirs{{}, [] {
+    std::string torch = torch_package_directory();
+    return torch.empty() ? std::vector<std::string>() : std::vector<std::string>{torch};
+  }()};
   return dirs;
-}
-
-// True for a file under one of `directories`.
-bool under_any(std::string_view file, const std::vector<std::string>& directories) {
-  return std::any_of(directories.begin(), directories.end(),
-                     [&](const std::string& dir) { return file.substr(0, dir.size()) == dir; });
 }
 
 }  // namespace
@@ -50,23 +58,4 @@ std::vector<std::string> library_paths() {
   return dirs.paths;
 }
 
-namespace detail {
-
-call_stack capture_call_stack() {
-  return torch::CapturedTraceback::gather(/*python=*/true, /*script=*/true, /*cpp=*/false);
-}
-
-source_location user_frame(const call_stack& stack) {
-  if (!stack) return {};
-  const torch::SymbolizedTracebacks symbols = torch::symbolize({stack.get()});
-  const std::vector<std::string> skipped = library_paths();
-  for (const uint64_t i : symbols.tracebacks.at(0)) {  // innermost first
-    const torch::unwind::Frame& frame = symbols.all_frames.at(i);
-    if (frame.lineno > 0 && !under_any(frame.filename, skipped))
-      return {frame.filename, int64_t(frame.lineno), frame.funcname};
-  }
-  return {};
-}
-
-}  // namespace detail
 }  // namespace nanguard

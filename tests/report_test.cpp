@@ -186,7 +186,7 @@ TEST(report, summary_timeline_and_findings) {
   EXPECT_EQ(a.at("skipped"), 3);
   EXPECT_EQ(a.at("rollbacks"), 1);
   EXPECT_EQ(a.at("aborted"), false);
-  EXPECT_EQ(a.at("first_problem"), "step 3 forward aten::div in encoder.norm: producer, output 0 [12] = nan");
+  EXPECT_EQ(a.at("first_problem"), "step 3 forward aten::div in encoder.norm: producer, output 0 [3, 0] = nan");
   EXPECT_EQ(a.at("skipped_ranges"), json::parse("[[10,10],[20,21]]"));
   EXPECT_EQ(a.at("rollback_marks"), json::parse("[{\"step\":20,\"to\":15}]"));
   ASSERT_EQ(a.at("timeline").size(), 4u);  // steps 10, 20, 21, 31

@@ -98,6 +98,9 @@ TEST(scope, dotted_module_path_drops_the_top_module_and_the_types) {
   EXPECT_EQ(nanguard::dotted_module_path({"TOP(M)::forward", "encoder(Enc)::forward", "norm(Norm)::forward"}),
             "encoder.norm");
   EXPECT_EQ(nanguard::dotted_module_path({"TOP(M)::forward"}), "");
+  // A module calling a method of its own (nn.Conv2d's _conv_forward) stays that module.
+  EXPECT_EQ(nanguard::dotted_module_path({"TOP(M)::forward", "conv(Conv2d)::forward", "SELF(Conv2d)::_conv_forward"}),
+            "conv");
   EXPECT_EQ(nanguard::dotted_module_path({}), "");
   EXPECT_EQ(nanguard::dotted_module_path({"layers(ModuleList)::forward", "0(Block)::forward"}), "layers.0");
 }

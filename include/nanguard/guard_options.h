@@ -51,10 +51,12 @@ struct guard_options {
   /// findings come from the step itself, with no replay (and no verdict).
   /// Costs the tracer's overhead on every step (docs/performance.md).
   TORCH_ARG(bool, trace_every_step) = false;
-  /// Options of the replay's tracer (and of trace_every_step's). A replay
-  /// runs once per bad step, so it also checks inside kernels to name the
-  /// op within.
-  TORCH_ARG(tracer_options, tracer) = tracer_options().inside_kernels(true).record_sources(true);
+  /// Options of the replay's tracer (and of trace_every_step's). It names
+  /// the ops the user's code called, as nanguard.trace does (not the ops a
+  /// kernel runs inside itself: one answer from every front end), and
+  /// records the sources of forward ops, so that a backward finding names
+  /// the user's line.
+  TORCH_ARG(tracer_options, tracer) = tracer_options().record_sources(true);
   /// After a replay names the op of a bad step, try the diagnosis's remedy
   /// on the step (inside further replays only: an op rewrite, a lower loss
   /// scale, the batch without its NaN/Inf rows, a cut LR from the last calm

@@ -31,8 +31,9 @@ struct source_location {
 std::string to_string(const source_location& where);
 
 /// Frames from files under these directories are library code, not the
-/// user's: a source_location names the innermost frame outside them
-/// (every frame is the user's while none is set, as in a C++ program).
+/// user's: a source_location names the innermost frame outside them. By
+/// default the torch package LibTorch was loaded from (a scripted model's
+/// archive names torch's own Python files: nn.Linear's forward).
 /// NOTE: process-wide; set once, before tracing.
 void set_library_paths(std::vector<std::string> directories);
 

@@ -69,7 +69,9 @@ class tracer {
   void name_parameters(const torch::nn::Module& module, const std::string& prefix = "");
   /// Names parameters (and through them modules) from (name, parameter) pairs.
   void name_parameters(const std::vector<std::pair<std::string, at::Tensor>>& named);
-  /// Names one tensor, e.g. the input batch ("batch").
+  /// Names one tensor of the data, e.g. the input batch ("batch"): a finding
+  /// whose non-finite input it is names it as the culprit (bad_data); once
+  /// the data is named, an unnamed input is none of it (constant_in_model).
   void name_tensor(const at::Tensor& tensor, const std::string& name);
   /// The step findings are tagged with; also forgets the previous step's ops
   /// and which tensors it saw finite. Call it every step when the program

@@ -2,6 +2,7 @@
 named from the Python side."""
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Set, Tuple, Type
@@ -117,6 +118,28 @@ def open_module_scopes(model: torch.nn.Module, prefix: str = "") -> Callable[[],
     return close
 
 
+def _named_leaves(name: str, value: Any) -> List[Tuple[str, torch.Tensor]]:
+    """The tensors of an argument by their path: ``x``, ``batch[0]``, ``batch['ids']``."""
+    if isinstance(value, torch.Tensor):
+        return [(name, value)]
+    if isinstance(value, (tuple, list)):
+        return [leaf for i, v in enumerate(value) for leaf in _named_leaves(f"{name}[{i}]", v)]
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in _named_leaves(f"{name}[{k!r}]", v)]
+    return []
+
+
+class _Handles:
+    """Several hook handles removed as one."""
+
+    def __init__(self, *handles: Any) -> None:
+        self.handles = handles
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
 class Trace:
     """Checks the output of every forward and backward op while active.
 
@@ -211,10 +234,27 @@ class Trace:
             if module is model and self._tracer is not None and self._tracer.awaits_judgement():
                 self._tracer.judge_by_outputs(_output_tensors(output))
 
+        def name_arguments(module: torch.nn.Module, args: Any) -> None:
+            if module is model and self._tracer is not None:
+                self._name_arguments(model, args)
+
         # Global, as the scopes' hooks (see open_module_scopes): a hook of
         # the model's own would turn its fast path off. A TorchScript module
         # takes none of its own either; a call from Python still runs these.
-        return torch.nn.modules.module.register_module_forward_hook(judge)
+        return _Handles(torch.nn.modules.module.register_module_forward_pre_hook(name_arguments),
+                        torch.nn.modules.module.register_module_forward_hook(judge))
+
+    def _name_arguments(self, model: torch.nn.Module, args: Tuple[Any, ...]) -> None:
+        """Names the tensors ``model`` was called with by its forward's
+        parameter names (``x``; ``x[1]`` inside a tuple), so that a NaN the
+        data brought in is named as the user's code names it."""
+        try:
+            bound = inspect.signature(model.forward).bind_partial(*args).arguments
+        except (TypeError, ValueError):  # no signature (a builtin), or args it does not take
+            bound = {f"input {i}": a for i, a in enumerate(args)}
+        for name, value in bound.items():
+            for path, leaf in _named_leaves(name, value):
+                self._active().name_tensor(leaf, path)
 
     def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """After the step of any torch.optim optimizer: what the tracer knows of

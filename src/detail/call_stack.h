@@ -7,15 +7,25 @@
 #include "nanguard/source_location.h"
 
 #include <memory>
+#include <vector>
 
 namespace torch {
 struct CapturedTraceback;
+namespace jit {
+struct StackEntry;
 }
+}  // namespace torch
 
 namespace nanguard::detail {
 
+/// The frames of a thread at one moment.
+struct captured_stack {
+  std::shared_ptr<torch::CapturedTraceback> python;  ///< Python's frames
+  std::vector<torch::jit::StackEntry> script;         ///< TorchScript's, innermost first
+};
+
 /// A captured stack; null when there was nothing to capture.
-using call_stack = std::shared_ptr<torch::CapturedTraceback>;
+using call_stack = std::shared_ptr<const captured_stack>;
 
 /// This thread's stack now: Python frames (none from a thread that cannot
 /// take the GIL) and TorchScript's, no C++ ones.
@@ -23,9 +33,10 @@ using call_stack = std::shared_ptr<torch::CapturedTraceback>;
 /// the GIL may wait for.
 call_stack capture_call_stack();
 
-/// The innermost frame of `stack` outside the library paths (a scripted
-/// model loaded from a file: the line in its archive's code,
-/// `code/__torch__.py`); unknown for a null stack or one with only library
+/// The innermost frame of `stack` outside the library paths, TorchScript's
+/// first (it runs inside the Python call; a model loaded from a file by the
+/// line of the Python source it was scripted from, when its debug
+/// information kept it); unknown for a null stack or one with only library
 /// frames. Takes the GIL, as above.
 source_location user_frame(const call_stack& stack);
 

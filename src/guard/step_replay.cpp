@@ -1,10 +1,22 @@
 #include "guard/step_replay.h"
 
+#include <torch/csrc/jit/runtime/graph_executor.h>
+
 #include "nanguard/finding.h"
 
 #include <ATen/ATen.h>
 
 namespace nanguard::detail {
+
+traced_run::traced_run(training_host& host)
+    : end_(host.begin_traced_run()), script_optimized_(torch::jit::getGraphExecutorOptimize()) {
+  torch::jit::setGraphExecutorOptimize(false);
+}
+
+traced_run::~traced_run() {
+  torch::jit::setGraphExecutorOptimize(script_optimized_);
+  if (end_) end_();
+}
 
 step_replay::step_replay(training_host& host, const sentinel& sentinel, loss_scaler& scaler,
                          const guard_options& options, const std::vector<std::string>& batch_names)

@@ -23,18 +23,21 @@
 namespace nanguard::detail {
 
 /// The host's traced run (its module scopes, a compiled model run eagerly),
-/// begun while it lives (a replay that throws ends it too).
+/// begun while it lives (a replay that throws ends it too). TorchScript runs
+/// unoptimised meanwhile: after its first runs the graph executor runs a
+/// scripted model's differentiable subgraphs as units (a copy_ out of a
+/// DifferentiableGraph), not the ops the model's code names, which its first
+/// run, and a trace of it, show.
 class traced_run {
  public:
-  explicit traced_run(training_host& host) : end_(host.begin_traced_run()) {}
-  ~traced_run() {
-    if (end_) end_();
-  }
+  explicit traced_run(training_host& host);
+  ~traced_run();
   traced_run(const traced_run&) = delete;
   traced_run& operator=(const traced_run&) = delete;
 
  private:
   std::function<void()> end_;
+  bool script_optimized_;
 };
 
 /// What one more run of a step gave (step_replay::rerun).

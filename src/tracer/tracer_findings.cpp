@@ -128,7 +128,10 @@ void mark(tracer_state& st, const op_site& site, const at::Tensor& out, taint wh
 void record(tracer_state& st, const op_site& site, finding f, int origin, const at::Tensor& out,
             bool out_holds_nan, bool gathered = false) {
   const int index = int(st.records.size());
-  f.diagnosis = diagnose(f);
+  // What name_tensor named is the data (the batch, the traced model's arguments).
+  diagnosis_context context;
+  if (f.role == role::input) context.data = st.named.live_names();
+  f.diagnosis = diagnose(f, context);
   st.records.push_back({std::move(f), origin < 0 ? index : origin});
   st.records.back().gathered = gathered;
   mark(st, site, out, {index, out_holds_nan});

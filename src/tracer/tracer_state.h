@@ -17,6 +17,7 @@
 #include <c10/util/SmallVector.h>
 #include <torch/csrc/autograd/function.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -155,6 +156,14 @@ class tensor_names {
   const std::string* find(const c10::TensorImpl* impl) const {
     const auto it = names_.find(impl);
     return it == names_.end() || it->second.tensor.expired() ? nullptr : &it->second.name;
+  }
+  /// The names of the live tensors, sorted.
+  std::vector<std::string> live_names() const {
+    std::vector<std::string> out;
+    for (const auto& entry : names_)
+      if (!entry.second.tensor.expired()) out.push_back(entry.second.name);
+    std::sort(out.begin(), out.end());
+    return out;
   }
 
  private:

@@ -143,9 +143,13 @@ std::vector<std::string> bad_rows(const bundle& b) {
     if (end == std::string::npos) break;
     pos = end + 1;
   }
-  const at::Tensor x = b.batch[0], y = b.batch[1];
-  const at::Tensor bad = (at::logical_not(at::isfinite(x)).any(1) |
-                          at::logical_not(at::isfinite(y.to(at::kDouble)))).contiguous();
+  // A row: an index along the first dimension of every tensor of the batch
+  // that has as many (an image batch's [n, c, h, w], a target's [n]).
+  const int64_t n = b.batch[0].dim() > 0 ? b.batch[0].size(0) : 0;
+  at::Tensor bad = at::zeros({n}, at::kBool);
+  for (const at::Tensor& t : b.batch)
+    if (t.is_floating_point() && t.dim() > 0 && t.size(0) == n)
+      bad |= at::logical_not(at::isfinite(t.reshape({n, -1}))).any(1);
   std::vector<std::string> rows;
   for (int64_t i = 0; i < bad.numel(); ++i)
     if (bad.data_ptr<bool>()[i])

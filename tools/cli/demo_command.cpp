@@ -95,7 +95,7 @@ guard_options unguarded_options(unguarded_mode mode, double loss_scale) {
   guard_options o = guard_options().policy(policy::abort);
   if (loss_scale != 1)
     o.scaler(loss_scaler_options().init_scale(loss_scale).growth_interval(std::numeric_limits<int64_t>::max()));
-  if (mode == unguarded_mode::traced_loop) o.trace_every_step(true).tracer(tracer_options().record_sources(true)).bundle_dir("");
+  if (mode == unguarded_mode::traced_loop) o.trace_every_step(true).bundle_dir("");
   return o;
 }
 

@@ -334,7 +334,7 @@ guard_options make_guard_options(const train_args& a, const run_outputs& out) {
       .front_end(front_end::cli)
       .data_file(a.data)
       .verbose(false);  // train() prints the guard's warnings between its progress lines
-  if (a.trace == "always") options.trace_every_step(true).tracer(tracer_options().record_sources(true));
+  if (a.trace == "always") options.trace_every_step(true);
   if (a.warmup > 0)
     options.schedule(schedule_options(a.lr).warmup_steps(a.warmup).total_steps(a.steps).min_lr(a.lr));
   return options;
