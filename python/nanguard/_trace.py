@@ -3,6 +3,7 @@ named from the Python side."""
 from __future__ import annotations
 
 import inspect
+import weakref
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, Set, Tuple, Type
@@ -184,6 +185,8 @@ class Trace:
         self._end_eager_run: Optional[Callable[[], None]] = None
         self._optimizer_hook: Optional[Any] = None  # the RemovableHandle of _optimizer_stepped
         self._findings: Optional[List[Finding]] = None
+        # What name_tensor named, by id (a tensor compares by value): kept over the argument names.
+        self._named_by_user: Dict[int, "weakref.ref[torch.Tensor]"] = {}
 
     # -- the context manager ------------------------------------------------
     def __enter__(self) -> "Trace":
@@ -254,7 +257,9 @@ class Trace:
             bound = {f"input {i}": a for i, a in enumerate(args)}
         for name, value in bound.items():
             for path, leaf in _named_leaves(name, value):
-                self._active().name_tensor(leaf, path)
+                named = self._named_by_user.get(id(leaf))
+                if named is None or named() is not leaf:
+                    self._active().name_tensor(leaf, path)
 
     def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """After the step of any torch.optim optimizer: what the tracer knows of
@@ -294,9 +299,11 @@ class Trace:
         self._active().name_parameters(named)
 
     def name_tensor(self, tensor: torch.Tensor, name: str) -> None:
-        """Names one tensor, e.g. the input batch ("batch"); a finding with role
-        input then names it as the culprit."""
+        """Names one tensor of the data, e.g. the input batch ("batch"); a
+        finding with role input then names it as the culprit (in place of
+        the model's argument name the trace gives it)."""
         self._active().name_tensor(tensor, name)
+        self._named_by_user[id(tensor)] = weakref.ref(tensor)
 
     def set_step(self, step: int) -> None:
         """The step findings are tagged with."""

@@ -22,4 +22,6 @@ def on_device(request):
     skips, saying why, where no GPU is found."""
     torch.set_default_device(request.param)
     yield request.param
-    torch.set_default_device("cpu")
+    # None, not "cpu": a default device is a TorchFunctionMode, which turns
+    # fused fast paths off (nn.TransformerEncoderLayer's) for the tests after.
+    torch.set_default_device(None)

@@ -44,10 +44,12 @@ def test_a_fully_masked_attention_row_says_handle_it():
         torch.softmax(scores.masked_fill(mask, float("-inf")), -1).sum().backward()
     f = only_finding(t)
     assert f.cause == "fully_masked_softmax"
-    assert "torch.where(mask.any(-1, keepdim=True), scores.softmax(-1), 0.0)" in f.remedy
+    assert "scores.masked_fill(mask, torch.finfo(scores.dtype).min).softmax(-1)" in f.remedy
+    assert "p.masked_fill(mask.all(-1, keepdim=True), 0.0)" in f.remedy
 
     scores.grad = None
-    p = torch.where(mask.any(-1, keepdim=True), torch.zeros(()), scores.masked_fill(mask, -1e9).softmax(-1))
+    p = scores.masked_fill(mask, torch.finfo(scores.dtype).min).softmax(-1)
+    p = p.masked_fill(mask.all(-1, keepdim=True), 0.0)
     p.sum().backward()
     assert torch.isfinite(p).all() and torch.isfinite(scores.grad).all()
 

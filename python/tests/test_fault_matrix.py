@@ -731,4 +731,3 @@ def test_the_matrix_is_the_issues():
     assert covered == set(FRONT_ENDS)
     assert {f.direction for f in FAULTS} == {"forward", "backward"}
     assert {f.name for f in FAULTS if "guard_compiled" in f.front_ends} >= {"zero_std_division", "sqrt_backward"}
-    assert all((f, fe) in {(c.values[0], c.values[1]) for c in cells()} for f, fe in XFAIL)

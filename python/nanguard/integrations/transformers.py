@@ -85,7 +85,7 @@ output (the logits): the ops of the forward are checked both ways, those of
 the loss function are not.
 """
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -144,6 +144,10 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
         self._hook = None  # the forward hook of the step running now
         self._window = None  # [(args, kwargs)] of the step's micro-batches
         self._losses = []
+        # Since the Trainer last logged: how many steps were checked, and the
+        # real losses of those the guard skipped.
+        self._checked_since_log = 0
+        self._skipped_losses: List[float] = []
 
     # -- set up ----------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
@@ -178,10 +182,19 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Optional[Dict[str, Any]] = None, **kwargs: Any) -> None:
         """Adds the guard's metrics (``nanguard/skipped_steps``, ...) to the
-        Trainer's logs: its console line and ``state.log_history``."""
-        if not self.log_metrics or self.guard is None or logs is None or "loss" not in logs:
+        Trainer's logs: its console line and ``state.log_history``. When every
+        step since the last log was skipped, its ``loss`` is their real
+        (non-finite) loss: the Trainer's NaN filter would show the mean of
+        the steps logged before, 0 right after a log."""
+        if logs is None or "loss" not in logs:
             return
-        metrics = self.metrics(self._scaler)
+        checked, skipped = self._checked_since_log, self._skipped_losses
+        self._checked_since_log, self._skipped_losses = 0, []
+        if self.guard is None:
+            return
+        metrics = self.metrics(self._scaler) if self.log_metrics else {}
+        if checked and len(skipped) == checked:
+            metrics["loss"] = sum(skipped) / len(skipped)
         logs.update(metrics)
         if state.log_history and state.log_history[-1].get("step") == state.global_step:
             state.log_history[-1].update(metrics)
@@ -233,10 +246,13 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
         # says 0.0 and the gradients alone decide.
         loss = _window_loss(window, losses) if losses else 0.0
         try:
-            CallbackGuard.check(self, loss, lambda: self._replay(window),
-                                self._named_window(window),
-                                getattr(optimizer, "scaler", None), _inner(optimizer),
-                                [getattr(lr_scheduler, "scheduler", lr_scheduler)])
+            r = CallbackGuard.check(self, loss, lambda: self._replay(window),
+                                    self._named_window(window),
+                                    getattr(optimizer, "scaler", None), _inner(optimizer),
+                                    [getattr(lr_scheduler, "scheduler", lr_scheduler)])
+            self._checked_since_log += 1
+            if r is not None and r.skipped:
+                self._skipped_losses.append(float(r.loss))
         except NonFiniteError:
             self.on_train_end(args, state, control)  # train() stops here: no on_train_end
             raise
