@@ -464,11 +464,14 @@ bool log_of_mask(const finding& f) {
   return s.zeros > 0 && s.min == 0 && s.max == 1 && std::abs(sum_of(s) - double(ones)) < 0.5 && ones != rows;
 }
 
+// A binary division op ("div" of "aten::div_").
+bool divides(const std::string& op) { return one_of(base_name(op), {"div", "true_divide", "divide"}); }
+
 // 0/0 by a count (whole numbers, not all 0) outside a normalisation: a mean
 // over a mask with nothing in a row ((x * mask).sum(1) / mask.sum(1)).
 bool mean_over_empty_mask(const finding& f) {
   const tensor_record* out = bad_output(f);
-  if (!one_of(base_name(f.op), {"div", "true_divide", "divide"}) || f.inputs.size() != 2 || !out ||
+  if (!divides(f.op) || f.inputs.size() != 2 || !out ||
       out->stats.nan == 0 || f.inputs[0].stats.zeros == 0 || in_normalisation(f))
     return false;
   const tensor_stats& count = f.inputs[1].stats;
@@ -478,7 +481,7 @@ bool mean_over_empty_mask(const finding& f) {
 std::optional<diagnosis> zero_division(const finding& f) {
   const std::string op = base_name(f.op);
   const bool unary = one_of(op, {"reciprocal", "rsqrt"});
-  if (!unary && !one_of(op, {"div", "true_divide", "divide"})) return std::nullopt;
+  if (!unary && !divides(op)) return std::nullopt;
   const tensor_record* out = bad_output(f);
   if (!unary && f.inputs.size() == 1) {  // a scalar divisor: not recorded
     return make(cause::division_by_zero, confidence::low,

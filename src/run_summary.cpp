@@ -20,9 +20,11 @@ std::string ordinal(int64_t n) {
 // "nan", "inf", "-inf" (fmt writes a NaN with its sign bit as "-nan").
 std::string value_text(double v) { return std::isnan(v) ? "nan" : fmt::format("{}", v); }
 
-// " in head (forward)", " (backward)".
+// " in head (forward) at train.py:42 (forward)", " (backward)": the module,
+// the direction and the user's line, when known.
 std::string where(const finding& f) {
-  return fmt::format("{}{} ({})", f.module.empty() ? "" : " in ", f.module, to_string(f.direction));
+  return fmt::format("{}{} ({}){}", f.module.empty() ? "" : " in ", f.module, to_string(f.direction),
+                     f.source.known() ? " at " + to_string(f.source) : "");
 }
 
 // What went wrong in a bad step, without its step number: the first

@@ -5,7 +5,8 @@
 // (and from TorchScript's call stack inside scripted code), at the moment it
 // makes a finding, so healthy ops pay nothing; a backward node's is the
 // stack of the forward op that made the node, recorded only by a tracer
-// with tracer_options::record_sources (the guard's replay). The innermost
+// with tracer_options::record_sources (the guard's replay, nanguard.trace).
+// The innermost
 // frame outside the library paths is the user's: the Python module sets
 // torch's and nanguard's packages, so that `x / x.std()` written in a
 // model's forward is named there, not in torch/_tensor.py.

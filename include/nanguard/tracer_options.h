@@ -42,8 +42,8 @@ struct tracer_options {
   /// Also check the ops a kernel runs inside itself, to name the one that
   /// made a NaN or Inf (aten::sum inside aten::mean, aten::copy_ inside
   /// aten::_to_copy). Off, the kernel's outputs are checked and the kernel
-  /// is named, for two thirds of the cost per op; the guard's replay turns
-  /// it on.
+  /// is named, for two thirds of the cost per op. Off in the guard's replay
+  /// too, so that every front end names the op the user's code called.
   TORCH_ARG(bool, inside_kernels) = false;
   /// Record the call stack of every forward op that makes an autograd node
   /// (a microsecond or two each, cheap references to Python's code objects),

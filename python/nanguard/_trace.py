@@ -2,7 +2,6 @@
 named from the Python side."""
 from __future__ import annotations
 
-import inspect
 import weakref
 from dataclasses import dataclass
 from types import TracebackType
@@ -13,6 +12,7 @@ import torch.utils._pytree
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _compile, _nanguard
+from ._batches import named_call_tensors
 from ._log import tell
 from ._results import Finding, NonFiniteError
 
@@ -117,17 +117,6 @@ def open_module_scopes(model: torch.nn.Module, prefix: str = "") -> Callable[[],
             _nanguard.scope_pop()
 
     return close
-
-
-def _named_leaves(name: str, value: Any) -> List[Tuple[str, torch.Tensor]]:
-    """The tensors of an argument by their path: ``x``, ``batch[0]``, ``batch['ids']``."""
-    if isinstance(value, torch.Tensor):
-        return [(name, value)]
-    if isinstance(value, (tuple, list)):
-        return [leaf for i, v in enumerate(value) for leaf in _named_leaves(f"{name}[{i}]", v)]
-    if isinstance(value, dict):
-        return [leaf for k, v in value.items() for leaf in _named_leaves(f"{name}[{k!r}]", v)]
-    return []
 
 
 class _Handles:
@@ -248,18 +237,14 @@ class Trace:
                         torch.nn.modules.module.register_module_forward_hook(judge))
 
     def _name_arguments(self, model: torch.nn.Module, args: Tuple[Any, ...]) -> None:
-        """Names the tensors ``model`` was called with by its forward's
-        parameter names (``x``; ``x[1]`` inside a tuple), so that a NaN the
-        data brought in is named as the user's code names it."""
-        try:
-            bound = inspect.signature(model.forward).bind_partial(*args).arguments
-        except (TypeError, ValueError):  # no signature (a builtin), or args it does not take
-            bound = {f"input {i}": a for i, a in enumerate(args)}
-        for name, value in bound.items():
-            for path, leaf in _named_leaves(name, value):
-                named = self._named_by_user.get(id(leaf))
-                if named is None or named() is not leaf:
-                    self._active().name_tensor(leaf, path)
+        """Names the tensors ``model`` was called with as the guard names a
+        closure's (``named_call_tensors``: ``x``, ``x[1]`` inside a tuple, a
+        dict's key), so that a NaN the data brought in is named as the
+        user's code names it."""
+        for leaf, path in zip(*named_call_tensors(model.forward, args, {})):
+            named = self._named_by_user.get(id(leaf))
+            if named is None or named() is not leaf:
+                self._active().name_tensor(leaf, path)
 
     def _optimizer_stepped(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         """After the step of any torch.optim optimizer: what the tracer knows of

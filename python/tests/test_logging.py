@@ -69,6 +69,8 @@ def test_with_the_warnings_ignored_each_line_still_shows_once_through_logging(tm
     for line in (STEP, SUMMARY, TRACE):
         assert err.count(line) == 1, err
     assert "NanGuardWarning" not in err
+    # Logging's last resort prints the message alone: the step's line names the op's line itself.
+    assert f"{STEP} (forward) at {tmp_path / 'train.py'}:12 (<lambda>) [log_of_nonpositive]" in err, err
 
 
 def test_configured_logging_gets_the_records_at_the_users_line(tmp_path):

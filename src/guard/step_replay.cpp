@@ -1,10 +1,9 @@
 #include "guard/step_replay.h"
 
-#include <torch/csrc/jit/runtime/graph_executor.h>
-
 #include "nanguard/finding.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 
 namespace nanguard::detail {
 

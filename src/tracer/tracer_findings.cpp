@@ -259,8 +259,6 @@ bool starts_own_chain(const tracer_state& st, int origin, const tensor_stats& ou
          (written_as_constant(first) && gathers(bad_input, out));
 }
 
-// A finding about the op at `site`: when and where it ran. Its role and
-// tensors are filled in by the caller.
 // The user's line of the forward op `sequence_nr`, from the stack recorded as it ran (record_sources).
 source_location forward_source(const tracer_state& st, int64_t sequence_nr) {
   const auto it = st.forward_ops.find(sequence_nr);
@@ -277,6 +275,8 @@ source_location source_at(const tracer_state& st, const op_site& site, const cal
   return now ? user_frame(capture_call_stack()) : source_location();
 }
 
+// A finding about the op at `site`: when and where it ran. Its role and
+// tensors are filled in by the caller.
 finding finding_at(const tracer_state& st, const op_site& site, std::string module, source_location source) {
   finding f;
   f.step = st.step;
