@@ -126,7 +126,7 @@ std::string to_json(const step_event& e) {
   json findings = json::array();
   for (const auto& f : e.findings) findings.push_back(json::parse(nanguard::to_json(f)));
   j["findings"] = findings;
-  if (e.rollback_to >= 0) j["rollback_to"] = e.rollback_to;
+  if (e.action == action::rollback) j["rollback_to"] = e.rollback_to;
   if (!e.bundle.empty()) j["bundle"] = e.bundle;
   if (!e.remedy.empty()) j["remedy"] = e.remedy;
   if (!e.note.empty()) j["note"] = e.note;

@@ -68,9 +68,10 @@ std::string to_string(const finding& f) {
   std::string node = f.node.empty() ? "" : fmt::format(" ({} of {})", f.node, f.forward_op.empty() ? "?" : f.forward_op);
   std::string culprit = f.culprit.empty() ? "" : fmt::format(" from {}", f.culprit);
   std::string rank = f.rank >= 0 ? fmt::format(" rank {}", f.rank) : "";
-  return fmt::format("{}step {}{} {} {}{}{}: {}{}, output {} {} = {}", source.empty() ? "" : source + ": ", f.step,
+  std::string sample = f.dataset_index >= 0 ? fmt::format(", dataset index {}", f.dataset_index) : "";
+  return fmt::format("{}step {}{} {} {}{}{}: {}{}, output {} {} = {}{}", source.empty() ? "" : source + ": ", f.step,
                      rank, to_string(f.direction), f.op, node, where, to_string(f.role), culprit, f.output,
-                     shape_string(element_position(f)), value_string(f.value));
+                     shape_string(element_position(f)), value_string(f.value), sample);
 }
 
 std::string to_text(const finding& f) {
@@ -87,6 +88,7 @@ std::string to_text(const finding& f) {
                      f.culprit.empty() ? "" : " (non-finite " + f.culprit + ")");
   out += fmt::format("  element:   output {} {} (flat index {}) = {}\n", f.output, shape_string(element_position(f)),
                      f.index, value_string(f.value));
+  if (f.dataset_index >= 0) out += fmt::format("  sample:    dataset index {}\n", f.dataset_index);
   for (const auto* group : {&f.inputs, &f.outputs})
     for (const auto& r : *group)
       out += fmt::format("  {:<10} {} {}: {}\n", r.name + ":", r.dtype, shape_string(r.shape),

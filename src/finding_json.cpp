@@ -123,6 +123,7 @@ std::string to_json(const finding& f) {
                   {"output", f.output},
                   {"index", f.index},
                   {"position", element_position(f)},
+                  {"dataset_index", f.dataset_index},
                   {"value", number(f.value)},
                   {"thread", f.thread},
                   {"sequence_nr", f.sequence_nr},
@@ -157,6 +158,7 @@ finding finding_from_json(const std::string& text) {
   f.outputs = records_from(j, "outputs");
   f.output = integer("output");
   f.index = integer("index");
+  f.dataset_index = json_field<int64_t>(j, "dataset_index", -1, kWhere);
   f.value = json_field<double>(j, "value", kWhere);
   f.thread = json_field<uint64_t>(j, "thread", kWhere);
   f.sequence_nr = integer("sequence_nr");

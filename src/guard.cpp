@@ -57,12 +57,14 @@ action action_of(policy p) {
   TORCH_INTERNAL_ASSERT(false, "nanguard: policy ", static_cast<int>(p), " has no action");
 }
 
-// What the guard did about a bad step: skipped or rolled back, and how the
-// LR and the loss scale changed.
-std::string applied_remedy(const step_event& e, double lr_after, double scale_after) {
+// What the guard did about a bad step: skipped or rolled back (to the
+// snapshot of step `initial_step`: the initial weights), and how the LR and
+// the loss scale changed.
+std::string applied_remedy(const step_event& e, double lr_after, double scale_after, int64_t initial_step) {
   std::string r = e.action != action::rollback ? "skipped the step"
-                  : e.rollback_to == 0          ? "rolled back to the snapshot of step 0 (the initial weights)"
-                                                : fmt::format("rolled back to the snapshot of step {}", e.rollback_to);
+                  : e.rollback_to == initial_step
+                      ? fmt::format("rolled back to the initial weights (the snapshot before step {})", initial_step + 1)
+                      : fmt::format("rolled back to the snapshot of step {}", e.rollback_to);
   if (lr_after != e.lr) r += fmt::format("; lr {:.6g} -> {:.6g}", e.lr, lr_after);
   if (scale_after != e.scale) r += fmt::format("; loss scale {:.6g} -> {:.6g}", e.scale, scale_after);
   return r;
@@ -86,6 +88,31 @@ class user_time {
   step_clock::time_point start_ = step_clock::now();
 };
 
+// The dataset indices given for batch tensor `t` (set_sample_indices), or null.
+const std::vector<int64_t>* rows_of(const std::vector<std::pair<at::Tensor, std::vector<int64_t>>>& given,
+                                    const at::Tensor& t) {
+  for (const auto& [tensor, rows] : given)
+    if (tensor.is_same(t)) return &rows;
+  return nullptr;
+}
+
+// The first row (along dim 0) of `t` that holds a NaN/Inf, if any.
+std::optional<int64_t> first_nonfinite_row(const at::Tensor& t) {
+  if (!t.defined() || t.dim() == 0 || !at::isFloatingType(t.scalar_type())) return std::nullopt;
+  const at::Tensor bad_rows = at::logical_not(at::isfinite(t)).reshape({t.size(0), -1}).any(1).nonzero();
+  if (bad_rows.numel() == 0) return std::nullopt;
+  return bad_rows[0][0].item<int64_t>();
+}
+
+// Whether finding `f`'s op read batch tensor `name` elementwise: an input of
+// that name shaped as the bad output, so the bad element's row is the tensor's.
+bool reads_elementwise(const finding& f, const std::string& name) {
+  if (f.output < 0 || size_t(f.output) >= f.outputs.size()) return false;
+  const std::vector<int64_t>& shape = f.outputs[size_t(f.output)].shape;
+  return std::any_of(f.inputs.begin(), f.inputs.end(),
+                     [&](const tensor_record& in) { return in.name == name && in.shape == shape; });
+}
+
 }  // namespace
 
 // The guard: a step is a record passed through stages, begin → measure →
@@ -97,7 +124,7 @@ struct guard::impl {
   impl(std::shared_ptr<training_host> h, guard_options opts);
 
   // ---- the stages of a step
-  step_record begin(const micro_batches* batches, step_fn fn);
+  step_record begin(const micro_batches* batches, step_fn fn, std::optional<int64_t> number = std::nullopt);
   void measure(step_record& r);
   bool forward_backward(step_record& r);
   void backward(const at::Tensor& loss);
@@ -120,6 +147,7 @@ struct guard::impl {
   // The collective the model's own backward runs (DDP, FSDP2), or none.
   backward_collective collective() const { return detail::collective_of(options); }
   diagnosis_context history(const step_event& e, const std::vector<at::Tensor>& batch) const;
+  static void name_samples(step_record& r, const std::vector<std::string>& names);
   void drop_started();
   std::string write_repro_bundle(const step_record& r) const;
   finding thrown_finding(const step_record& r) const;
@@ -142,7 +170,11 @@ struct guard::impl {
   // scope over a step a framework runs (begin_step() to check()).
   std::unique_ptr<detail::op_patch> kept_patch;
   std::unique_ptr<detail::op_patch::scope> framework_step_patched;
-  int64_t step = 0;
+  int64_t step = 0;           // the steps begun (steps())
+  int64_t number_offset = 0;  // a step's number minus its count: begin_step(number) sets it
+  int64_t number() const { return step + number_offset; }
+  // set_sample_indices: the next step's batch tensors and their rows' dataset indices.
+  std::vector<std::pair<at::Tensor, std::vector<int64_t>>> sample_indices;
   step_clock::time_point step_started;  // of the step being run
   double user_s = 0;                    // its seconds of plain-loop work (see user_time)
   // begin_step(): the step check() ends, when begin_step() returned (the
@@ -170,15 +202,21 @@ guard::impl::impl(std::shared_ptr<training_host> h, guard_options opts)
 
 // ---- the stages of a step
 
-// Starts step `step + 1`: its schedule, LR and loss scale, and the RNG state
-// a replay starts from.
-step_record guard::impl::begin(const micro_batches* batches, step_fn fn) {
+// Starts step `step + 1` (numbered `number`, or one above the last): its
+// schedule, LR and loss scale, and the RNG state a replay starts from. The
+// first step keeps the initial weights: what a rollback, or the check of an
+// LR cut (verify_remedies), starts from.
+step_record guard::impl::begin(const micro_batches* batches, step_fn fn, std::optional<int64_t> number) {
   step_started = step_clock::now();
   user_s = 0;
   step_record r;
   r.batches = batches;
   r.fn = std::move(fn);
-  r.event.step = ++step;
+  if (number) number_offset = *number - (step + 1);
+  ++step;
+  r.event.step = this->number();
+  r.sample_indices = std::exchange(sample_indices, {});
+  recovery.start(r.event.step, recovery.rolls_back() || (options.verify_remedies() && !ranks));
   if (schedule) apply_schedule();
   r.event.lr = first_lr();
   r.event.scale = scaler.get_scale();
@@ -194,7 +232,7 @@ void guard::impl::measure(step_record& r) {
     user_time plain_work(user_s);
     host->zero_grad();
   }
-  replayer.start_live_trace(*r.batches, step);
+  replayer.start_live_trace(*r.batches, number());
   measured(r, forward_backward(r));
 }
 
@@ -239,7 +277,7 @@ void guard::impl::backward(const at::Tensor& loss) {
   } catch (const std::exception& ex) {
     distributed* d = options.distributed().get();
     if (collective() == backward_collective::none || d->exited_ranks().empty()) throw;
-    d->raise_failure(fmt::format("the model's {} in the backward of step {}", to_string(collective()), step),
+    d->raise_failure(fmt::format("the model's {} in the backward of step {}", to_string(collective()), number()),
                      ex);
   }
 }
@@ -271,7 +309,7 @@ void guard::impl::measured(step_record& r, bool losses_finite) {
 // one, decide and act (abort throws).
 void guard::impl::conclude(step_record& r) {
   step_event& e = r.event;
-  const bool finite = ranks ? ranks->agree(r, step) && ranks->checksums_agree(e, step) : r.locally_finite;
+  const bool finite = ranks ? ranks->agree(r, e.step) && ranks->checksums_agree(e, e.step) : r.locally_finite;
   if (finite) {
     e.spikes = sentinel.observe(e.loss, e.grad_norm);
     e.forecast = sentinel.forecast(r.loss_limit, grad_limit / scaler.get_scale());
@@ -325,13 +363,14 @@ void guard::impl::localize(step_record& r) {
   if (!r.quarantined && options.replay() && !options.trace_every_step() && r.fn &&
       (collective_step || !r.locally_finite))
     own_bad = replayer.replay(r);
-  if (collective_step && e.nonfinite_ranks.empty()) ranks->name_origin(own_bad, e, step);
+  if (collective_step && e.nonfinite_ranks.empty()) ranks->name_origin(own_bad, e, e.step);
   if (ranks && (options.replay() || options.trace_every_step())) ranks->share_findings(e);
   if (collective_step && !detail::rank_agreement::is_origin(e)) ranks->note_received(r.report, e);
   if (r.batches->size() > 1 && !r.locally_finite)
     add_note(e.note, fmt::format("micro-batch {} of {}", r.bad_batch, r.batches->size()));
   const diagnosis_context h = history(e, r.bad_micro_batch());
   for (finding& f : e.findings) f.diagnosis = diagnose(f, h);
+  name_samples(r, batch_names);
   verify_remedies(r);
   recovery.remember_bad_batch(r);
   not_taken(e);
@@ -370,7 +409,7 @@ void guard::impl::act(const detail::decision& d, step_record& r) {
     case policy::rollback: roll_back(e, d.cut_lr); break;
   }
   back_off(e);
-  e.remedy = applied_remedy(e, first_lr(), scaler.get_scale());
+  e.remedy = applied_remedy(e, first_lr(), scaler.get_scale(), recovery.initial_step());
   write(e);
 }
 
@@ -456,10 +495,32 @@ diagnosis_context guard::impl::history(const step_event& e, const std::vector<at
   return c;
 }
 
+// Each finding that reads a batch tensor of the bad micro-batch whose rows
+// the user gave (set_sample_indices) gets the dataset index of its bad row:
+// the tensor's first non-finite row when it is the culprit, else (an
+// elementwise op on it: the same shape in and out) the bad element's row.
+void guard::impl::name_samples(step_record& r, const std::vector<std::string>& names) {
+  if (r.sample_indices.empty()) return;
+  const std::vector<at::Tensor>& batch = r.bad_micro_batch();
+  for (finding& f : r.event.findings) {
+    const std::vector<int64_t> position = element_position(f);
+    for (size_t j = 0; j < batch.size() && f.dataset_index < 0; ++j) {
+      const std::vector<int64_t>* rows = rows_of(r.sample_indices, batch[j]);
+      if (rows == nullptr) continue;
+      const std::string name = detail::batch_name(names, j);
+      std::optional<int64_t> row;
+      if (f.role == role::input && f.culprit == name) row = first_nonfinite_row(batch[j]);
+      else if (reads_elementwise(f, name) && !position.empty()) row = position.front();
+      if (row && *row >= 0 && *row < int64_t(rows->size())) f.dataset_index = (*rows)[*row];
+    }
+  }
+}
+
 // Forgets the step begun last, uncounted, and its trace: cancel_step(), a
 // check() with no backward before it, a step whose function threw.
 void guard::impl::drop_started() {
   started.reset();
+  sample_indices.clear();
   framework_step_patched.reset();
   replayer.drop_live_trace();
   --step;
@@ -494,7 +555,7 @@ finding guard::impl::thrown_finding(const step_record& r) const {
   const step_event& e = r.event;
   if (!e.findings.empty()) return e.findings.front();
   finding f;
-  f.step = step;
+  f.step = e.step;
   f.role = role::input;
   if (!e.nonfinite_params.empty()) {
     f.op = "backward";
@@ -569,8 +630,6 @@ guard::guard(std::shared_ptr<training_host> host, guard_options options) {
   if (s.options.schedule()) s.schedule.emplace(*s.options.schedule());
   if (!s.options.event_log().empty())
     s.log = std::make_unique<event_log>(s.options.event_log(), s.options.truncate_event_log());
-  // The initial weights: what a rollback, or the check of an LR cut (verify_remedies), starts from.
-  if (s.recovery.rolls_back() || (s.options.verify_remedies() && !s.ranks)) s.recovery.snapshot(0);
   if (s.ranks) s.ranks->check_same_parameters();        // a collective: every rank builds its guard
 }
 
@@ -627,13 +686,16 @@ step_event guard::step_accumulated(const micro_batches& batches, const step_fn& 
   }
 }
 
-void guard::begin_step() {
+void guard::begin_step(std::optional<int64_t> number) {
   impl& s = *impl_;
   const one_step_at_a_time running(s.running, "begin_step");
-  s.started = s.begin(/*batches=*/nullptr, {});  // check() gives them
+  TORCH_CHECK(!number || (*number >= 0 && (s.step == 0 || *number > s.number())), "nanguard::guard::begin_step: step ",
+              number.value_or(0), " must be >= 0 and above the last step's (", s.number(),
+              "); pass the framework's step counter, which only grows, or none to count from 1");
+  s.started = s.begin(/*batches=*/nullptr, {}, number);  // check() gives them
   s.started_gradients = detail::mark_gradients(s.sentinel.parameters());
   if (s.kept_patch) s.framework_step_patched = std::make_unique<detail::op_patch::scope>();  // the framework's step
-  s.replayer.start_live_trace({}, s.step);
+  s.replayer.start_live_trace({}, s.number());
   s.begun = step_clock::now();
 }
 
@@ -653,6 +715,7 @@ step_event guard::check(const at::Tensor& loss, const step_fn& replay, const std
   s.user_s += seconds_since(s.begun);  // the framework's forward and backward: not the guard's time
   const std::unique_ptr<detail::op_patch::scope> patched = std::move(s.framework_step_patched);  // ends with check
   step_record r = std::move(*s.started);
+  for (auto& rows : std::exchange(s.sample_indices, {})) r.sample_indices.push_back(std::move(rows));
   const micro_batches batches{batch};
   r.batches = &batches;
   r.fn = replay;
@@ -696,6 +759,14 @@ step_event guard::replay(const bundle& b, const step_fn& fn) {
 void guard::set_bundle_tags(bundle_tag_list tags) { impl_->bundle_tags = std::move(tags); }
 
 void guard::set_batch_names(std::vector<std::string> names) { impl_->batch_names = std::move(names); }
+
+void guard::set_sample_indices(const at::Tensor& t, std::vector<int64_t> indices) {
+  TORCH_CHECK(t.defined() && t.dim() > 0 && t.size(0) == int64_t(indices.size()),
+              "nanguard::guard::set_sample_indices: ", indices.size(), " dataset indices for a tensor of ",
+              t.defined() && t.dim() > 0 ? fmt::format("{} rows", t.size(0)) : std::string("no rows"),
+              "; give one index per row (dim 0) of the batch tensor");
+  impl_->sample_indices.emplace_back(t, std::move(indices));
+}
 
 const step_event& guard::last_event() const {
   TORCH_CHECK(impl_->last, "nanguard::guard::last_event: no step has ended yet");

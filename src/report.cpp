@@ -224,7 +224,7 @@ json timeline_row(const step_event& e) {
   }
   if (!e.remedy.empty()) items.push_back({"remedy", e.remedy});
   // A log written before the remedy field says only where it rolled back to.
-  if (e.rollback_to >= 0 && e.remedy.empty()) items.push_back({"rollback", "rolled back to the snapshot of step " + std::to_string(e.rollback_to)});
+  if (e.action == action::rollback && e.remedy.empty()) items.push_back({"rollback", "rolled back to the snapshot of step " + std::to_string(e.rollback_to)});
   if (!e.bundle.empty()) items.push_back({"bundle", "repro bundle: " + e.bundle});
   if (!e.note.empty()) items.push_back({"note", e.note});
   return {{"step", e.step}, {"action", to_string(e.action)}, {"skipped", e.skipped}, {"items", std::move(items)}};

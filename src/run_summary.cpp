@@ -101,7 +101,10 @@ bool is_runaway(const step_event& e) {
 std::string warning_line(const step_event& e, int64_t times) {
   if (!bad(e)) return "";
   const std::string cause = cause_of(e);
-  std::string line = fmt::format("nanguard: step {}: {}{}", e.step, failure(e), cause.empty() ? "" : " [" + cause + "]");
+  const int64_t sample = e.findings.empty() ? -1 : e.findings.front().dataset_index;
+  std::string line = fmt::format("nanguard: step {}: {}{}{}", e.step, failure(e),
+                                 sample >= 0 ? fmt::format(", dataset index {}", sample) : "",
+                                 cause.empty() ? "" : " [" + cause + "]");
   if (times > 1) line += fmt::format(" again ({} time)", ordinal(times));
   line += ": " + (e.remedy.empty() ? std::string(to_string(e.action)) : e.remedy);
   const std::string advice = advice_of(e);
@@ -114,7 +117,10 @@ const std::string& run_narrator::observe(const step_event& e) {
   last_warning_.clear();
   if (e.action == action::data) return last_warning_;
   run_summary& s = summary_;
-  if (++s.steps == 1) s.first_lr = e.lr;
+  if (++s.steps == 1) {
+    s.first_lr = e.lr;
+    s.initial_step = e.step - 1;
+  }
   s.last_step = e.step;
   s.loss_scale = e.scale;
   s.lr = e.lr;
@@ -129,7 +135,7 @@ const std::string& run_narrator::observe(const step_event& e) {
     }
     s.final_step = e.step;
     s.final_loss = e.loss;
-    s.ended_on_snapshot = -1;
+    s.ended_on_snapshot.reset();
     if (e.forecast && !forecasting_)
       last_warning_ = fmt::format("nanguard: step {}: {}; lower the LR or clip the gradients (max_norm): the "
                                   "guard rolls back when 3 steps are left (policy auto or rollback)",
@@ -156,7 +162,7 @@ const char* run_status(const run_summary& s) {
   const int64_t window = std::clamp<int64_t>(s.steps / 10, 1, 10);
   if (s.aborted || s.first_step < 0 || s.last_step - s.final_step >= window || !std::isfinite(s.final_loss))
     return "nonfinite";
-  if (s.ended_on_snapshot == 0 || !(s.final_loss < s.first_loss)) return "unrecovered";
+  if (s.ended_on_snapshot == s.initial_step || !(s.final_loss < s.first_loss)) return "unrecovered";
   return "recovered";
 }
 
@@ -177,9 +183,12 @@ std::string to_string(const run_summary& s) {
     if (s.final_step > s.first_step && !(s.final_loss < s.first_loss)) line += ", not below the first";
   }
   if (s.loss_scale != 1) line += fmt::format("; loss scale {:.6g}", s.loss_scale);
-  if (s.ended_on_snapshot == 0) line += "; ended on its initial weights (rolled back to step 0)";
-  else if (s.ended_on_snapshot > 0) line += fmt::format("; ended on the weights of step {} (rolled back)", s.ended_on_snapshot);
-  else if (s.last_rollback_to == 0) line += "; the last rollback restored the initial weights (step 0)";
+  if (s.ended_on_snapshot == s.initial_step)
+    line += fmt::format("; ended on its initial weights (rolled back to before step {})", s.initial_step + 1);
+  else if (s.ended_on_snapshot)
+    line += fmt::format("; ended on the weights of step {} (rolled back)", *s.ended_on_snapshot);
+  else if (s.last_rollback_to == s.initial_step)
+    line += fmt::format("; the last rollback restored the initial weights (before step {})", s.initial_step + 1);
   if (s.rolled_back > 0 && s.lr < s.first_lr)
     line += fmt::format("; lr {:.4g} -> {:.4g} (cut by rollbacks): start the next run at lr <= {:.4g}", s.first_lr,
                         s.lr, s.lr);

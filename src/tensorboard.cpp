@@ -253,7 +253,7 @@ std::string step_text(const step_event& e) {
   for (const auto& b : e.nonfinite_params)
     lines.push_back("- non-finite gradient: " + b.name + " (" + std::to_string(b.nonfinite) + " values)");
   if (!e.remedy.empty()) lines.push_back("- remedy: " + e.remedy);
-  if (e.rollback_to >= 0 && e.remedy.empty())
+  if (e.action == action::rollback && e.remedy.empty())
     lines.push_back("- rolled back to the snapshot of step " + std::to_string(e.rollback_to));
   if (!e.bundle.empty()) lines.push_back("- repro bundle: " + e.bundle);
   if (!e.note.empty()) lines.push_back("- note: " + e.note);

@@ -18,6 +18,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
+#include <optional>
 
 namespace {
 
@@ -418,10 +420,10 @@ TEST(guard, a_snapshot_over_the_memory_budget_is_not_taken_and_a_rollback_then_s
   {
     const nanguard::test::captured_warnings warnings;
     guard g(model, opt, guard_options().policy(policy::rollback).snapshot_memory_mb(1e-5).verbose(false));
-    warning = warnings.text();
-    EXPECT_TRUE(g.snapshots().empty());
     const auto bad = [&](const std::vector<at::Tensor>& b) { return model->forward(b[0]).mean() + (b[0] - b[0]).log().mean(); };
     const step_event e = g.step({torch::ones({4, 2})}, bad);
+    warning = warnings.text();  // the initial weights' snapshot, refused when the first step began
+    EXPECT_TRUE(g.snapshots().empty());
     EXPECT_EQ(nanguard::action::skip, e.action);
     EXPECT_NE(std::string::npos, e.note.find("no snapshot to roll back to: a snapshot takes 12 B, over the memory "
                                              "budget of 10 B")) << e.note;
@@ -657,7 +659,7 @@ TEST(guard, drives_the_model_and_optimizer_through_its_training_host) {
   torch::optim::SGD opt(r.model->parameters(), 0.1);
   auto host = std::make_shared<counting_host>(*r.model, opt);
   guard g(host, guard_options().policy(policy::rollback).snapshot_every(2));
-  EXPECT_EQ(1, host->saves) << "rollback takes a snapshot at start";
+  EXPECT_EQ(0, host->saves) << "the initial weights are kept when the first step begins, not before";
   for (int i = 0; i < 4; ++i) g.step({r.x, r.y}, r.loss_fn());
   EXPECT_EQ(4, host->optimizer_steps);
   EXPECT_EQ(3, host->saves) << "snapshots at steps 2 and 4";
@@ -702,6 +704,82 @@ TEST(guard, checks_a_step_a_framework_runs) {
   EXPECT_FALSE(r.model->weight.grad().defined()) << "the framework's optimizer step would use the bad gradients";
   const std::string error = nanguard::test::error_of([&] { g.check(loss); });
   EXPECT_NE(std::string::npos, error.find("no step was begun")) << error;
+}
+
+// A framework's own step numbers (Lightning's global_step, from 0) are the
+// guard's: in the event, its findings and the warnings; the initial weights
+// are the number before the first step's (#58).
+TEST(guard, numbers_its_steps_as_the_framework_does) {
+  regression r;
+  torch::optim::SGD opt(r.model->parameters(), 0.1);
+  guard g(r.model, opt, guard_options().policy(policy::rollback).verbose(false));
+  const nanguard::step_fn bad = [&](const std::vector<at::Tensor>& b) {
+    return r.loss_fn()(b) + (r.model->bias * 0).sqrt().sum();
+  };
+  const auto framework_step = [&](int64_t number, const nanguard::step_fn& fn) {
+    g.begin_step(number);
+    opt.zero_grad();
+    const at::Tensor loss = fn({r.x, r.y});
+    loss.backward();
+    return g.check(loss, fn, {r.x, r.y});
+  };
+  const step_event first = framework_step(0, bad);
+  EXPECT_EQ(0, first.step);
+  ASSERT_EQ(nanguard::action::rollback, first.action);
+  EXPECT_EQ(-1, first.rollback_to);
+  ASSERT_FALSE(first.findings.empty());
+  EXPECT_EQ(0, first.findings.front().step);
+  EXPECT_NE(std::string::npos, first.remedy.find("rolled back to the initial weights (the snapshot before step 0)"))
+      << first.remedy;
+  EXPECT_EQ(7, framework_step(7, r.loss_fn()).step) << "a resumed framework's counter";
+  EXPECT_EQ(2, g.steps());
+  const nanguard::run_summary& s = g.narrator().summary();
+  EXPECT_EQ(-1, s.initial_step);
+  EXPECT_EQ(std::optional<int64_t>(-1), s.last_rollback_to);
+  EXPECT_NE(std::string::npos, nanguard::to_string(s).find("the last rollback restored the initial weights (before "
+                                                           "step 0)"))
+      << nanguard::to_string(s);
+  EXPECT_NE(std::string::npos,
+            nanguard::test::error_of([&] { g.begin_step(7); }).find("must be >= 0 and above the last step's (7)"));
+  EXPECT_EQ(8, g.step({r.x, r.y}, r.loss_fn()).step) << "none: one above the last";
+}
+
+// The dataset index of a bad row, when the rows' indices are given: the
+// culprit's first bad row, or the row of the bad element of an op that
+// reads the batch tensor elementwise (#58).
+TEST(guard, names_the_dataset_index_of_a_bad_row) {
+  regression r;
+  torch::optim::SGD opt(r.model->parameters(), 0.1);
+  guard g(r.model, opt, guard_options().policy(policy::skip).verbose(false).verify_remedies(false));
+  g.set_batch_names({"x", "y"});
+  std::vector<int64_t> rows(64);
+  std::iota(rows.begin(), rows.end(), 1000);
+  at::Tensor x = r.x.clone();
+  x[24][3] = NAN;
+  x[30][0] = NAN;
+  g.set_sample_indices(x, rows);
+  step_event e = g.step({x, r.y}, r.loss_fn());
+  ASSERT_FALSE(e.findings.empty());
+  EXPECT_EQ("x", e.findings.front().culprit);
+  EXPECT_EQ(1024, e.findings.front().dataset_index);
+  EXPECT_NE(std::string::npos, nanguard::to_string(e.findings.front()).find(", dataset index 1024"));
+  EXPECT_EQ(1024, nanguard::finding_from_json(nanguard::to_json(e.findings.front())).dataset_index);
+  EXPECT_NE(std::string::npos, g.narrator().last_warning().find("nan in x entering aten::addmm (forward), dataset "
+                                                                "index 1024 [bad_data]"))
+      << g.narrator().last_warning();
+  e = g.step({x, r.y}, r.loss_fn());
+  ASSERT_FALSE(e.findings.empty());
+  EXPECT_EQ(-1, e.findings.front().dataset_index) << "the indices given are the next step's only";
+  // A log of the batch: the row of its bad element.
+  at::Tensor y = r.y.abs() + 1;
+  y[5][0] = -1;
+  g.set_sample_indices(y, rows);
+  e = g.step({r.x, y}, [&](const std::vector<at::Tensor>& b) { return r.loss_fn()(b) + b[1].log().mean(); });
+  ASSERT_FALSE(e.findings.empty());
+  EXPECT_EQ("aten::log", e.findings.front().op);
+  EXPECT_EQ(1005, e.findings.front().dataset_index);
+  EXPECT_NE(std::string::npos, nanguard::test::error_of([&] { g.set_sample_indices(x, {1, 2}); })
+                                   .find("2 dataset indices for a tensor of 64 rows"));
 }
 
 // begin_step(); check(loss) with no backward between: an error that says

@@ -250,7 +250,7 @@ TEST(report, the_status_says_how_the_run_ended_not_only_whether_it_was_finite) {
   reset.back().rollback_to = 0;
   const auto [reset_status, reset_summary] = status_of(reset);
   EXPECT_EQ(reset_status, "unrecovered");
-  EXPECT_NE(reset_summary.find("; ended on its initial weights (rolled back to step 0)"), std::string::npos)
+  EXPECT_NE(reset_summary.find("; ended on its initial weights (rolled back to before step 1)"), std::string::npos)
       << reset_summary;
   std::vector<step_event> stopped = events;
   make_bad(stopped.back(), nanguard::action::abort);

@@ -101,20 +101,20 @@ TEST(run_summary, the_summary_says_what_a_user_must_know) {
   EXPECT_EQ(s.not_taken, 1);
   EXPECT_EQ(s.rolled_back, 1);
   EXPECT_EQ(s.last_cause, "non-finite gradient");
-  EXPECT_EQ(s.ended_on_snapshot, 0);
+  EXPECT_EQ(s.ended_on_snapshot, std::optional<int64_t>(0));
   EXPECT_EQ(n.summary_line(),
             "nanguard: 3 steps, 1 not taken (0 skipped, 1 rolled back); last bad step 3 [non-finite gradient]; "
             "loss 9.7 (step 1) -> 9.9 (step 2), not below the first; ended on its initial weights (rolled back to "
-            "step 0)");
+            "before step 1)");
   n.observe(taken(4, 0.5));
-  EXPECT_EQ(n.summary().ended_on_snapshot, -1);
+  EXPECT_FALSE(n.summary().ended_on_snapshot.has_value());
   step_event stop = bad(5, action::abort, "stopped training");
   stop.scale = 32768;
   n.observe(stop);
   EXPECT_EQ(n.summary_line(),
             "nanguard: 5 steps, 2 not taken (1 skipped, 1 rolled back); last bad step 5 [non-finite gradient]; "
             "loss 9.7 (step 1) -> 0.5 (step 4); loss scale 32768; the last rollback restored the initial weights "
-            "(step 0); stopped at step 5 (abort)");
+            "(before step 1); stopped at step 5 (abort)");
   run_narrator clean;
   clean.observe(taken(1, 1.0));
   clean.observe(taken(2, 0.5));

@@ -119,7 +119,7 @@ struct step_event {
   std::vector<int64_t> nonfinite_ranks;  ///< distributed: the ranks that saw a non-finite value
   nanguard::verdict verdict = verdict::none;  ///< the replay's conclusion (none: no replay)
   std::vector<finding> findings;  ///< the tracer's findings from the replay
-  int64_t rollback_to = -1;     ///< rollback: the step of the restored snapshot
+  int64_t rollback_to = -1;     ///< rollback: the step of the restored snapshot (one before the first step: the initial weights)
   std::string bundle;           ///< abort: the repro bundle's directory
   /// The remedy the guard applied to a bad step, e.g. "skipped the step;
   /// loss scale 65536 -> 32768" or "rolled back to step 40; lr 0.1 -> 0.05"

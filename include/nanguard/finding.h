@@ -65,6 +65,10 @@ struct finding {
   std::vector<tensor_record> outputs;    ///< the op's floating-point outputs
   int output = 0;                        ///< which output holds the bad value
   int64_t index = -1;                    ///< flat index of its first non-finite element
+  /// The dataset index of the batch row the bad value came from, when the
+  /// guard knows the rows' (guard::set_sample_indices) and the finding
+  /// reads a batch tensor; -1 unknown.
+  int64_t dataset_index = -1;
   double value = 0;                      ///< that element: NaN, +Inf or -Inf
   uint64_t thread = 0;                   ///< the thread the op ran on
   int64_t sequence_nr = -1;              ///< autograd sequence number linking forward and backward
@@ -86,7 +90,8 @@ struct finding {
 std::vector<int64_t> element_position(const finding& f);
 
 /// One line, the user's line first when known:
-/// `train.py:42 (forward): step 3 forward aten::div in norm: producer, output 0 [24, 0] = nan`.
+/// `train.py:42 (forward): step 3 forward aten::div in norm: producer, output 0 [24, 0] = nan`
+/// (then `, dataset index 1024` when known).
 std::string to_string(const finding& f);
 /// Several lines, with the census of every input and output, then the
 /// diagnosis (cause, evidence, remedy).

@@ -101,7 +101,12 @@ class guard {
   /// When a framework runs forward, backward and the optimizer step itself:
   /// begin_step() before the step's first forward (counts the step, applies
   /// the schedule, keeps the RNG state a replay starts from), then check().
-  void begin_step();
+  /// `number`: the step's number as the framework knows it (Lightning's
+  /// global_step), in its event, findings and warnings from now on (the
+  /// initial weights are the number before the first step's); none: one
+  /// more than the last step's (the first step is 1).
+  /// Throws c10::Error when `number` is negative or not above the last step's.
+  void begin_step(std::optional<int64_t> number = std::nullopt);
   /// Checks the step begin_step() started, after backward (of every
   /// micro-batch) and before the framework's optimizer step, with unscaled
   /// gradients: the loss check and one sentinel pass; a finite step is
@@ -142,6 +147,15 @@ class guard {
   ///
   ///   g.set_batch_names({"x", "y"});   // a NaN in y: culprit "y", bad_data
   void set_batch_names(std::vector<std::string> names);
+  /// The dataset index of each row (along dim 0) of batch tensor `t` of the
+  /// next step (step(), step_accumulated(), or the check() of the step
+  /// begin_step() started): a finding that reads `t` names the dataset
+  /// index of its bad row (finding::dataset_index). Used by that step only.
+  ///
+  ///   g.set_sample_indices(x, {1024, 17, 5});   // x holds dataset rows 1024, 17 and 5
+  ///
+  /// Throws c10::Error when `indices` has not one entry per row of `t`.
+  void set_sample_indices(const at::Tensor& t, std::vector<int64_t> indices);
   /// The event of the last step (after an abort's nonfinite_error: its
   /// bundle, notes and findings). Throws c10::Error before the first step.
   const step_event& last_event() const;

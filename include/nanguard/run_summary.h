@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 
 namespace nanguard {
@@ -36,11 +37,15 @@ struct run_summary {
   /// Why the last bad step was bad: its finding's cause ("log_of_nonpositive")
   /// or, without a classified finding, its reason ("non-finite gradient").
   std::string last_cause;
-  /// The step a rollback restored last (-1: none); 0 is the initial weights.
-  int64_t last_rollback_to = -1;
+  /// The step a rollback restored last (none: no rollback); initial_step
+  /// is the initial weights.
+  std::optional<int64_t> last_rollback_to;
   /// When the last step was a rollback: the step whose weights the model
-  /// holds now (-1: the last step's own, or those of final_step).
-  int64_t ended_on_snapshot = -1;
+  /// holds now (none: the last step's own, or those of final_step).
+  std::optional<int64_t> ended_on_snapshot;
+  /// The step number of the initial weights: one before the run's first
+  /// step (0 when the steps count from 1).
+  int64_t initial_step = 0;
   bool aborted = false;     ///< the run stopped on policy abort (or max_bad_steps)
   int64_t first_step = -1;  ///< the first step the optimizer took (-1: none)
   double first_loss = std::numeric_limits<double>::quiet_NaN();  ///< its loss
@@ -73,8 +78,8 @@ bool is_runaway(const step_event& e);
 /// How a run ended, from its summary (what `nanguard report` shows): "empty"
 /// (no step); "finite" (no bad step); "recovered" (bad steps, and it ended
 /// taking steps, its last steps/10 (1 to 10) not all bad, at a finite loss
-/// below its first, not on its initial weights (a rollback to step 0 after
-/// its last step taken)); "unrecovered" (bad steps, and it ended taking
+/// below its first, not on its initial weights (a rollback to initial_step
+/// after its last step taken)); "unrecovered" (bad steps, and it ended taking
 /// finite steps but not below its first loss, or on its initial weights);
 /// "nonfinite" (it stopped on abort, took no step, ended in bad steps, or
 /// its last loss was not finite).

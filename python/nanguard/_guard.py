@@ -35,6 +35,7 @@ from ._lr_schedulers import follow_rollback
 from ._options import (LossScaleOptions, PathLike, Policy, ScheduleOptions, documented, guard_options,
                        keyword_options, read)
 from ._results import Finding, NanGuardWarning, NonFiniteError, StepResult
+from ._sample_rows import give_sample_indices
 from .tensorboard import StepLogger
 
 if TYPE_CHECKING:
@@ -200,16 +201,26 @@ class Guard:
 
         named = [named_call_tensors(closure, *call) for call in calls]
         batches = [tensors for tensors, _ in named]
+        give_sample_indices(self._active(), batches)  # from a loader of nanguard.data.track_indices
         # Findings name the tensors of each micro-batch by the first's names.
         return self._run(lambda core: core.step_accumulated(batches, forward, named[0][1]))
 
     # -- a step a framework runs: begin_step -> check (or cancel_step) ------------
-    def begin_step(self) -> None:
+    def begin_step(self, step: Optional[int] = None) -> None:
         """Starts one optimizer step when a framework runs forward, backward
         and ``optimizer.step()`` itself (the integrations do): counts it,
         applies the schedule and keeps the RNG state a replay starts from.
-        Call it before the first forward of the step, then :meth:`check`."""
-        self._active().begin_step()
+        Call it before the first forward of the step, then :meth:`check`.
+
+        ``step``: the number the framework knows the step by (its step
+        counter, e.g. Lightning's ``trainer.global_step``): the event log,
+        findings and warnings use it from then on, and the initial weights
+        are the number before the first step's. None (the default): one
+        above the last step's, from 1. A ValueError when it is negative or
+        not above the last step's."""
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            raise TypeError(f"nanguard.Guard.begin_step: step must be an int or None, got {step!r}")
+        self._active().begin_step(step)
 
     def cancel_step(self) -> None:
         """Drops the step :meth:`begin_step` started when the framework

@@ -598,8 +598,10 @@ class GuardCore:
     """
     def __init__(self, host: TrainingHost, options: GuardOptions) -> None:
         ...
-    def begin_step(self) -> None:
-        ...
+    def begin_step(self, number: typing.SupportsInt | None = None) -> None:
+        """
+        Begins a step a framework runs, numbered `number` (its step counter; None: one above the last).
+        """
     def cancel_step(self) -> None:
         ...
     def check(self, loss: torch.Tensor, replay: collections.abc.Callable[[collections.abc.Sequence[torch.Tensor]], torch.Tensor], batch: collections.abc.Sequence[torch.Tensor], names: collections.abc.Sequence[str]) -> StepEvent:
@@ -613,6 +615,10 @@ class GuardCore:
     def summary(self) -> dict[str, typing.Any]:
         """
         What the run did so far (nanguard::run_summary), its line as "text".
+        """
+    def set_sample_indices(self, tensor: torch.Tensor, indices: collections.abc.Sequence[typing.SupportsInt]) -> None:
+        """
+        The dataset index of each row of batch tensor `tensor` in the next step (Finding.dataset_index).
         """
     def step_accumulated(self, micro_batches: collections.abc.Sequence[collections.abc.Sequence[torch.Tensor]], forward: collections.abc.Callable[[typing.SupportsInt], torch.Tensor], names: collections.abc.Sequence[str]) -> StepEvent:
         """

@@ -114,6 +114,9 @@ class Finding:
         index: the flat index of its first non-finite element.
         position: that element's index in each dimension of its output
             (``[24, 0]``: row 24, column 0).
+        dataset_index: the dataset index of the batch row the bad value
+            came from (-1 unknown): a guard's finding that reads a batch
+            from a loader wrapped by :func:`nanguard.data.track_indices`.
         value: that element: NaN, +Inf or -Inf.
         inputs: the op's floating-point inputs: dicts of name, dtype, shape, stats (a census).
         outputs: its floating-point outputs, the same way.
@@ -138,6 +141,7 @@ class Finding:
     output: int = 0
     index: int = -1
     position: List[int] = field(default_factory=list)
+    dataset_index: int = -1
     value: float = 0.0
     inputs: List[Dict[str, Any]] = field(default_factory=list)
     outputs: List[Dict[str, Any]] = field(default_factory=list)

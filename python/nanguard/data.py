@@ -41,6 +41,10 @@ previous event: clean checks add an event of their own every
 ``flush()``, so the events add up to every row checked. ``nanguard report``
 sums them per source and ``--tensorboard`` plots them as ``data/<count>``.
 
+:func:`track_indices` makes a DataLoader remember the dataset indices of
+each batch it yields: a guard's finding that reads a bad batch row names its
+dataset index (``Finding.dataset_index``).
+
 :func:`read_csv` reads a numeric CSV file (a header row, then numbers) into a
 float64 tensor, on torch's intra-op threads.
 
@@ -62,6 +66,7 @@ from torch.utils.data import Dataset, IterableDataset
 from torch.utils.data.dataloader import default_collate
 
 from . import _nanguard
+from ._sample_rows import track_indices
 
 #: Where the features are in a sample: None (the sample itself, or element
 #: 0 of a tuple or list), an index, or a dict's key.
@@ -69,7 +74,8 @@ Field = Union[int, str, None]
 #: A file path.
 PathLike = Union[str, "os.PathLike[str]"]
 
-__all__ = ["read_csv", "FirewallDataset", "FirewallIterableDataset", "firewall_collate", "FirewallCollate", "DROPPED", "FIELDS"]
+__all__ = ["read_csv", "track_indices", "FirewallDataset", "FirewallIterableDataset", "firewall_collate",
+           "FirewallCollate", "DROPPED", "FIELDS"]
 
 #: The counts of a wrapper, in the order of the C++ data event (``nanguard::data_counts``).
 FIELDS = ("checked", "dropped", "changed", "repaired", "clipped", "nan", "pos_inf", "neg_inf", "outliers", "raised")

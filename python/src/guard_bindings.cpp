@@ -103,6 +103,7 @@ py::dict summary_dict(const nanguard::run_summary& s) {
   d["last_cause"] = s.last_cause;
   d["last_rollback_to"] = s.last_rollback_to;
   d["ended_on_snapshot"] = s.ended_on_snapshot;
+  d["initial_step"] = s.initial_step;
   d["aborted"] = s.aborted;
   d["first_step"] = s.first_step;
   d["first_loss"] = s.first_loss;
@@ -409,7 +410,10 @@ void bind_guard(py::module_& m) {
            py::arg("micro_batches"), py::arg("forward"), py::arg("names"), without_gil(),
            "One guarded step over the micro-batches (their tensors, named by `names` in findings); forward(i) is "
            "the loss of the i-th. Returns its StepEvent.")
-      .def("begin_step", &nanguard::guard::begin_step)
+      .def("begin_step", &nanguard::guard::begin_step, py::arg("number") = py::none(),
+           "Begins a step a framework runs, numbered `number` (its step counter; None: one above the last).")
+      .def("set_sample_indices", &nanguard::guard::set_sample_indices, py::arg("tensor"), py::arg("indices"),
+           "The dataset index of each row of batch tensor `tensor` in the next step (Finding.dataset_index).")
       .def("cancel_step", &nanguard::guard::cancel_step)
       .def("check",
            [](nanguard::guard& g, const at::Tensor& loss, const nanguard::step_fn& replay,

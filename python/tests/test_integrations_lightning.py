@@ -103,15 +103,16 @@ def test_a_healthy_run_is_untouched(tmp_path):
     for a, b in zip(plain.parameters(), guarded.parameters()):
         assert torch.equal(a, b)
     lines = events(tmp_path / "events.jsonl")
-    assert [l["step"] for l in lines] == list(range(1, 9)) and all(l["action"] == "step" for l in lines)
-    assert cb.bad_steps == [] and cb.last.step == 8
+    # Numbered as Lightning numbers its steps: global_step, from 0.
+    assert [l["step"] for l in lines] == list(range(8)) and all(l["action"] == "step" for l in lines)
+    assert cb.bad_steps == [] and cb.last.step == 7
 
 
 def test_a_log_of_zero_in_the_model_is_skipped_and_named(tmp_path):
     model = Classifier(log0_at=3)
     cb = NanGuard(policy="skip", event_log=tmp_path / "events.jsonl")
     fit(model, [cb])
-    assert [r.step for r in cb.bad_steps] == [4]  # global_step 3 is the 4th optimizer step
+    assert [r.step for r in cb.bad_steps] == [3]  # Lightning's global_step 3
     r = cb.bad_steps[0]
     assert r.action == "skip" and r.finding is not None and r.finding.op == "aten::log", r
     assert r.verdict == "reproduced"
@@ -150,8 +151,8 @@ def test_an_lr_spike_is_rolled_back(tmp_path):
     cb = NanGuard(policy="rollback", snapshot_every=1, event_log=tmp_path / "events.jsonl")
     trainer = fit(model, [cb], steps=10)
     assert cb.bad_steps and all(r.action == "rollback" for r in cb.bad_steps)
-    # step 5 is bad; the snapshot taken at step 4, before its spiked update, is restored
-    assert cb.bad_steps[0].step == 5 and cb.bad_steps[0].rollback_to == 4 and len(cb.bad_steps) == 1
+    # step 4 is bad; the snapshot taken at step 3, before its spiked update, is restored
+    assert cb.bad_steps[0].step == 4 and cb.bad_steps[0].rollback_to == 3 and len(cb.bad_steps) == 1
     f = cb.bad_steps[0].finding  # the spiked weights overflow: inf - inf in the head's matmul
     assert f is not None and f.op == "aten::addmm" and f.role == "producer" and f.module == "head", f
     assert finite_params(model) and math.isfinite(model.losses[-1])
@@ -241,7 +242,7 @@ def test_ddp_ranks_skip_the_same_step_and_the_bad_rank_names_the_op(tmp_path):
                        env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = [json.loads((tmp_path / f"result-{rank}.json").read_text()) for rank in (0, 1)]
-    assert [b["step"] for b in res[0]["bad"]] == [b["step"] for b in res[1]["bad"]] == [4]
+    assert [b["step"] for b in res[0]["bad"]] == [b["step"] for b in res[1]["bad"]] == [3]
     assert all(b["action"] == "skip" for x in res for b in x["bad"])
     # Every rank's result is rank 1's: its op, its verdict.
     for x in res:
@@ -258,7 +259,7 @@ def test_bf16_autocast_log_of_zero_is_named_under_autocast(tmp_path):
     model = Classifier(log0_at=2)
     cb = NanGuard(policy="skip")
     fit(model, [cb], steps=5, precision="bf16-mixed")
-    assert [r.step for r in cb.bad_steps] == [3] and cb.bad_steps[0].finding.op == "aten::log"
+    assert [r.step for r in cb.bad_steps] == [2] and cb.bad_steps[0].finding.op == "aten::log"
     assert cb.scaler_skips == 0 and finite_params(model)
 
 
@@ -285,7 +286,7 @@ def test_a_log_of_zero_under_the_grad_scaler_is_nanguards():
     model = Classifier(log0_at=2)
     cb = NanGuard(policy="skip")
     fit(model, [cb], steps=5, plugins=[fp16_scaler_plugin(2.0 ** 8)])
-    assert [r.step for r in cb.bad_steps] == [3] and cb.bad_steps[0].finding.op == "aten::log"
+    assert [r.step for r in cb.bad_steps] == [2] and cb.bad_steps[0].finding.op == "aten::log"
     assert cb.scaler_skips == 0 and finite_params(model)
 
 
@@ -303,8 +304,9 @@ def test_a_training_step_that_skips_its_batch_is_not_a_bad_step(tmp_path):
     fit(model, [cb], steps=5)
     lines = events(tmp_path / "events.jsonl")
     assert cb.bad_steps == [] and all(l["action"] == "step" for l in lines)
-    # One event per batch that ran backward, numbered without a gap, each with its real loss.
-    assert len(lines) == len(model.losses) and [l["step"] for l in lines] == list(range(1, len(lines) + 1)), lines
+    # One event per batch that ran backward, each with its real loss, numbered as Lightning's global_step
+    # (which counts the step the user skipped: batch 2's).
+    assert len(lines) == len(model.losses) and [l["step"] for l in lines] == [0, 1, 3, 4], lines
     assert [l["loss"] for l in lines] == pytest.approx(model.losses), lines
 
 
@@ -316,7 +318,7 @@ def test_the_callback_logs_its_steps_to_tensorboard(tmp_path):
     fit(Classifier(log0_at=3), [NanGuard(policy="skip", tensorboard=str(tmp_path / "tb"))])
     acc = EventAccumulator(str(tmp_path / "tb"), size_guidance={TENSORS: 0})
     acc.Reload()
-    assert [e.step for e in acc.Scalars("loss")] == list(range(1, 9))
+    assert [e.step for e in acc.Scalars("loss")] == list(range(8))
     assert [e.value for e in acc.Scalars("skipped")] == [0, 0, 0, 1, 0, 0, 0, 0]
     texts = [e.tensor_proto.string_val[0].decode() for e in acc.Tensors("nanguard/findings")]
     assert any("aten::log" in t for t in texts), texts
@@ -356,8 +358,8 @@ def test_the_logger_gets_the_guard_s_metrics_and_the_user_sees_each_bad_step(tmp
         trainer.fit(model, loader())
     told = [str(w.message) for w in caught if issubclass(w.category, nanguard.NanGuardWarning)]
     assert len(told) == 2, told
-    assert told[0].startswith("nanguard: step 4: ") and "aten::log" in told[0] and "skipped the step" in told[0]
-    assert told[1].startswith("nanguard: 8 steps, 1 not taken (1 skipped); last bad step 4 ")
+    assert told[0].startswith("nanguard: step 3: ") and "aten::log" in told[0] and "skipped the step" in told[0]
+    assert told[1].startswith("nanguard: 8 steps, 1 not taken (1 skipped); last bad step 3 ")
     import csv
     with open(os.path.join(trainer.logger.log_dir, "metrics.csv")) as f:
         rows = [r for r in csv.DictReader(f) if r.get("nanguard/skipped_steps")]
@@ -367,6 +369,7 @@ def test_the_logger_gets_the_guard_s_metrics_and_the_user_sees_each_bad_step(tmp
     assert float(rows[-1]["nanguard/loss_scale"]) == 1.0 and float(rows[-1]["nanguard/rollbacks"]) == 0
     assert float(rows[-1]["nanguard/grad_norm"]) == pytest.approx(cb.last.grad_norm, rel=1e-5)
     assert rows[3]["nanguard/grad_norm"] == "nan"  # the bad step's, not the step before's
+    assert int(rows[3]["step"]) == 3  # logged at the guard's step number
 
 
 class LoggedLoss(Classifier):
@@ -401,14 +404,16 @@ def test_a_replay_leaves_no_stale_loss_in_lightning_s_logged_metrics(tmp_path):
                          log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=[cb])
     trainer.fit(model, loader())
-    assert [r.step for r in cb.bad_steps] == [4]
+    assert [r.step for r in cb.bad_steps] == [3]
     assert len(model.losses) > 8  # the replay and the remedy trials ran training_step again
     for step, loss, logged, bar in model.seen:
         assert str(logged) == str(bar) == str(loss), model.seen  # nan == nan as text
     assert not math.isfinite(model.seen[3][1]) and all(math.isfinite(s[2]) for s in model.seen[4:])
     with open(os.path.join(trainer.logger.log_dir, "metrics.csv")) as f:
-        logged = [r["train_loss"] for r in csv.DictReader(f) if r.get("train_loss")]
-    assert [float(v) for v in logged] == pytest.approx([s[1] for s in model.seen], nan_ok=True)
+        logged = [(int(r["step"]), r["train_loss"]) for r in csv.DictReader(f) if r.get("train_loss")]
+    assert [float(v) for _, v in logged] == pytest.approx([s[1] for s in model.seen], nan_ok=True)
+    # The guard's bad step is the step Lightning's logger shows the NaN train_loss at.
+    assert [step for step, v in logged if not math.isfinite(float(v))] == [r.step for r in cb.bad_steps]
 
 
 def test_the_warnings_are_attributed_to_the_user_s_trainer_fit():
@@ -450,7 +455,8 @@ def test_a_second_rollback_to_the_same_snapshot_lowers_one_cycle_s_lr_again():
     plain_trainer = fit(plain, steps=14)
     cb = NanGuard(policy="rollback", snapshot_every=100, verbose=False)
     trainer = fit(model, [cb], steps=14)
-    assert [(r.step, r.rollback_to) for r in cb.bad_steps] == [(6, 0), (10, 0)]
+    # Rolled back to the initial weights: the snapshot before step 0.
+    assert [(r.step, r.rollback_to) for r in cb.bad_steps] == [(5, -1), (9, -1)]
     lr, plain_lr = trainer.optimizers[0].param_groups[0]["lr"], plain_trainer.optimizers[0].param_groups[0]["lr"]
     assert lr == pytest.approx(plain_lr / 8)
 
@@ -477,7 +483,7 @@ def test_a_fit_after_one_that_stopped_in_an_accumulation_window_is_guarded(tmp_p
     model.fail_at = -1
     fit(model, [cb], steps=4, accumulate_grad_batches=2)
     lines = events(tmp_path / "events.jsonl")
-    assert [(l["step"], l["action"]) for l in lines] == [(s, "step") for s in range(1, 5)]
+    assert [(l["step"], l["action"]) for l in lines] == [(s, "step") for s in range(4)]
     assert cb.bad_steps == [] and finite_params(model)
 
 
@@ -486,10 +492,10 @@ def test_a_second_fit_with_the_callback_is_a_run_of_its_own(tmp_path):
     fit's bad step too: the two disagreed. Both describe the latest fit."""
     cb = NanGuard(policy="skip", event_log=tmp_path / "events.jsonl", verbose=False)
     fit(Classifier(log0_at=3), [cb])
-    assert [r.step for r in cb.bad_steps] == [4]
+    assert [r.step for r in cb.bad_steps] == [3]
     fit(Classifier(log0_at=1), [cb], steps=4)
     lines = events(tmp_path / "events.jsonl")
-    assert [l["step"] for l in lines] == [1, 2, 3, 4]
-    assert [r.step for r in cb.bad_steps] == [l["step"] for l in lines if l["skipped"]] == [2]
+    assert [l["step"] for l in lines] == [0, 1, 2, 3]
+    assert [r.step for r in cb.bad_steps] == [l["step"] for l in lines if l["skipped"]] == [1]
     summary = cb.guard.summary()
-    assert (summary["steps"], summary["not_taken"], cb.last.step) == (4, 1, 4)
+    assert (summary["steps"], summary["not_taken"], cb.last.step) == (4, 1, 3)

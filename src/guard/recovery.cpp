@@ -276,6 +276,13 @@ void recovery::snapshot_if_due(const step_event& e, double step_seconds) {
   if (snapshot_pending_ && judged && calm(e)) snapshot(e.step);
 }
 
+void recovery::start(int64_t first_step, bool keep_weights) {
+  if (started_) return;
+  started_ = true;
+  initial_step_ = last_snapshot_ = first_step - 1;
+  if (keep_weights) snapshot(initial_step_);
+}
+
 void recovery::snapshot(int64_t step) {
   const auto start = std::chrono::steady_clock::now();
   if (!ring_.take(step) && !refusal_warned_) {
@@ -310,7 +317,7 @@ double recovery::roll_back(step_event& e, bool cut_lr) {
   // Diverging again from the snapshot just restored (no newer one since):
   // it was taken on the way up; go one further back when there is one.
   if (ring_.newest_step() == restored_step_ && ring_.size() > 1) ring_.drop_newest();
-  e.rollback_to = restored_step_ = ring_.restore();
+  restored_step_ = e.rollback_to = ring_.restore();
   // Each rollback before the run is calm again cuts more: a run that
   // diverges from its first step needs its LR cut by 100 in a few rollbacks,
   // not in 7 halvings that each waste the steps up to the next divergence.

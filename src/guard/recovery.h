@@ -89,6 +89,11 @@ class recovery {
   /// (no spike; auto: judged against enough steps). `step_seconds`: what the
   /// step took (the snapshots' time budget).
   void snapshot_if_due(const step_event& e, double step_seconds);
+  /// At the run's first step (numbered `first_step`; once, later calls do
+  /// nothing): the initial weights are step first_step - 1, and with
+  /// `keep_weights` their snapshot is taken, what a rollback (or the check
+  /// of an LR cut) can go back to.
+  void start(int64_t first_step, bool keep_weights);
   /// Copies the state into the ring now, as the snapshot of `step`.
   void snapshot(int64_t step);
   /// Restores the newest calm snapshot into the host (diverging again from
@@ -118,6 +123,8 @@ class recovery {
     return std::pow(options_.rollback_lr_factor(), k * n + k * (k + 1) / 2);
   }
   snapshot_ring& ring() { return ring_; }
+  /// The step number of the initial weights (start(): the first step's - 1).
+  int64_t initial_step() const { return initial_step_; }
 
  private:
   struct bad_batch_record {
@@ -177,10 +184,12 @@ class recovery {
   // of the steps' time; a snapshot under 1 ms (a small model's) always fits.
   int64_t snapshot_interval_ = 0;
   int64_t last_snapshot_ = 0;
+  bool started_ = false;
+  int64_t initial_step_ = 0;
   bool snapshot_pending_ = false;
   double snapshot_s_ = 0;
   double step_s_ = 0;
-  int64_t restored_step_ = -1;  // the snapshot the last rollback restored
+  std::optional<int64_t> restored_step_;  // the snapshot the last rollback restored
   bool refusal_warned_ = false;  // a snapshot over the memory budget was warned about
   static constexpr double snapshot_budget = 0.002, snapshot_always_s = 1e-3;
 };

@@ -44,6 +44,8 @@ struct step_record {
   bool quarantined = false;
   /// A finite step whose loss runs away (recovery::running_away): not taken.
   bool runaway = false;
+  /// guard::set_sample_indices: batch tensors and their rows' dataset indices.
+  std::vector<std::pair<at::Tensor, std::vector<int64_t>>> sample_indices;
   /// The largest value the loss's dtype holds (the forecast's limit).
   double loss_limit = std::numeric_limits<float>::max();
   /// What happened, as the event log records it.

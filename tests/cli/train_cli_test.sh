@@ -192,7 +192,7 @@ assert f is not None and f['step'] >= 2, f"
   expect "loss diverging from the start: "
   expect "(finite: the guard acted before a NaN/Inf)"
   expect "remedy: lower the LR or warm it up longer"
-  expect "rolled back to the snapshot of step 0 (the initial weights)"
+  expect "rolled back to the initial weights (the snapshot before step 1)"
   summary from_step_1 "
 assert s['status'] == 'recovered' and 1 <= s['rollbacks'] <= 6 and s['lr_factor'] < 0.05, s
 assert s['final_loss'] < 1.0, s['final_loss']"

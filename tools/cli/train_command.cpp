@@ -547,7 +547,8 @@ void print_first_nonfinite(const train_args& a, const train_outcome& o) {
 
 // Why a run that ended finite after bad steps is not recovered (run_status).
 std::string why_unrecovered(const run_summary& s) {
-  if (s.ended_on_snapshot == 0) return "it ended on its initial weights (rolled back to step 0)";
+  if (s.ended_on_snapshot == s.initial_step)
+    return fmt::format("it ended on its initial weights (rolled back to before step {})", s.initial_step + 1);
   return fmt::format("the loss ended at {:.6g} (step {}), not below its first, {:.6g} (step {})", s.final_loss,
                      s.final_step, s.first_loss, s.first_step);
 }

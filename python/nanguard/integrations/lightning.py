@@ -11,8 +11,10 @@ No change to the ``LightningModule``. Through Lightning's own hooks, for
 each optimizer step:
 
 - ``on_train_batch_start`` (the first micro-batch of an accumulation
-  window): ``Guard.begin_step()`` (counts the step, keeps the RNG state a
-  replay starts from); every micro-batch's batch is kept for the replay;
+  window): ``Guard.begin_step(trainer.global_step)`` (numbers the step as
+  Lightning does, keeps the RNG state a replay starts from); every
+  micro-batch's batch is kept for the replay (and, from a loader of
+  :func:`nanguard.data.track_indices`, its rows' dataset indices);
 - ``on_before_backward``: the micro-batch's loss (Lightning passes it
   divided by ``accumulate_grad_batches``, and scaled under 16-bit AMP: the
   callback unscales it), summed over the window: the step's mean loss;
@@ -59,6 +61,7 @@ import torch
 
 from .._batches import named_batch_tensors
 from .._options import PathLike, Policy
+from .._sample_rows import give_sample_indices
 from ._common import CallbackGuard, mean_loss as _mean, require
 
 _pl = require("lightning", " (the `lightning` package: `import lightning.pytorch`)").pytorch
@@ -127,9 +130,10 @@ class NanGuard(_pl.Callback, CallbackGuard):
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: Any) -> None:
         """Begins an optimizer step at the first micro-batch of its window."""
         if self._window is None:
-            self.guard.begin_step()
+            self.guard.begin_step(trainer.global_step)  # the guard's step numbers are Lightning's
             self._window, self._loss = [], None
         self._window.append((batch, batch_idx))
+        give_sample_indices(self.guard._active(), [named_batch_tensors(batch, "batch")[0]])
 
     def on_before_backward(self, trainer: Any, pl_module: Any, loss: Any) -> None:
         """Adds the micro-batch's loss (unscaled) to the step's."""

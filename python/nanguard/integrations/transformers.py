@@ -12,8 +12,8 @@ No change to the model. Through the Trainer's own hooks, for each optimizer
 step:
 
 - ``on_step_begin`` (the first micro-batch of a gradient-accumulation
-  window): ``Guard.begin_step()`` (counts the step, keeps the RNG state a
-  replay starts from);
+  window): ``Guard.begin_step(state.global_step + 1)`` (numbers the step
+  as ``log_history`` does, keeps the RNG state a replay starts from);
 - a forward hook on the model (``register_forward_hook(...,
   with_kwargs=True)``), from ``on_step_begin`` to
   ``on_pre_optimizer_step``, keeps each training micro-batch's inputs and its
@@ -217,7 +217,7 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
         that stops ``train()`` between steps (the data collator's, an
         evaluation's, a checkpoint's) leaves neither behind: the Trainer
         has no event for an error."""
-        self.guard.begin_step()
+        self.guard.begin_step(state.global_step + 1)  # the number log_history gives the step (after it)
         self._window, self._losses = [], []
         self._hook = self._model.register_forward_hook(self._keep_micro_batch, with_kwargs=True)
         if self._trainer_max_grad_norm is not None:
