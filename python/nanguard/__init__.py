@@ -18,7 +18,7 @@ from typing import List, Sequence
 
 import torch  # noqa: F401  (loads LibTorch before the extension)
 
-from . import _dtensor, _nanguard
+from . import _args, _dtensor, _nanguard
 from ._results import Finding, NanGuardWarning, NonFiniteError, RemedyCheck, StepResult
 from ._trace import AllowRule, Trace, trace
 from ._options import POLICIES
@@ -100,8 +100,8 @@ def census(tensor: torch.Tensor, local: bool = False) -> TensorStats:
             ``torch.view_as_real(t)``).
         ValueError: a sparse or meta tensor, which holds no values to read.
     """
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"nanguard.census: expected a torch.Tensor, got {type(tensor).__name__}")
+    tensor = _args.tensor("nanguard.census", "tensor", tensor)
+    local = _args.boolean("nanguard.census", "local", local)
     if _dtensor.is_dtensor(tensor):
         return _nanguard.census(tensor.to_local().detach()) if local else _dtensor.census_many([tensor])[0]
     return _nanguard.census(_readable(tensor))
@@ -116,8 +116,8 @@ def has_nonfinite(tensor: torch.Tensor, local: bool = False) -> bool:
     every rank of its mesh calls it), or for this rank's shard with
     ``local=True``.
     """
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"nanguard.has_nonfinite: expected a torch.Tensor, got {type(tensor).__name__}")
+    tensor = _args.tensor("nanguard.has_nonfinite", "tensor", tensor)
+    local = _args.boolean("nanguard.has_nonfinite", "local", local)
     if _dtensor.is_dtensor(tensor):
         return _nanguard.has_nonfinite(tensor.to_local().detach()) if local else _dtensor.has_nonfinite(tensor)
     return _nanguard.has_nonfinite(_readable(tensor))
@@ -152,8 +152,9 @@ def census_many(tensors: Sequence[torch.Tensor], local: bool = False) -> List[Te
     that share a mesh and placements (every rank calls it with the same
     list), or for the local shards with ``local=True``.
     """
-    tensors = [_readable(_as_tensor(t, "census_many")) for t in tensors]
-    if local:
+    tensors = [_readable(t) for t in _args.sequence_of(_args.tensor, "nanguard.census_many", "tensors", tensors,
+                                                       "a list of tensors")]
+    if _args.boolean("nanguard.census_many", "local", local):
         tensors = [t.to_local() if _dtensor.is_dtensor(t) else t for t in tensors]
     sharded = [t for t in tensors if _dtensor.is_dtensor(t)]
     if not sharded:
@@ -170,18 +171,13 @@ def check_many(tensors: Sequence[torch.Tensor], local: bool = False) -> RecordVe
     tensors (the element by its global index; a collective, as
     ``census_many``: every rank calls it with the same list), or for the
     local shards with ``local=True``."""
-    tensors = [_readable(_as_tensor(t, "check_many")) for t in tensors]
-    if local:
+    tensors = [_readable(t) for t in _args.sequence_of(_args.tensor, "nanguard.check_many", "tensors", tensors,
+                                                       "a list of tensors")]
+    if _args.boolean("nanguard.check_many", "local", local):
         tensors = [t.to_local() if _dtensor.is_dtensor(t) else t for t in tensors]
     if any(_dtensor.is_dtensor(t) for t in tensors):
         return _dtensor.check_many(tensors)
     return _nanguard.check_many(tensors)
-
-
-def _as_tensor(t: object, fn: str) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"nanguard.{fn}: expected a list of torch.Tensor, got a {type(t).__name__} in it")
-    return t
 
 
 def mark_written(tensor: torch.Tensor) -> None:
@@ -195,6 +191,4 @@ def mark_written(tensor: torch.Tensor) -> None:
     tracer sees each ``c10d::`` op and marks its tensors itself, as their
     backend writes them later without a version bump.)
     """
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"nanguard.mark_written: expected a torch.Tensor, got {type(tensor).__name__}")
-    _nanguard.mark_written(tensor)
+    _nanguard.mark_written(_args.tensor("nanguard.mark_written", "tensor", tensor))
