@@ -229,6 +229,14 @@ CHECKS: Dict[str, Callable[[str, Any], Any]] = {
 }
 
 
+def check(options: Mapping[str, Any]) -> None:
+    """Checks each of ``options`` (some of Guard's, by name) as :func:`read`
+    does: the framework callbacks' options, before the Guard is built."""
+    types = {o.name: o.type for o in OPTION_TABLE}
+    for name, value in options.items():
+        CHECKS[types[name]](name, value)
+
+
 def read(arguments: Mapping[str, Any]) -> Dict[str, Any]:
     """Guard's options among ``arguments`` (its ``locals()``: every option,
     given or default), each checked and converted by its type: a TypeError
