@@ -18,7 +18,7 @@ from typing import List, Sequence
 
 import torch  # noqa: F401  (loads LibTorch before the extension)
 
-from . import _args, _dtensor, _nanguard
+from . import _args, _bindings, _dtensor, _nanguard
 from ._results import Finding, NanGuardWarning, NonFiniteError, RemedyCheck, StepResult
 from ._trace import AllowRule, Trace, trace
 from ._options import POLICIES
@@ -43,7 +43,7 @@ __all__ = [
 #: average_gradients=True, backward="none")`` (``backward="all_reduce"``:
 #: the model is the module inside a framework's DistributedDataParallel);
 #: ``rank``, ``world_size``, ``backward``.
-Distributed = _nanguard.Distributed
+Distributed = _bindings.Distributed
 
 #: One-pass statistics of a tensor (``nanguard::tensor_stats``).
 TensorStats = _nanguard.TensorStats
@@ -56,19 +56,19 @@ RecordVerdict = _nanguard.RecordVerdict
 #: ``nanguard::isolation_forest``: ``IsolationForest(n_estimators=100,
 #: max_samples=256, contamination=0.0, seed=0).fit(x).score_samples(x)``
 #: gives scikit-learn's scores per row of a finite [rows, features] tensor.
-IsolationForest = _nanguard.IsolationForest
+IsolationForest = _bindings.IsolationForest
 
 #: ``nanguard::warmup_cosine``: ``WarmupCosine(base_lr, warmup_steps=0,
 #: total_steps=1000, min_lr=0.0).lr(step)``, linear warmup then cosine
 #: annealing; ``nanguard.Guard(..., schedule=...)`` applies it every step.
-WarmupCosine = _nanguard.WarmupCosine
+WarmupCosine = _bindings.WarmupCosine
 
 #: ``nanguard::firewall`` on [batch, features] tensors:
 #: ``Firewall(nonfinite="drop"|"impute_median"|"nan_to_num"|"raise"|"ignore",
 #: outliers="ignore"|"clip"|"drop"|"raise", rule="quantile_range"|
 #: "three_sigma"|"robust_z", ...)``; ``fw.fit(train_x)`` (needed for the
 #: outlier policies), then ``clean, report = fw.apply(batch)``.
-Firewall = _nanguard.Firewall
+Firewall = _bindings.Firewall
 
 #: What ``Firewall.apply`` found and did: rows_in, rows_out, dropped_rows,
 #: changed_rows, columns (per-feature counts), nonfinite, outliers, clean().
