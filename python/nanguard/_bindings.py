@@ -5,12 +5,15 @@ class (``isinstance`` of it holds) with the same signature and defaults
 (python/tests/test_argument_matrix.py holds them to the extension's)."""
 from __future__ import annotations
 
-from typing import Any, Sequence, Tuple
+from typing import TYPE_CHECKING, Sequence, Tuple
 
 import torch
 
 from . import _nanguard
 from ._args import boolean, instance, integer, number, sequence_of, tensor, text
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 
 class Firewall(_nanguard.Firewall):
@@ -71,7 +74,7 @@ class WarmupCosine(_nanguard.WarmupCosine):
 class Distributed(_nanguard.Distributed):
     __doc__ = _nanguard.Distributed.__doc__
 
-    def __init__(self, process_group: Any, average_gradients: bool = True, backward: str = "none") -> None:
+    def __init__(self, process_group: ProcessGroup, average_gradients: bool = True, backward: str = "none") -> None:
         import torch.distributed as dist
         w = "nanguard.Distributed"
         super().__init__(instance(w, "process_group", process_group, dist.ProcessGroup,
