@@ -18,7 +18,7 @@ from typing import List, Sequence
 
 import torch  # noqa: F401  (loads LibTorch before the extension)
 
-from . import _dtensor, _nanguard
+from . import _args, _bindings, _dtensor, _nanguard
 from ._results import Finding, NanGuardWarning, NonFiniteError, RemedyCheck, StepResult
 from ._trace import AllowRule, Trace, trace
 from ._options import POLICIES
@@ -43,7 +43,7 @@ __all__ = [
 #: average_gradients=True, backward="none")`` (``backward="all_reduce"``:
 #: the model is the module inside a framework's DistributedDataParallel);
 #: ``rank``, ``world_size``, ``backward``.
-Distributed = _nanguard.Distributed
+Distributed = _bindings.Distributed
 
 #: One-pass statistics of a tensor (``nanguard::tensor_stats``).
 TensorStats = _nanguard.TensorStats
@@ -56,19 +56,19 @@ RecordVerdict = _nanguard.RecordVerdict
 #: ``nanguard::isolation_forest``: ``IsolationForest(n_estimators=100,
 #: max_samples=256, contamination=0.0, seed=0).fit(x).score_samples(x)``
 #: gives scikit-learn's scores per row of a finite [rows, features] tensor.
-IsolationForest = _nanguard.IsolationForest
+IsolationForest = _bindings.IsolationForest
 
 #: ``nanguard::warmup_cosine``: ``WarmupCosine(base_lr, warmup_steps=0,
 #: total_steps=1000, min_lr=0.0).lr(step)``, linear warmup then cosine
 #: annealing; ``nanguard.Guard(..., schedule=...)`` applies it every step.
-WarmupCosine = _nanguard.WarmupCosine
+WarmupCosine = _bindings.WarmupCosine
 
 #: ``nanguard::firewall`` on [batch, features] tensors:
 #: ``Firewall(nonfinite="drop"|"impute_median"|"nan_to_num"|"raise"|"ignore",
 #: outliers="ignore"|"clip"|"drop"|"raise", rule="quantile_range"|
 #: "three_sigma"|"robust_z", ...)``; ``fw.fit(train_x)`` (needed for the
 #: outlier policies), then ``clean, report = fw.apply(batch)``.
-Firewall = _nanguard.Firewall
+Firewall = _bindings.Firewall
 
 #: What ``Firewall.apply`` found and did: rows_in, rows_out, dropped_rows,
 #: changed_rows, columns (per-feature counts), nonfinite, outliers, clean().
@@ -100,8 +100,8 @@ def census(tensor: torch.Tensor, local: bool = False) -> TensorStats:
             ``torch.view_as_real(t)``).
         ValueError: a sparse or meta tensor, which holds no values to read.
     """
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"nanguard.census: expected a torch.Tensor, got {type(tensor).__name__}")
+    tensor = _args.tensor("nanguard.census", "tensor", tensor)
+    local = _args.boolean("nanguard.census", "local", local)
     if _dtensor.is_dtensor(tensor):
         return _nanguard.census(tensor.to_local().detach()) if local else _dtensor.census_many([tensor])[0]
     return _nanguard.census(_readable(tensor))
@@ -116,8 +116,8 @@ def has_nonfinite(tensor: torch.Tensor, local: bool = False) -> bool:
     every rank of its mesh calls it), or for this rank's shard with
     ``local=True``.
     """
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"nanguard.has_nonfinite: expected a torch.Tensor, got {type(tensor).__name__}")
+    tensor = _args.tensor("nanguard.has_nonfinite", "tensor", tensor)
+    local = _args.boolean("nanguard.has_nonfinite", "local", local)
     if _dtensor.is_dtensor(tensor):
         return _nanguard.has_nonfinite(tensor.to_local().detach()) if local else _dtensor.has_nonfinite(tensor)
     return _nanguard.has_nonfinite(_readable(tensor))
@@ -152,8 +152,9 @@ def census_many(tensors: Sequence[torch.Tensor], local: bool = False) -> List[Te
     that share a mesh and placements (every rank calls it with the same
     list), or for the local shards with ``local=True``.
     """
-    tensors = [_readable(_as_tensor(t, "census_many")) for t in tensors]
-    if local:
+    tensors = [_readable(t) for t in _args.sequence_of(_args.tensor, "nanguard.census_many", "tensors", tensors,
+                                                       "a list of tensors")]
+    if _args.boolean("nanguard.census_many", "local", local):
         tensors = [t.to_local() if _dtensor.is_dtensor(t) else t for t in tensors]
     sharded = [t for t in tensors if _dtensor.is_dtensor(t)]
     if not sharded:
@@ -170,18 +171,13 @@ def check_many(tensors: Sequence[torch.Tensor], local: bool = False) -> RecordVe
     tensors (the element by its global index; a collective, as
     ``census_many``: every rank calls it with the same list), or for the
     local shards with ``local=True``."""
-    tensors = [_readable(_as_tensor(t, "check_many")) for t in tensors]
-    if local:
+    tensors = [_readable(t) for t in _args.sequence_of(_args.tensor, "nanguard.check_many", "tensors", tensors,
+                                                       "a list of tensors")]
+    if _args.boolean("nanguard.check_many", "local", local):
         tensors = [t.to_local() if _dtensor.is_dtensor(t) else t for t in tensors]
     if any(_dtensor.is_dtensor(t) for t in tensors):
         return _dtensor.check_many(tensors)
     return _nanguard.check_many(tensors)
-
-
-def _as_tensor(t: object, fn: str) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"nanguard.{fn}: expected a list of torch.Tensor, got a {type(t).__name__} in it")
-    return t
 
 
 def mark_written(tensor: torch.Tensor) -> None:
@@ -195,6 +191,4 @@ def mark_written(tensor: torch.Tensor) -> None:
     tracer sees each ``c10d::`` op and marks its tensors itself, as their
     backend writes them later without a version bump.)
     """
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"nanguard.mark_written: expected a torch.Tensor, got {type(tensor).__name__}")
-    _nanguard.mark_written(tensor)
+    _nanguard.mark_written(_args.tensor("nanguard.mark_written", "tensor", tensor))

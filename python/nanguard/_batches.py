@@ -5,23 +5,37 @@ parameter, a dict's key), and the loss a closure must return."""
 from __future__ import annotations
 
 import inspect
+import numbers
 from typing import Any, Callable, Dict, List, Mapping, Sequence, Tuple
 
 import torch
 
+from ._args import shown
+
 
 def trainable_loss(loss: object) -> torch.Tensor:
     """``loss`` when the guard can run backward on it; else a TypeError (not a
-    tensor) or a ValueError (a tensor that no gradient flows from)."""
-    if not isinstance(loss, torch.Tensor):
-        raise TypeError("nanguard.Guard.step: the closure must return the loss tensor, e.g. "
-                        f"lambda: F.mse_loss(model(x), y), but it returned {type(loss).__name__}")
-    if not loss.is_floating_point() or not loss.requires_grad:
-        got = str(loss.dtype) if not loss.is_floating_point() else "a tensor that does not require grad"
+    floating-point tensor) or a ValueError (a tensor that no gradient flows from)."""
+    if not isinstance(loss, torch.Tensor) or not loss.is_floating_point():
+        got = str(loss.dtype) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise TypeError("nanguard.Guard.step: the closure must return the loss tensor, a floating-point one, e.g. "
+                        f"lambda: F.mse_loss(model(x), y), but it returned {got}")
+    if not loss.requires_grad:
         raise ValueError("nanguard.Guard.step: the loss must be a floating-point tensor that depends on the "
-                         f"model's trainable parameters, got {got} (computed under torch.no_grad, detached, "
-                         "or from frozen parameters?)")
+                         "model's trainable parameters, got a tensor that does not require grad (computed under "
+                         "torch.no_grad, detached, or from frozen parameters?)")
     return loss
+
+
+def checked_loss(where: str, loss: object) -> torch.Tensor:
+    """The loss a framework hands ``Guard.check``: a floating-point tensor
+    (detached) or a real number; else a TypeError naming ``loss``."""
+    if isinstance(loss, torch.Tensor) and loss.is_floating_point():
+        return loss.detach()
+    if isinstance(loss, numbers.Real) and not isinstance(loss, bool):
+        return torch.tensor(float(loss))
+    got = f"a tensor of {loss.dtype}" if isinstance(loss, torch.Tensor) else shown(loss)
+    raise TypeError(f"{where}: loss must be a floating-point tensor or a number, got {got}")
 
 
 def call_of(micro_batch: Any) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:

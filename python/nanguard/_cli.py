@@ -14,7 +14,9 @@ import os
 import subprocess
 import sys
 import warnings
-from typing import Dict, List, NoReturn, Optional, Sequence, Union
+from typing import Dict, NoReturn, Optional, Sequence, Union
+
+from ._args import optional, path, sequence_of, text
 
 PathLike = Union[str, "os.PathLike[str]"]
 #: How the command begins a warning on its standard error.
@@ -109,17 +111,22 @@ def report(events: Union[PathLike, Sequence[PathLike]], out_html: PathLike, *, t
         UserWarning: one of several logs holds no event (the page shows it
             as an empty run).
     """
-    logs: List[str] = [os.fspath(events)] if isinstance(events, (str, os.PathLike)) else [os.fspath(e) for e in events]
+    where = "nanguard.report"
+    logs = [path(where, "events", events)] if isinstance(events, (str, os.PathLike)) else \
+        sequence_of(path, where, "events", events, "an event log's path or a list of them")
+    out_html = path(where, "out_html", out_html)
+    title = optional(text, where, "title", title)
+    tensorboard = optional(path, where, "tensorboard", tensorboard)
     for log in logs:
         if not os.path.exists(log):
             raise FileNotFoundError(f"nanguard.report: no event log at {log}")
-    args = ["report", "-o", os.fspath(out_html)]
+    args = ["report", "-o", out_html]
     if title is not None:
         args += ["--title", title]
     if tensorboard is not None:
-        args += ["--tensorboard", os.fspath(tensorboard)]
+        args += ["--tensorboard", tensorboard]
     run([*args, "--", *logs], "report")  # "--": a log named "-run.jsonl" is not an option
-    return os.fspath(out_html)
+    return out_html
 
 
 def inspect(bundle: PathLike) -> str:
@@ -137,6 +144,7 @@ def inspect(bundle: PathLike) -> str:
         FileNotFoundError: ``bundle`` does not exist.
         ValueError: it is not a readable bundle.
     """
+    bundle = path("nanguard.inspect", "bundle", bundle)
     if not os.path.exists(bundle):
-        raise FileNotFoundError(f"nanguard.inspect: no bundle at {os.fspath(bundle)}")
-    return run(["inspect", "--", os.fspath(bundle)], "inspect")  # "--": a bundle named "-b" is not an option
+        raise FileNotFoundError(f"nanguard.inspect: no bundle at {bundle}")
+    return run(["inspect", "--", bundle], "inspect")  # "--": a bundle named "-b" is not an option

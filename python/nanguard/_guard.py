@@ -28,7 +28,8 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from . import _compile, _nanguard
-from ._batches import call_of, named_call_tensors, trainable_loss
+from ._args import callable_, integer, items, optional, sequence_of, tensor, text
+from ._batches import call_of, checked_loss, named_call_tensors, trainable_loss
 from ._hosts import host_for
 from ._log import Site, tell, user_site
 from ._lr_schedulers import follow_rollback
@@ -190,7 +191,9 @@ class Guard:
             raise TypeError(f"nanguard.Guard.step: {type(self.optimizer).__name__}.step needs a closure (it "
                             "evaluates the loss several times per step), and the guard steps once on the gradients "
                             "it checked: use a first-order optimizer such as torch.optim.SGD or AdamW")
-        calls = [call_of(mb) for mb in micro_batches]
+        callable_("nanguard.Guard.step", "closure", closure, "the forward: a callable that returns the loss tensor")
+        calls = [call_of(mb) for mb in items("nanguard.Guard.step_accumulated", "micro_batches", micro_batches,
+                                             "a list of (args, kwargs) pairs or tuples of arguments")]
         if not calls:
             raise ValueError("nanguard.Guard.step_accumulated: micro_batches is empty; pass at least one "
                              "(args, kwargs) pair or tuple of arguments")
@@ -218,9 +221,7 @@ class Guard:
         are the number before the first step's. None (the default): one
         above the last step's, from 1. A ValueError when it is negative or
         not above the last step's."""
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-            raise TypeError(f"nanguard.Guard.begin_step: step must be an int or None, got {step!r}")
-        self._active().begin_step(step)
+        self._active().begin_step(optional(integer, "nanguard.Guard.begin_step", "step", step, minimum=0))
 
     def cancel_step(self) -> None:
         """Drops the step :meth:`begin_step` started when the framework
@@ -246,9 +247,14 @@ class Guard:
         "batch[i]"). Returns a :class:`StepResult`. A finite ``loss`` with no
         gradient written since :meth:`begin_step` (no backward) is a
         ValueError."""
-        loss = loss.detach() if isinstance(loss, torch.Tensor) else torch.tensor(float(loss))
+        where = "nanguard.Guard.check"
+        loss = checked_loss(where, loss)
+        optional(callable_, where, "replay", replay, "None or a callable that runs the forward again and returns "
+                                                     "the loss")
+        tensors = sequence_of(tensor, where, "batch", batch, "a list of tensors")
+        names = sequence_of(text, where, "names", names, "a list of str")
         forward = None if replay is None else (lambda _batch: trainable_loss(replay()))
-        return self._run(lambda core: core.check(loss, forward, list(batch), [str(n) for n in names]))
+        return self._run(lambda core: core.check(loss, forward, tensors, names))
 
     # -- the C++ step, then its conclusion -----------------------------------------
     def _run(self, call: Callable[[_nanguard.GuardCore], _nanguard.StepEvent]) -> StepResult:

@@ -18,12 +18,15 @@ import functools
 import inspect
 import os
 import textwrap
-from typing import Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, TypedDict, TypeVar, Union, cast
+from typing import (Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, TypedDict, TypeVar, Union,
+                    cast, get_type_hints)
 
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from . import _nanguard
+from ._args import boolean, integer, number, path, text, wrong_type
 from ._lr_schedulers import schedulers_of
+from .tensorboard import StepLogger
 
 #: The guard's policies, from the C++ ``nanguard::policy``.
 POLICIES = _nanguard.POLICIES
@@ -55,9 +58,9 @@ class ScheduleOptions(TypedDict, total=False):
     min_lr: float
 
 
-#: The arguments of LossScaler and WarmupCosine, which loss_scale={...} and schedule={...} hold.
-LOSS_SCALE_KEYS = tuple(LossScaleOptions.__annotations__)
-SCHEDULE_KEYS = tuple(ScheduleOptions.__annotations__)
+#: The arguments of LossScaler and WarmupCosine, which loss_scale={...} and schedule={...} hold, and their types.
+LOSS_SCALE_KEYS: Dict[str, type] = get_type_hints(LossScaleOptions)
+SCHEDULE_KEYS: Dict[str, type] = get_type_hints(ScheduleOptions)
 
 #: The rows of the table, in Guard's signature's order (``name``, ``type``, ``default``, ``doc``, ``field``).
 OPTION_TABLE: Tuple[_nanguard.GuardOption, ...] = _nanguard.GUARD_OPTION_TABLE
@@ -110,26 +113,31 @@ def keyword_options(where: str) -> Callable[[_F], _F]:
 
 
 # -- the checks, one per type of the table ---------------------------------------
-def _known_keys(option: str, given: Mapping[str, Any], keys: Sequence[str]) -> Dict[str, Any]:
-    """``given`` (a dict) when each of its keys is one of ``keys``; else a
-    TypeError naming the first unknown key."""
+#: The check of each type a TypedDict of options (loss_scale, schedule) holds.
+_KEY_CHECKS: Dict[type, Callable[[str, str, Any], Any]] = {float: number, int: integer, bool: boolean}
+
+
+def _known_keys(option: str, given: Mapping[str, Any], keys: Mapping[str, type]) -> Dict[str, Any]:
+    """``given`` (a dict) when each of its keys is one of ``keys`` (a
+    TypedDict's annotations), its value checked by the key's type; else a
+    TypeError naming the first unknown key, or the wrong value."""
     for k in dict(given):
         if k not in keys:
-            raise unknown_option_error(f"nanguard.Guard: {option}", k, keys)
-    return dict(given)
+            raise unknown_option_error(f"nanguard.Guard: {option}", k, list(keys))
+    return {k: _KEY_CHECKS[keys[k]]("nanguard.Guard", f"{option}[{k!r}]", v) for k, v in given.items()}
 
 
 def _float(name: str, value: Any) -> float:
-    return float(value)
+    return number("nanguard.Guard", name, value)
 
 
 def _bool(name: str, value: Any) -> bool:
-    return bool(value)
+    return boolean("nanguard.Guard", name, value)
 
 
 def _int64(name: str, value: Any) -> int:
     """``value`` as an int when it fits the C++ option's 64 bits; else a ValueError naming ``name``."""
-    v = int(value)
+    v = integer("nanguard.Guard", name, value)
     if not -2 ** 63 <= v < 2 ** 63:
         raise ValueError(f"nanguard.Guard: {name} must fit in 64 bits, got {v}")
     return v
@@ -139,29 +147,25 @@ def _path(name: str, value: Optional[PathLike]) -> str:
     """The file path option ``name`` as a str ("" for None); a TypeError for
     anything else: open() takes an int (True too) as a file descriptor, and
     ``event_log=True`` closed the process's stdout."""
-    if value is None:
-        return ""
-    if not isinstance(value, (str, os.PathLike)):
-        raise TypeError(f"nanguard.Guard: {name} must be a path (a str or os.PathLike), e.g. "
-                        f"{name}='{'train.jsonl' if name == 'event_log' else 'nanguard-bundles'}', "
-                        f"got {type(value).__name__}")
-    return os.fspath(value)
+    example = "train.jsonl" if name == "event_log" else "nanguard-bundles"
+    return "" if value is None else path("nanguard.Guard", name, value,
+                                         f"a path (a str or os.PathLike), e.g. {name}='{example}'")
 
 
 def _policy(name: str, value: Any) -> Policy:
     """The policy's name; a ValueError listing the policies for another."""
-    return cast(Policy, _nanguard.policy_from_string(value))
+    return cast(Policy, _nanguard.policy_from_string(text("nanguard.Guard", name, value)))
 
 
 def _loss_scaler(name: str, loss_scale: Union[bool, LossScaleOptions]) -> Optional[_nanguard.LossScaler]:
     """The LossScaler of ``Guard(loss_scale=...)``: None (False), GradScaler's defaults (True) or a dict's options."""
-    if not loss_scale:
+    if not isinstance(loss_scale, (bool, Mapping)):
+        raise wrong_type("nanguard.Guard", name, "True, False or a dict of LossScaler options, e.g. "
+                         "loss_scale={'init_scale': 1024.0}", loss_scale)
+    if not loss_scale:  # False or {}
         return None
     if loss_scale is True:
         return _nanguard.LossScaler()
-    if not isinstance(loss_scale, Mapping):
-        raise TypeError("nanguard.Guard: loss_scale must be True, False or a dict of LossScaler options, e.g. "
-                        f"loss_scale={{'init_scale': 1024.0}}, got {type(loss_scale).__name__}")
     return _nanguard.LossScaler(**_known_keys("loss_scale", cast(LossScaleOptions, loss_scale), LOSS_SCALE_KEYS))
 
 
@@ -178,8 +182,8 @@ def _schedule(name: str,
                            "nanguard.Guard(model, opt, lr_scheduler=sched): it stays in the loop, which calls its "
                            "step() after guard.step, and a rollback lowers it with the LR"
                            if isinstance(schedule, (LRScheduler, ReduceLROnPlateau)) else "")
-        raise TypeError("nanguard.Guard: schedule must be a nanguard.WarmupCosine or a dict of its arguments, e.g. "
-                        f"schedule={{'base_lr': 1e-3, 'warmup_steps': 100}}, got {type(schedule).__name__}"
+        raise TypeError(str(wrong_type("nanguard.Guard", name, "a nanguard.WarmupCosine or a dict of its arguments, "
+                                       "e.g. schedule={'base_lr': 1e-3, 'warmup_steps': 100}", schedule))
                         + torch_scheduler)
     options = _known_keys("schedule", schedule, SCHEDULE_KEYS)
     if "base_lr" not in options:
@@ -192,13 +196,20 @@ def _bundle_tags(name: str, tags: Optional[Mapping[str, object]]) -> List[Tuple[
     """The (name, value) tags of a bundle: ``front_end`` "python", then the
     dict's, as strings; a TypeError for anything but a dict."""
     if tags is not None and not isinstance(tags, Mapping):
-        raise TypeError("nanguard.Guard: bundle_tags must be a dict of name -> value, e.g. "
-                        f"{{'task': 'classify'}}, got {type(tags).__name__}")
+        raise wrong_type("nanguard.Guard", name, "a dict of name -> value, e.g. {'task': 'classify'}", tags)
     return [("front_end", "python")] + [(str(k), str(v)) for k, v in (tags or {}).items()]
 
 
+def _tensorboard(name: str, value: Any) -> Any:
+    """A log directory, a SummaryWriter (anything with ``add_scalar``) or a StepLogger, as given."""
+    if value is None or isinstance(value, (str, os.PathLike, StepLogger)) or hasattr(value, "add_scalar"):
+        return value
+    raise wrong_type("nanguard.Guard", name, "a log directory, a torch.utils.tensorboard.SummaryWriter or a "
+                     "nanguard.tensorboard.StepLogger", value)
+
+
 def _as_given(name: str, value: Any) -> Any:
-    """An option the Guard checks where it uses it (tensorboard, distributed)."""
+    """An option the Guard checks where it uses it (distributed: against the model's wrapper)."""
     return value
 
 
@@ -213,9 +224,17 @@ CHECKS: Dict[str, Callable[[str, Any], Any]] = {
     "Union[_nanguard.WarmupCosine, ScheduleOptions, None]": _schedule,
     "Optional[Mapping[str, object]]": _bundle_tags,
     "Union[LRScheduler, ReduceLROnPlateau, Sequence[Any], None]": schedulers_of,
-    "Union[PathLike, SummaryWriter, StepLogger, None]": _as_given,
+    "Union[PathLike, SummaryWriter, StepLogger, None]": _tensorboard,
     "Union[bool, ProcessGroup, _nanguard.Distributed, None]": _as_given,
 }
+
+
+def check(options: Mapping[str, Any]) -> None:
+    """Checks each of ``options`` (some of Guard's, by name) as :func:`read`
+    does: the framework callbacks' options, before the Guard is built."""
+    types = {o.name: o.type for o in OPTION_TABLE}
+    for name, value in options.items():
+        CHECKS[types[name]](name, value)
 
 
 def read(arguments: Mapping[str, Any]) -> Dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence, Type
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from ._args import instance
 from ._batches import named_batch_tensors
 
 #: How many yielded batches are remembered (a loader's prefetch stays well within).
@@ -60,19 +61,18 @@ def track_indices(loader: DataLoader) -> DataLoader:
         TypeError: ``loader`` is not a ``torch.utils.data.DataLoader``.
         ValueError: an ``IterableDataset``, or ``in_order=False``.
     """
-    if not isinstance(loader, DataLoader):
-        raise TypeError(f"nanguard.data.track_indices: loader must be a torch.utils.data.DataLoader, got "
-                        f"{type(loader).__name__}")
+    where = "nanguard.data.track_indices"
+    instance(where, "loader", loader, DataLoader, "a torch.utils.data.DataLoader")
     if isinstance(loader.dataset, IterableDataset):
-        raise ValueError("nanguard.data.track_indices: the loader reads an IterableDataset, which has no indices; "
+        raise ValueError(f"{where}: the loader reads an IterableDataset, which has no indices; "
                          "track a map-style dataset (one with __getitem__ and __len__)")
     if getattr(loader, "_nanguard_tracked", False):
         return loader
     if type(loader).__iter__ is not DataLoader.__iter__:
-        raise TypeError(f"nanguard.data.track_indices: {type(loader).__name__} iterates its own way (its own "
+        raise TypeError(f"{where}: {type(loader).__name__} iterates its own way (its own "
                         "__iter__), so the indices of its batches cannot be told; track a plain DataLoader")
     if not getattr(loader, "in_order", True):
-        raise ValueError("nanguard.data.track_indices: the loader yields batches out of order (in_order=False), so "
+        raise ValueError(f"{where}: the loader yields batches out of order (in_order=False), so "
                          "a batch's indices cannot be told; make it with in_order=True (the default)")
     loader.__class__ = _tracked_class(type(loader))
     return loader

@@ -11,7 +11,8 @@ import torch
 import torch.utils._pytree
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from . import _compile, _nanguard
+from . import _args, _compile, _nanguard
+from ._args import boolean, instance, integer, sequence_of, text, wrong_type
 from ._batches import named_call_tensors
 from ._log import tell
 from ._results import Finding, NonFiniteError
@@ -30,6 +31,16 @@ class AllowRule:
     nan: bool = False
     pos_inf: bool = False
     neg_inf: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("op", "module"):
+            text("nanguard.AllowRule", name, getattr(self, name))
+        for name in ("nan", "pos_inf", "neg_inf"):
+            boolean("nanguard.AllowRule", name, getattr(self, name))
+
+
+def _allow_rule(where: str, name: str, rule: Any) -> AllowRule:
+    return instance(where, name, rule, AllowRule, "a nanguard.AllowRule")
 
 
 #: The default rules: the -inf of masked_fill (attention masks).
@@ -149,24 +160,19 @@ class Trace:
                  allow: Iterable[AllowRule] = DEFAULT_ALLOW, step: int = 0, capture_backtrace: bool = False,
                  prefix: str = "", measure_cost: bool = False, inside_kernels: bool = False,
                  warn: bool = True) -> None:
-        if max_findings < 1:
-            raise ValueError(f"nanguard.trace: max_findings must be >= 1, got {max_findings}")
+        where = "nanguard.trace"
         if model is not None and not isinstance(model, torch.nn.Module):
-            raise TypeError("nanguard.trace: model must be an nn.Module (its modules name the findings) or None, "
-                            f"got {type(model).__name__}")
+            raise wrong_type(where, "model", "an nn.Module (its modules name the findings) or None", model)
         self.model = model
-        self.max_findings = int(max_findings)
-        self.raise_on_finding = bool(raise_on_finding)
-        self.allow = tuple(allow)
-        for r in self.allow:
-            if not isinstance(r, AllowRule):
-                raise TypeError(f"nanguard.trace: allow takes AllowRule objects, got {type(r).__name__}")
-        self.step = step
-        self.capture_backtrace = capture_backtrace
-        self.prefix = prefix
-        self.measure_cost = bool(measure_cost)
-        self.inside_kernels = bool(inside_kernels)
-        self.warn = bool(warn)
+        self.max_findings = integer(where, "max_findings", max_findings, minimum=1)
+        self.raise_on_finding = boolean(where, "raise_on_finding", raise_on_finding)
+        self.allow = tuple(sequence_of(_allow_rule, where, "allow", allow, "a list of nanguard.AllowRule"))
+        self.step = integer(where, "step", step)
+        self.capture_backtrace = boolean(where, "capture_backtrace", capture_backtrace)
+        self.prefix = text(where, "prefix", prefix)
+        self.measure_cost = boolean(where, "measure_cost", measure_cost)
+        self.inside_kernels = boolean(where, "inside_kernels", inside_kernels)
+        self.warn = boolean(where, "warn", warn)
         self._cost: Optional[Dict[str, Any]] = None
         self._tracer: Optional[_nanguard.Tracer] = None
         self._close_scopes: Optional[Callable[[], None]] = None
@@ -188,7 +194,7 @@ class Trace:
                                          self.inside_kernels, record_sources=True)
         try:
             self._end_eager_run = _compile.begin_eager_run()
-            self._tracer.set_step(int(self.step))
+            self._tracer.set_step(self.step)
             self._optimizer_hook = register_optimizer_step_post_hook(self._optimizer_stepped)
             if self.model is not None:
                 self.name_parameters(self.model, self.prefix)
@@ -279,6 +285,8 @@ class Trace:
     # -- the API --------------------------------------------------------------
     def name_parameters(self, model: torch.nn.Module, prefix: str = "") -> None:
         """Names the parameters of ``model`` (and through them, modules)."""
+        instance("nanguard.Trace.name_parameters", "model", model, torch.nn.Module, "an nn.Module")
+        text("nanguard.Trace.name_parameters", "prefix", prefix)
         named = [((f"{prefix}.{n}" if prefix else n), p)
                  for n, p in _compile.original_module(model).named_parameters()]
         self._active().name_parameters(named)
@@ -287,13 +295,14 @@ class Trace:
         """Names one tensor of the data, e.g. the input batch ("batch"); a
         finding with role input then names it as the culprit (in place of
         the model's argument name the trace gives it)."""
-        self._active().name_tensor(tensor, name)
+        self._active().name_tensor(_args.tensor("nanguard.Trace.name_tensor", "tensor", tensor),
+                                   text("nanguard.Trace.name_tensor", "name", name))
         self._named_by_user[id(tensor)] = weakref.ref(tensor)
 
     def set_step(self, step: int) -> None:
         """The step findings are tagged with."""
-        self.step = step
-        self._active().set_step(int(step))
+        self.step = integer("nanguard.Trace.set_step", "step", step)
+        self._active().set_step(self.step)
 
     @property
     def findings(self) -> List[Finding]:
@@ -390,8 +399,9 @@ def trace(model: Optional[torch.nn.Module] = None, max_findings: int = 1, raise_
         The :class:`Trace`, to use in a ``with`` block: ``t.findings``.
 
     Raises:
-        TypeError: ``model`` is not an ``nn.Module``, or ``allow`` holds
-            something else than AllowRule.
+        TypeError: an argument of the wrong type, named: ``model`` not an
+            ``nn.Module``, ``allow`` not a list of AllowRule, ``max_findings``
+            or ``step`` not an int, a flag not a bool.
         ValueError: ``max_findings`` < 1.
     """
     return Trace(model, max_findings=max_findings, raise_on_finding=raise_on_finding, allow=allow,

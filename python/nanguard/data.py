@@ -59,13 +59,14 @@ import json
 import multiprocessing
 import multiprocessing.util
 import os
+from collections.abc import Iterable
 from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Union
 
 import torch
 from torch.utils.data import Dataset, IterableDataset
 from torch.utils.data.dataloader import default_collate
 
-from . import _nanguard
+from . import _args, _nanguard
 from ._sample_rows import track_indices
 
 #: Where the features are in a sample: None (the sample itself, or element
@@ -108,7 +109,7 @@ def read_csv(path: PathLike, delimiter: str = ",") -> "tuple[List[str], torch.Te
             ragged or a cell is not a number (the message names the line and
             the column).
     """
-    path = os.fspath(path)
+    path = _args.path("nanguard.data.read_csv", "path", path)
     if not isinstance(delimiter, str) or len(delimiter) != 1:
         raise TypeError(f"nanguard.data.read_csv: delimiter must be one character such as ',' or ';' "
                         f"but is {delimiter!r}")
@@ -221,10 +222,12 @@ class _PendingRows:
 class _Checked:
     """What both wrappers share: the firewall, the counts, the event log."""
 
-    def _setup(self, firewall, event_log, source):
-        if not isinstance(firewall, _nanguard.Firewall):
-            raise TypeError(f"nanguard.data.{source}: expected a nanguard.Firewall, got {type(firewall).__name__}")
-        self.firewall = firewall
+    def _setup(self, firewall, field, event_log, source):
+        where = f"nanguard.data.{source}"
+        self.firewall = _args.instance(where, "firewall", firewall, _nanguard.Firewall, "a nanguard.Firewall")
+        if field is not None and (isinstance(field, bool) or not isinstance(field, (int, str))):
+            raise _args.wrong_type(where, "field", "None, an index or a dict's key (an int or a str)", field)
+        self.field = field
         self._counts = _Counts()
         self._events = _EventWriter(event_log)
         self._source = source
@@ -353,9 +356,8 @@ class FirewallCollate(_Checked):
 
     def __init__(self, firewall: _nanguard.Firewall, collate_fn: Callable[[List[Any]], Any] = default_collate,
                  field: Field = None, event_log: Optional[PathLike] = None) -> None:
-        self._setup(firewall, event_log, "firewall_collate")
-        self.collate_fn = collate_fn
-        self.field = field
+        self._setup(firewall, field, event_log, "firewall_collate")
+        self.collate_fn = _args.callable_("nanguard.data.firewall_collate", "collate_fn", collate_fn)
 
     def __call__(self, samples: List[Any]) -> Any:
         samples = [s for s in samples if s is not DROPPED]
@@ -418,15 +420,17 @@ class FirewallDataset(_Checked, Dataset):
 
     def __init__(self, dataset: Any, firewall: _nanguard.Firewall, policy: Optional[Literal["skip", "resample"]] = None,
                  field: Field = None, event_log: Optional[PathLike] = None) -> None:
-        policy = "skip" if policy is None else policy
+        policy = "skip" if policy is None else _args.text("nanguard.data.FirewallDataset", "policy", policy)
         if policy not in self.POLICIES:
             raise ValueError(f"nanguard.data.FirewallDataset: policy must be one of {self.POLICIES} (what a "
                              f"dropped sample becomes), got {policy!r}; the firewall's own policies say what "
                              "is dropped, repaired or raised")
-        self._setup(firewall, event_log, "FirewallDataset")
+        self._setup(firewall, field, event_log, "FirewallDataset")
+        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")) or isinstance(dataset, (str, bytes)):
+            raise _args.wrong_type("nanguard.data.FirewallDataset", "dataset", "a map-style dataset (with __getitem__ "
+                                   "and __len__; FirewallIterableDataset takes a stream)", dataset)
         self.dataset = dataset
         self.policy = policy
-        self.field = field
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -487,9 +491,11 @@ class FirewallIterableDataset(_Checked, IterableDataset):
 
     def __init__(self, dataset: Any, firewall: _nanguard.Firewall, field: Field = None,
                  event_log: Optional[PathLike] = None) -> None:
-        self._setup(firewall, event_log, "FirewallIterableDataset")
+        self._setup(firewall, field, event_log, "FirewallIterableDataset")
+        if not isinstance(dataset, Iterable) or isinstance(dataset, (str, bytes, torch.Tensor)):
+            raise _args.wrong_type("nanguard.data.FirewallIterableDataset", "dataset", "an iterable of samples "
+                                   "(an IterableDataset, a generator)", dataset)
         self.dataset = dataset
-        self.field = field
 
     def __iter__(self) -> Iterator[Any]:
         for index, sample in enumerate(self.dataset):

@@ -37,6 +37,7 @@ import os
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from . import _nanguard
+from ._args import boolean, number, optional, wrong_type
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
@@ -61,8 +62,8 @@ def _event_json(result):
     to_dict = getattr(result, "to_dict", None)
     if callable(to_dict):
         return json.dumps(_as_logged(to_dict()))
-    raise TypeError("nanguard.tensorboard: expected a nanguard.StepResult, its to_dict() or an event-log line, "
-                    f"got {type(result).__name__}")
+    raise wrong_type("nanguard.tensorboard", "result", "a nanguard.StepResult, its to_dict() or an event-log line",
+                     result)
 
 
 def _as_logged(value):
@@ -105,15 +106,16 @@ class StepLogger:
             self.writer = writer
             self._owned = False
         else:
-            raise TypeError("nanguard.tensorboard.StepLogger: expected a log directory or a "
-                            f"torch.utils.tensorboard.SummaryWriter, got {type(writer).__name__}")
-        self.flush_every_step = bool(flush_every_step)
+            raise wrong_type("nanguard.tensorboard.StepLogger", "writer", "a log directory or a "
+                             "torch.utils.tensorboard.SummaryWriter", writer)
+        self.flush_every_step = boolean("nanguard.tensorboard.StepLogger", "flush_every_step", flush_every_step)
         self.steps = 0
 
     def log(self, result: StepEvent, walltime: Optional[float] = None) -> None:
         """Writes one step: a :class:`~nanguard.StepResult`, its ``to_dict()``
         or a line of the event log (its ``step`` is TensorBoard's step; a data
         event's ``check``)."""
+        walltime = optional(number, "nanguard.tensorboard.StepLogger.log", "walltime", walltime)
         event = _event_json(result)
         scalars = _nanguard.tensorboard_scalars(event)  # checks the event: a ValueError naming what is wrong
         logged = json.loads(event)

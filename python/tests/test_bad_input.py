@@ -46,7 +46,7 @@ def test_a_loss_without_gradient_is_a_value_error():
 
     with pytest.raises(ValueError, match="depends on the model's trainable parameters.*does not require grad"):
         guard.step(no_grad_loss)
-    with pytest.raises(ValueError, match="floating-point tensor.*torch.int64"):
+    with pytest.raises(TypeError, match="a floating-point one.*returned torch.int64"):
         guard.step(lambda: model(x).argmax())
     # The guard is still usable with a right closure.
     assert guard.step(lambda: F.mse_loss(model(x), y)).action == "step"
@@ -94,14 +94,17 @@ def test_a_full_disk_ends_the_event_log_on_a_whole_line(tmp_path):
      r"loss_scale: unknown option 'init_scael'; did you mean 'init_scale'\? \(the options are enabled"),
     ({"schedule": {"base_lr": 0.1, "warmup": 5}}, TypeError,
      r"schedule: unknown option 'warmup'; did you mean 'warmup_steps'\? \(the options are base_lr"),
-    ({"bundle_tags": ["task", "classify"]}, TypeError, "bundle_tags must be a dict of name -> value.*got list"),
+    ({"bundle_tags": ["task", "classify"]}, TypeError, "bundle_tags must be a dict of name -> value.*got a list"),
     ({"max_bad_steps": 10 ** 30}, ValueError, "max_bad_steps must fit in 64 bits, got 10{30}"),
     ({"max_nrom": 1.0}, TypeError, r"nanguard.Guard: unknown option 'max_nrom'; did you mean 'max_norm'\? "
                                    r"\(the options are policy, max_norm, "),
     ({"sceduler": {}}, TypeError, r"unknown option 'sceduler'; did you mean 'schedule'\?"),
-    ({"max_norm": "big"}, ValueError, "could not convert string to float: 'big'"),
+    ({"max_norm": "big"}, TypeError, r"nanguard.Guard: max_norm must be a number, got 'big' \(str\)"),
+    ({"snapshot_every": 2.7}, TypeError, r"nanguard.Guard: snapshot_every must be an int, got 2.7 \(float\)"),
+    ({"replay": "no"}, TypeError, r"nanguard.Guard: replay must be True or False, got 'no' \(str\)"),
+    ({"loss_scale": {"init_scale": "big"}}, TypeError, r"loss_scale\['init_scale'\] must be a number, got 'big'"),
 ], ids=["loss_scale_key", "schedule_key", "bundle_tags_list", "max_bad_steps_huge", "option_typo", "option_typo2",
-        "option_type"])
+        "option_type", "int_option_float", "bool_option_str", "loss_scale_value"])
 def test_wrong_guard_options_name_the_option(options, error, message):
     with pytest.raises(error, match=message) as e:
         model_and_guard(**options)
@@ -147,7 +150,7 @@ def test_the_options_reach_cpp_typed():
 
 
 def test_trace_of_something_not_a_module_is_a_type_error():
-    with pytest.raises(TypeError, match="nanguard.trace: model must be an nn.Module .* got str"):
+    with pytest.raises(TypeError, match="nanguard.trace: model must be an nn.Module .* got 'model' \\(str\\)"):
         nanguard.trace("model")
 
 

@@ -96,7 +96,7 @@ def test_collate_field_for_dict_batches_and_shape_errors():
         firewall_collate(nanguard.Firewall())([{"features": x[0]}])
     with pytest.raises(ValueError, match=r"\[batch, features\] tensors; the collated features have shape \[2, 2, 2\]"):
         firewall_collate(nanguard.Firewall())([torch.zeros(2, 2), torch.zeros(2, 2)])
-    with pytest.raises(TypeError, match="expected a nanguard.Firewall"):
+    with pytest.raises(TypeError, match="firewall must be a nanguard.Firewall, got .drop. \\(str\\)"):
         firewall_collate("drop")
     with pytest.raises(ValueError, match=r"firewall_collate: the sample has no field 'feature' \(its fields: "
                                          r"\['features', 'id'\]\); pass field= naming the features tensor"):

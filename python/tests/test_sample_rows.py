@@ -85,7 +85,7 @@ def test_track_indices_refuses_what_has_no_indices():
         track_indices(DataLoader(Stream()))
     with pytest.raises(ValueError, match="in_order=False"):
         track_indices(DataLoader(dataset(), num_workers=2, in_order=False))
-    with pytest.raises(TypeError, match="loader must be a torch.utils.data.DataLoader, got list"):
+    with pytest.raises(TypeError, match="loader must be a torch.utils.data.DataLoader, got a list"):
         track_indices([1, 2])
     loader = DataLoader(dataset(), batch_size=8)
     assert track_indices(track_indices(loader)) is loader and isinstance(loader, DataLoader)

@@ -145,10 +145,10 @@ def test_step_logger_refuses_what_it_cannot_write(tmp_path):
     afile.write_text("x")
     with pytest.raises(NotADirectoryError, match="'.*afile' is a file, not a directory"):
         StepLogger(afile)
-    with pytest.raises(TypeError, match="expected a log directory or a torch.utils.tensorboard.SummaryWriter"):
+    with pytest.raises(TypeError, match="writer must be a log directory or a torch.utils.tensorboard.SummaryWriter, got 42 \\(int\\)"):
         StepLogger(42)
     logger = StepLogger(tmp_path / "tb")
-    with pytest.raises(TypeError, match="expected a nanguard.StepResult"):
+    with pytest.raises(TypeError, match="result must be a nanguard.StepResult"):
         logger.log(3.5)
     with pytest.raises(ValueError, match="action \"data\" without the \"data\" counts"):
         logger.log({"step": 1, "action": "data"})

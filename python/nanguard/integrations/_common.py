@@ -10,7 +10,7 @@ import torch
 
 import nanguard
 from nanguard import _nanguard
-from nanguard._options import GUARD_OPTIONS, unknown_option_error
+from nanguard._options import GUARD_OPTIONS, check as check_options, unknown_option_error
 from nanguard._results import NonFiniteError
 
 
@@ -92,6 +92,7 @@ class CallbackGuard:
         for option in guard_options:
             if option not in CALLBACK_OPTIONS:
                 raise unknown_option_error(name, option, CALLBACK_OPTIONS)
+        check_options(dict(guard_options, policy=policy, event_log=event_log, bundle_dir=bundle_dir, max_norm=max_norm))
         self.policy = _nanguard.policy_from_string(policy)
         self.event_log = event_log
         self.bundle_dir = bundle_dir

@@ -59,6 +59,7 @@ from typing import Any, Optional
 
 import torch
 
+from .._args import boolean
 from .._batches import named_batch_tensors
 from .._options import PathLike, Policy
 from .._sample_rows import give_sample_indices
@@ -107,7 +108,7 @@ class NanGuard(_pl.Callback, CallbackGuard):
                  **guard_options: Any) -> None:
         CallbackGuard.__init__(self, "NanGuard", "Lightning's (Trainer(precision='16-mixed'))", policy, event_log,
                                bundle_dir, max_norm, guard_options)
-        self.log_metrics = bool(log_metrics)
+        self.log_metrics = boolean("NanGuard", "log_metrics", log_metrics)
         self._window = None  # [(batch, batch_idx)] of the current optimizer step
         self._loss = None
 

@@ -89,6 +89,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from .._args import boolean
 from .._batches import named_call_tensors
 from .._options import PathLike, Policy
 from .._results import NonFiniteError
@@ -136,7 +137,7 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
                  **guard_options: Any) -> None:
         CallbackGuard.__init__(self, "NanGuardCallback", "the Trainer's (TrainingArguments(fp16=True))", policy,
                                event_log, bundle_dir, max_norm, guard_options)
-        self.log_metrics = bool(log_metrics)
+        self.log_metrics = boolean("NanGuardCallback", "log_metrics", log_metrics)
         self._own_max_norm = max_norm
         self._trainer_max_grad_norm: Optional[float] = None  # the Trainer's max_grad_norm, which the guard clips by
         self._scaler: Any = None
