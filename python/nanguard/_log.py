@@ -19,9 +19,15 @@ not nanguard's, torch's, a training framework's (Lightning, Hugging Face's
 transformers and accelerate) or the standard library's (weakref, threading,
 atexit); with none (a guard collected at the interpreter's exit), to the
 place that built the guard (:func:`user_site`).
+
+A warning that a filter made an error (``-W error``) never stops what
+nanguard was doing half-way: inside :func:`warnings_last` it is held until
+the block has done its work, then raised, unless an error wins over it.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import os
 import sys
@@ -29,7 +35,7 @@ import types
 import warnings
 import weakref
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ._results import NanGuardWarning
 
@@ -135,5 +141,55 @@ def tell(message: str, level: int = logging.WARNING, fallback: Optional[Site] = 
         registry = None if site.module_globals is None else site.module_globals.setdefault("__warningregistry__", {})
         # No module_globals: warn_explicit would ask the module's loader for its source, which `python -c`
         # code has not (an ImportError); the warning's line is read from the file, as warnings.warn does.
-        warnings.warn_explicit(message, NanGuardWarning, site.filename, site.lineno, module=site.module,
-                               registry=registry)
+        try:
+            warnings.warn_explicit(message, NanGuardWarning, site.filename, site.lineno, module=site.module,
+                                   registry=registry)
+        except Warning as error:  # a filter made it an error (-W error)
+            hold(error)
+
+
+#: The warnings made errors that the outermost :func:`warnings_last` block holds (None: outside one).
+_held: "contextvars.ContextVar[Optional[List[Warning]]]" = contextvars.ContextVar("nanguard_held", default=None)
+
+
+def hold(error: Warning) -> None:
+    """Holds ``error``, a warning that a filter made an error, until the
+    :func:`warnings_last` block around ends; outside one, raises it."""
+    held = _held.get()
+    if held is None:
+        raise error
+    held.append(error)
+
+
+@contextlib.contextmanager
+def warnings_last(in_flight: Optional[BaseException] = None) -> Iterator[None]:
+    """Runs a block of nanguard's work with the warnings that filters made
+    errors held (:func:`hold`, as :func:`tell` does) until it has ended, so
+    that none stops the work half-way. Then an error wins over them, each
+    held warning a note of it: the block's own, or ``in_flight`` (one
+    already on its way up, e.g. to an ``__exit__``); else the first held
+    warning is raised, the others its notes. A block inside another holds
+    for the outer one, unless it has an error in flight."""
+    if in_flight is None and _held.get() is not None:
+        yield
+        return
+    held: List[Warning] = []
+    token = _held.set(held)
+    try:
+        yield
+    except BaseException as error:
+        _add_notes(error, held)
+        raise
+    finally:
+        _held.reset(token)
+    if in_flight is not None:
+        _add_notes(in_flight, held)
+    elif held:
+        _add_notes(held[0], held[1:])
+        raise held[0]
+
+
+def _add_notes(error: BaseException, warnings_made_errors: List[Warning]) -> None:
+    """Each of the warnings as a note of ``error``, which wins over them."""
+    for warning in warnings_made_errors:
+        error.add_note(f"{type(warning).__name__}: {warning}")
