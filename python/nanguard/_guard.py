@@ -13,7 +13,8 @@ named from the closure's arguments, ``_batches``) or check one a framework
 ran (``begin_step`` → ``check``, or ``cancel_step``); the C++ step; then
 conclude it (its :class:`StepResult`, ``_results``; a
 :class:`NanGuardWarning`; the torch LR schedulers following a rollback,
-``_lr_schedulers``; TensorBoard); ``close`` ends the run.
+``_lr_schedulers``; TensorBoard); ``close`` ends the run. Each stage
+that warns does its work whole first (``_log.warnings_last``).
 """
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ import atexit
 import inspect
 import logging
 import weakref
-from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union,
-                    cast)
+from types import TracebackType
+from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Type,
+                    Union, cast)
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
@@ -31,7 +33,7 @@ from . import _compile, _nanguard
 from ._args import callable_, integer, items, optional, sequence_of, tensor, text
 from ._batches import call_of, checked_loss, named_call_tensors, trainable_loss
 from ._hosts import host_for
-from ._log import Site, tell, user_site
+from ._log import Site, hold, tell, user_site, warnings_last
 from ._lr_schedulers import follow_rollback
 from ._options import (LossScaleOptions, PathLike, Policy, ScheduleOptions, documented, guard_options,
                        keyword_options, read)
@@ -151,6 +153,7 @@ class Guard:
         # On close(), or when collected; its summary falls back on where the guard was built (at exit).
         self._end = weakref.finalize(self, _end_run, self._core, self._verbose, user_site())
         self._summary: Optional[Dict[str, Any]] = None  # after close(): the run's
+        self._concluded: Optional[int] = None  # the number of the last step Python concluded
         _open_guards.add(self)
 
     # -- a step the guard runs: step -> step_accumulated -> the C++ step ----------
@@ -257,20 +260,39 @@ class Guard:
         return self._run(lambda core: core.check(loss, forward, tensors, names))
 
     # -- the C++ step, then its conclusion -----------------------------------------
+    @warnings_last()
     def _run(self, call: Callable[[_nanguard.GuardCore], _nanguard.StepEvent]) -> StepResult:
         """The C++ step ``call(core)``, concluded; the guard's abort as NonFiniteError."""
-        lr_factor = self._active().lr_factor
+        core = self._active()
+        lr_factor = core.lr_factor
         try:
-            event = call(self._active())
+            event = call(core)
         except _nanguard.GuardAbort as abort:
             raise self._aborted(abort.args[0]) from None
+        except Warning as warning:
+            # A C++ warning that a filter made an error once the step had ended
+            # (python_warnings in python/src) waits for its conclusion; one
+            # from the closure or the optimizer has ended no step.
+            ended = self._unconcluded(core)
+            if ended is None:
+                raise
+            hold(warning)
+            event = ended
         return self._conclude(event, lr_factor)
+
+    def _unconcluded(self, core: _nanguard.GuardCore) -> Optional[_nanguard.StepEvent]:
+        """The event of the last step the C++ guard ended, unless Python has concluded it."""
+        if core.summary()["steps"] == 0:
+            return None
+        event = core.last_event()
+        return None if event.step == self._concluded else event
 
     def _conclude(self, event: _nanguard.StepEvent, lr_factor_before: float) -> StepResult:
         """What Python adds to a step's event: its StepResult, the warning of
         a step not taken, the LR schedulers lowered with a rollback's LR, and
         its TensorBoard scalars."""
         result = StepResult.from_event(event)
+        self._concluded = result.step
         self._warn()  # a step not taken, or the first step of a forecast
         follow_rollback(self.lr_schedulers, lr_factor_before, self._active().lr_factor)
         if self._tensorboard is not None:
@@ -280,6 +302,7 @@ class Guard:
     def _aborted(self, finding_json: str) -> NonFiniteError:
         """The NonFiniteError of an abort (its finding's JSON), with the step's result; warned."""
         result = StepResult.from_event(self._active().last_event())
+        self._concluded = result.step
         self._warn()
         return NonFiniteError(Finding.from_json(finding_json), result=result)
 
@@ -342,6 +365,7 @@ class Guard:
             return cast(Dict[str, Any], self._summary)
         return self._core.summary()
 
+    @warnings_last()  # closed whole, its summary kept, before the summary's warning
     def close(self) -> None:
         """Closes the event log (and the TensorBoard logger it made) and lets
         go of the process group (distributed); the guard steps no more. When a step was not taken it
@@ -357,8 +381,10 @@ class Guard:
     def __enter__(self) -> "Guard":
         return self
 
-    def __exit__(self, *exc: object) -> Literal[False]:
-        self.close()
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> Literal[False]:
+        with warnings_last(exc):  # the block's error wins over the summary's warning
+            self.close()
         return False
 
 
@@ -404,6 +430,7 @@ _open_guards: "weakref.WeakSet[Guard]" = weakref.WeakSet()
 
 
 @atexit.register
+@warnings_last()  # every guard closes
 def _close_open_guards() -> None:
     for guard in list(_open_guards):
         guard.close()
