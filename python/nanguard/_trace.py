@@ -14,7 +14,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from . import _args, _compile, _nanguard
 from ._args import boolean, instance, integer, sequence_of, text, wrong_type
 from ._batches import named_call_tensors
-from ._log import tell
+from ._log import tell, warnings_last
 from ._results import Finding, NonFiniteError
 
 
@@ -210,7 +210,8 @@ class Trace:
         self._close()
         if exc_type is None:
             self.check()
-        self._tell()
+        with warnings_last(exc):  # the block's error wins over the finding's warning
+            self._tell()
         return False
 
     def _tell(self) -> None:

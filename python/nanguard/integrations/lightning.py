@@ -61,6 +61,7 @@ import torch
 
 from .._args import boolean
 from .._batches import named_batch_tensors
+from .._log import warnings_last
 from .._options import PathLike, Policy
 from .._sample_rows import give_sample_indices
 from ._common import CallbackGuard, mean_loss as _mean, require
@@ -144,6 +145,7 @@ class NanGuard(_pl.Callback, CallbackGuard):
             loss = loss.float() / scaler.get_scale()
         self._loss = loss if self._loss is None else self._loss + loss
 
+    @warnings_last()  # the step's warning after the callback has recorded and logged the step
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         """Checks the step; on a bad one, replays it, acts and clears the gradients."""
         if self._window is None:
@@ -186,7 +188,8 @@ class NanGuard(_pl.Callback, CallbackGuard):
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: Any) -> None:
         """Closes the event log when training stops on an error (an abort)."""
-        self.on_fit_end(trainer, pl_module)
+        with warnings_last(exception):  # the error wins over the summary's warning
+            self.on_fit_end(trainer, pl_module)
 
 
 def _named_window(window: Any) -> Any:

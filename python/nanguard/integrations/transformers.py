@@ -91,6 +91,7 @@ import torch
 
 from .._args import boolean
 from .._batches import named_call_tensors
+from .._log import warnings_last
 from .._options import PathLike, Policy
 from .._results import NonFiniteError
 from ._common import CallbackGuard, mean_loss as _mean, require
@@ -238,6 +239,15 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, optimizer: Any = None,
                               lr_scheduler: Any = None, **kwargs: Any) -> None:
         """Checks the step; on a bad one, replays it, acts and clears the gradients."""
+        try:
+            self._check_step(args, optimizer, lr_scheduler)
+        except (NonFiniteError, Warning) as stop:  # an abort, or a warning made an error (-W error)
+            with warnings_last(stop):  # train() stops here, with no on_train_end
+                self.on_train_end(args, state, control)
+            raise
+
+    @warnings_last()  # the step's warning after the callback has recorded the step
+    def _check_step(self, args: Any, optimizer: Any, lr_scheduler: Any) -> None:
         self._end_step(args)
         if self._window is None:
             return
@@ -246,17 +256,12 @@ class NanGuardCallback(_hf.TrainerCallback, CallbackGuard):
         # Without a loss from the model (a compute_loss outside it) the event
         # says 0.0 and the gradients alone decide.
         loss = _window_loss(window, losses) if losses else 0.0
-        try:
-            r = CallbackGuard.check(self, loss, lambda: self._replay(window),
-                                    self._named_window(window),
-                                    getattr(optimizer, "scaler", None), _inner(optimizer),
-                                    [getattr(lr_scheduler, "scheduler", lr_scheduler)])
-            self._checked_since_log += 1
-            if r is not None and r.skipped:
-                self._skipped_losses.append(float(r.loss))
-        except NonFiniteError:
-            self.on_train_end(args, state, control)  # train() stops here: no on_train_end
-            raise
+        r = CallbackGuard.check(self, loss, lambda: self._replay(window), self._named_window(window),
+                                getattr(optimizer, "scaler", None), _inner(optimizer),
+                                [getattr(lr_scheduler, "scheduler", lr_scheduler)])
+        self._checked_since_log += 1
+        if r is not None and r.skipped:
+            self._skipped_losses.append(float(r.loss))
 
     def _named_window(self, window: Any) -> Any:
         """The tensors of the step's micro-batches and their names: the
