@@ -17,7 +17,7 @@ export OMP_NUM_THREADS ?= 2
 # falls to 0.66 of x.sum(): docs/performance.md, "The OpenMP wait policy". Kept until decided.
 export OMP_WAIT_POLICY ?= passive
 
-.PHONY: all setup configure build demo test test-sanitize fuzz bench bench-census bench-tracer bench-data bench-guard bench-python bench-integrations bench-compile bench-distributed clean
+.PHONY: all setup configure build demo test test-sanitize fuzz bench bench-census bench-tracer bench-data bench-guard bench-python bench-integrations bench-compile bench-distributed bench-faults clean
 
 all: build
 
@@ -106,6 +106,11 @@ bench-python: build
 # The framework callbacks (nanguard.integrations) against the frameworks' own step.
 bench-integrations: build
 	PYTHONPATH=$(BUILD)/python $(PYTHON) python/bench/bench_integrations.py
+
+# The fault campaign: planted faults on 2 Gloo ranks, what the guard detects
+# and how it classifies them (docs/hardware-or-software.md).
+bench-faults: build
+	PYTHONPATH=$(BUILD)/python $(PYTHON) python/bench/bench_faults.py
 
 # The guard over a torch.compile'd model against the compiled plain step.
 bench-compile: build

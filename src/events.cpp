@@ -1,4 +1,5 @@
 #include "nanguard/events.h"
+#include "nanguard/step_signature.h"
 
 #include "detail/enum_from_string.h"
 #include "detail/json_field.h"
@@ -95,6 +96,22 @@ verdict verdict_from_string(const std::string& name) {
   return detail::enum_from_string(name, all_verdicts, "verdict");
 }
 
+const char* to_string(fault_class c) {
+  switch (c) {
+    case fault_class::none: return "";
+    case fault_class::data: return "data";
+    case fault_class::model: return "model";
+    case fault_class::compiler: return "compiler";
+    case fault_class::transient: return "transient";
+    case fault_class::persistent: return "persistent";
+  }
+  TORCH_INTERNAL_ASSERT(false, "nanguard: fault class ", static_cast<int>(c), " has no name");
+}
+
+fault_class fault_class_from_string(const std::string& name) {
+  return detail::enum_from_string(name, all_fault_classes, "fault_class");
+}
+
 std::string to_json(const step_event& e) {
   json j;
   if (e.data) {  // no training step: its own axis (data.check), no loss
@@ -123,6 +140,8 @@ std::string to_json(const step_event& e) {
   if (e.rank >= 0) j["rank"] = e.rank;
   if (!e.nonfinite_ranks.empty()) j["nonfinite_ranks"] = e.nonfinite_ranks;
   if (e.verdict != verdict::none) j["verdict"] = to_string(e.verdict);
+  if (e.fault != fault_class::none) j["fault"] = to_string(e.fault);
+  if (e.signature != 0) j["signature"] = signature_text(e.signature);
   json findings = json::array();
   for (const auto& f : e.findings) findings.push_back(json::parse(nanguard::to_json(f)));
   j["findings"] = findings;
@@ -177,6 +196,8 @@ step_event step_event_from_json(const std::string& line) {
   e.rank = json_field<int64_t>(j, "rank", -1, kWhere);
   e.nonfinite_ranks = json_field<std::vector<int64_t>>(j, "nonfinite_ranks", {}, kWhere);
   e.verdict = verdict_from_string(json_field<std::string>(j, "verdict", "", kWhere));
+  e.fault = fault_class_from_string(json_field<std::string>(j, "fault", "", kWhere));
+  e.signature = signature_from_text(json_field<std::string>(j, "signature", "", kWhere));
   for (const json& f : list("findings")) e.findings.push_back(finding_from_json(f.dump()));
   e.rollback_to = json_field<int64_t>(j, "rollback_to", -1, kWhere);
   e.bundle = json_field<std::string>(j, "bundle", "", kWhere);

@@ -3,10 +3,12 @@
 #include "nanguard/bundle.h"
 #include "nanguard/clip.h"
 #include "nanguard/distributed.h"
+#include "nanguard/step_signature.h"
 #include "nanguard/training_host.h"
 
 #include "guard/op_patch.h"
 #include "guard/rank_agreement.h"
+#include "guard/rank_case.h"
 #include "guard/recovery.h"
 #include "guard/remedy_trials.h"
 #include "guard/step_record.h"
@@ -25,6 +27,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 
 namespace nanguard {
@@ -133,6 +136,13 @@ struct guard::impl {
   void take(step_record& r);
   void not_taken(step_event& e);
   void localize(step_record& r);
+  void classify(step_record& r);
+  void cross_check(step_record& r);
+  bool peer_runs_finite(const step_record& r, const detail::rank_case& sent);
+  bool redo(step_record& r);
+  bool suspect(const step_record& r) const;
+  bool audit(step_record& r);
+  step_measure run_again(step_record& r);
   void verify_remedies(step_record& r);
   void act(const detail::decision& d, step_record& r);
   void roll_back(step_event& e, bool cut_lr);
@@ -170,6 +180,8 @@ struct guard::impl {
   // scope over a step a framework runs (begin_step() to check()).
   std::unique_ptr<detail::op_patch> kept_patch;
   std::unique_ptr<detail::op_patch::scope> framework_step_patched;
+  std::unique_ptr<fault_injector> injector;  // inject(): a planted fault
+  int64_t fired_before = 0;                  // how often it had fired when this step began
   int64_t step = 0;           // the steps begun (steps())
   int64_t number_offset = 0;  // a step's number minus its count: begin_step(number) sets it
   int64_t number() const { return step + number_offset; }
@@ -216,6 +228,11 @@ step_record guard::impl::begin(const micro_batches* batches, step_fn fn, std::op
   ++step;
   r.event.step = this->number();
   r.sample_indices = std::exchange(sample_indices, {});
+  if (injector) {
+    injector->set_step(r.event.step);
+    injector->rewind();
+    fired_before = injector->fired();
+  }
   recovery.start(r.event.step, recovery.rolls_back() || (options.verify_remedies() && !ranks));
   if (schedule) apply_schedule();
   r.event.lr = first_lr();
@@ -299,6 +316,7 @@ void guard::impl::measured(step_record& r, bool losses_finite) {
   }
   r.report = sentinel.inspect_grads(scaler.inv_scale());
   e.grad_norm = r.report.total_norm;
+  e.signature = signature_of(e.loss, r.report);
   e.top_norms = detail::top_norms(sentinel.names(), r.report.norms, options.log_top_norms());
   r.locally_finite = collective() == backward_collective::none ? r.report.finite() : own_finite;
   if (!r.locally_finite) e.reason = "non-finite gradient";
@@ -313,14 +331,156 @@ void guard::impl::conclude(step_record& r) {
   if (finite) {
     e.spikes = sentinel.observe(e.loss, e.grad_norm);
     e.forecast = sentinel.forecast(r.loss_limit, grad_limit / scaler.get_scale());
+    if (suspect(r) && audit(r)) return take(r);
     recovery.observe_finite(e);
     r.runaway = recovery.running_away();
     if (!r.runaway) return take(r);
     not_taken(e);
   } else {
     localize(r);
+    classify(r);
+    if (ranks) cross_check(r);
+    if (e.fault == fault_class::transient && redo(r)) return take(r);
+    recovery.remember_bad_batch(r);
+    not_taken(e);
   }
-  act(recovery.decide(r), r);
+  // A faulty device: training on would go on computing with it.
+  act(e.fault == fault_class::persistent ? detail::decision{policy::abort, "", false} : recovery.decide(r), r);
+}
+
+// Hardware or software, from what the replay found: a NaN/Inf the replay
+// made again came with the batch (data) or from the model's numerics; one
+// only the compiled code makes is the compiler's; one a run of the same
+// step from the same state did not make was a transient fault.
+void guard::impl::classify(step_record& r) {
+  step_event& e = r.event;
+  const bool named = !e.findings.empty() && (e.verdict == verdict::reproduced || r.quarantined);
+  if (e.verdict == verdict::not_reproduced) e.fault = fault_class::transient;
+  else if (e.verdict == verdict::compiled_only) e.fault = fault_class::compiler;
+  else if (named) e.fault = e.findings.front().diagnosis.cause == cause::bad_data ? fault_class::data : fault_class::model;
+}
+
+// Distributed, the guard averaging the gradients: the origin rank's bad
+// micro-batch and RNG state go to the next rank, which runs the step on
+// them. When the origin made the NaN/Inf again and the peer does not, the
+// origin's device computed it: a persistent fault of that rank. Every rank
+// takes part (two broadcasts) and ends with the origin's class.
+void guard::impl::cross_check(step_record& r) {
+  step_event& e = r.event;
+  distributed& d = *options.distributed();
+  if (d.world_size() < 2 || e.nonfinite_ranks.empty() || collective() != backward_collective::none) return;
+  const int64_t origin = e.nonfinite_ranks.front(), peer = (origin + 1) % d.world_size();
+  std::string mine;
+  if (d.rank() == origin) mine = detail::rank_case{e.fault, detail::host_name(), r.bad_micro_batch(), r.rng_before.cpu}.to_bytes();
+  const detail::rank_case sent = detail::rank_case::from_bytes(d.broadcast(mine, origin));
+  e.fault = sent.fault;
+  if (sent.fault != fault_class::model && sent.fault != fault_class::data) return;  // only what reproduces
+  std::string answer;
+  if (d.rank() == peer) answer = !r.fn ? "unknown" : peer_runs_finite(r, sent) ? "finite" : "nonfinite";
+  answer = d.broadcast(answer, peer);
+  if (answer == "nonfinite") {
+    add_note(e.note, fmt::format("rank {} ran rank {}'s micro-batch from the same state and made it too: not a "
+                                 "device fault", peer, origin));
+    return;
+  }
+  if (answer != "finite") return;
+  e.fault = fault_class::persistent;
+  add_note(e.note, fmt::format("persistent fault on rank {} (host {}): it makes the NaN/Inf again, and rank {} "
+                               "given the same micro-batch and state does not: a faulty device; restart the job "
+                               "without it",
+                               origin, sent.host.empty() ? "unknown" : sent.host, peer));
+}
+
+// The peer's run of the origin's micro-batch, from the origin's RNG state,
+// on its own parameters (the same: the guard averages the gradients).
+bool guard::impl::peer_runs_finite(const step_record& r, const detail::rank_case& sent) {
+  step_record probe;
+  probe.fn = r.fn;
+  probe.event.step = r.event.step;
+  probe.rng_before = r.rng_before;
+  probe.rng_before.cpu = sent.rng;
+  std::vector<at::Tensor> batch = sent.batch;
+  const std::vector<at::Tensor>& own = r.bad_micro_batch();
+  for (size_t j = 0; j < batch.size() && j < own.size(); ++j)
+    if (batch[j].defined() && own[j].defined()) batch[j] = batch[j].to(own[j].device());
+  const micro_batches batches{batch};
+  probe.batches = &batches;
+  const bool finite = replayer.rerun(probe, batches, scaler.get_scale(), /*traced=*/false).finite;
+  host->zero_grad();
+  return finite;
+}
+
+// A transient fault: the step runs again from the same state (one process;
+// not under abort, which stops at the first NaN/Inf) and, finite, is taken
+// with that run's gradients instead of being lost.
+bool guard::impl::redo(step_record& r) {
+  step_event& e = r.event;
+  if (ranks || !r.fn || options.policy() == policy::abort) return false;
+  const step_measure again = run_again(r);
+  if (!again.grads.finite() || !std::isfinite(again.loss)) return false;
+  add_note(e.note, fmt::format("redone: the replay did not make the {}, the step ran again from the same state "
+                               "(loss {:.6g}) and was taken: a transient fault", e.reason, again.loss));
+  e.reason.clear();
+  e.nonfinite_params.clear();
+  e.spikes = sentinel.observe(e.loss, e.grad_norm);
+  recovery.observe_finite(e);
+  return true;
+}
+
+// Whether a finite step is worth a second run: a loss or grad-norm spike
+// (replay_spikes), or a step the audit samples (audit_every). One process,
+// with the step's function (a framework's replay).
+bool guard::impl::suspect(const step_record& r) const {
+  if (ranks || !r.fn || collective() != backward_collective::none) return false;
+  const bool spiked = !r.event.spikes.empty() && options.replay_spikes();
+  const bool audited = options.audit_every() > 0 && r.event.step % options.audit_every() == 0;
+  return spiked || audited;
+}
+
+// Runs a suspect finite step again and compares the two runs' signatures.
+// When they differ a third run decides: the two that agree are right, the
+// odd one was a transient fault (the original: the step is redone; the
+// second: the audit's own run was hit); three that differ say the run is
+// not deterministic. Returns whether the step was redone with other
+// gradients than its own (they are in place either way).
+bool guard::impl::audit(step_record& r) {
+  step_event& e = r.event;
+  const step_measure first{e.loss, r.report}, second = run_again(r);
+  if (compare(first, second) != signature_match::different) return false;
+  const step_measure third = run_again(r);
+  const bool first_right = compare(first, third) != signature_match::different;
+  const bool second_right = compare(second, third) != signature_match::different;
+  if (first_right) {
+    e.fault = fault_class::transient;
+    add_note(e.note, "audit: a second run of the step differed and a third agreed with the first: a transient "
+                     "fault in the second run; the step was taken");
+    return false;
+  }
+  if (!second_right) {
+    add_note(e.note, "audit: three runs of the step from the same state differ: the run is not deterministic "
+                     "(docs/hardware-or-software.md says what to turn on); the step was taken as run last");
+    return true;
+  }
+  e.fault = fault_class::transient;
+  add_note(e.note, fmt::format("redone: two more runs of the step from the same state agree (loss {:.6g}, grad "
+                               "norm {:.6g}) and differ from it (loss {:.6g}, grad norm {:.6g}): a transient "
+                               "fault; the step was taken as they computed it",
+                               third.loss, third.grads.total_norm, e.loss, e.grad_norm));
+  return true;
+}
+
+// Runs the step again from its state and RNG, untraced, and measures it;
+// its gradients stay in place, the event holds its loss, grad norm and
+// signature.
+step_measure guard::impl::run_again(step_record& r) {
+  step_event& e = r.event;
+  const detail::rerun_outcome o = replayer.rerun(r, *r.batches, scaler.get_scale(), /*traced=*/false);
+  r.report = o.report;
+  e.loss = o.loss;
+  e.grad_norm = o.report.total_norm;
+  e.top_norms = detail::top_norms(sentinel.names(), r.report.norms, options.log_top_norms());
+  e.signature = signature_of(e.loss, r.report);
+  return {e.loss, r.report};
 }
 
 // A finite step: unscale + clip in one write, the optimizer steps (unless a
@@ -372,8 +532,6 @@ void guard::impl::localize(step_record& r) {
   for (finding& f : e.findings) f.diagnosis = diagnose(f, h);
   name_samples(r, batch_names);
   verify_remedies(r);
-  recovery.remember_bad_batch(r);
-  not_taken(e);
 }
 
 // Tries the remedies of the step's first finding on replays of the step and
@@ -475,6 +633,8 @@ double guard::impl::first_lr() const {
 // warning on stderr too (verbose; distributed: rank 0's).
 void guard::impl::write(step_event& e) {
   e.guard_ms = (seconds_since(step_started) - user_s) * 1e3;
+  if (injector && injector->fired() > fired_before)  // first: what was planted, then what the guard made of it
+    e.note = "injected: " + injector->last_fired() + (e.note.empty() ? "" : "; " + e.note);
   last = e;
   if (log) log->write(e);
   const std::string& warning = narrator.observe(e);
@@ -615,6 +775,8 @@ guard::guard(std::shared_ptr<training_host> host, guard_options options) {
   TORCH_CHECK(o.max_bad_fraction() > 0 && o.max_bad_fraction() <= 1,
               "nanguard::guard_options: max_bad_fraction must be in (0, 1] but is ", o.max_bad_fraction(),
               "; 1 never aborts on its own, 0.5 aborts when most recent steps are bad");
+  TORCH_CHECK(o.audit_every() >= 0, "nanguard::guard_options: audit_every must be >= 0 but is ", o.audit_every(),
+              "; 0 audits no step, 100 runs every 100th step twice");
   TORCH_CHECK(o.log_top_norms() >= 0, "nanguard::guard_options: log_top_norms must be >= 0 but is ",
               o.log_top_norms(), "; 0 lists no per-parameter norm, 5 is the default");
   TORCH_CHECK(o.spike_rollback_z() >= 0 && std::isfinite(o.spike_rollback_z()),
@@ -631,11 +793,18 @@ guard::guard(std::shared_ptr<training_host> host, guard_options options) {
   if (!s.options.event_log().empty())
     s.log = std::make_unique<event_log>(s.options.event_log(), s.options.truncate_event_log());
   if (s.ranks) s.ranks->check_same_parameters();        // a collective: every rank builds its guard
+  if (const char* planted = std::getenv("NANGUARD_INJECT"); planted != nullptr && *planted != '\0') {
+    try {
+      inject(fault_spec_from_string(planted));
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "nanguard::guard: NANGUARD_INJECT='", planted, "': ", e.what_without_backtrace());
+    }
+  }
 }
 
 guard::~guard() {
   const impl& s = *impl_;
-  if (s.last && s.narrator.summary().not_taken > 0 && s.speaks(*s.last))
+  if (s.last && eventful(s.narrator.summary()) && s.speaks(*s.last))
     say(s.narrator.summary_line());
 }
 
@@ -759,6 +928,19 @@ step_event guard::replay(const bundle& b, const step_fn& fn) {
 void guard::set_bundle_tags(bundle_tag_list tags) { impl_->bundle_tags = std::move(tags); }
 
 void guard::set_batch_names(std::vector<std::string> names) { impl_->batch_names = std::move(names); }
+
+void guard::inject(const fault_spec& spec) {
+  impl& s = *impl_;
+  const int64_t rank = s.options.distributed() ? s.options.distributed()->rank() : 0;
+  const int64_t world = s.options.distributed() ? s.options.distributed()->world_size() : 1;
+  TORCH_CHECK(spec.rank() < world, "nanguard::guard::inject: rank ", spec.rank(), " is not in the guard's group of ",
+              world, world == 1 ? " process (rank 0)" : " ranks", "; name a rank from 0 to ", world - 1,
+              " or -1 for every rank");
+  TORCH_CHECK(s.step == 0 || spec.step() > s.number(), "nanguard::guard::inject: step ", spec.step(),
+              " has passed (the last step was ", s.number(), "); name a step from ", s.number() + 1, " on");
+  s.injector.reset();  // one armed at a time: the new one replaces it
+  s.injector = std::make_unique<fault_injector>(spec, rank);
+}
 
 void guard::set_sample_indices(const at::Tensor& t, std::vector<int64_t> indices) {
   TORCH_CHECK(t.defined() && t.dim() > 0 && t.size(0) == int64_t(indices.size()),

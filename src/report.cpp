@@ -188,7 +188,8 @@ json parameter_series(const std::vector<step_event>& events, json& omitted) {
 }
 
 bool notable(const step_event& e) {
-  return e.action != action::step || e.skipped || !e.spikes.empty() || e.verdict != verdict::none || !e.bundle.empty() ||
+  return e.action != action::step || e.skipped || !e.spikes.empty() || e.verdict != verdict::none ||
+         e.fault != fault_class::none || !e.bundle.empty() ||
          !e.note.empty() || !e.nonfinite_params.empty() || !e.nonfinite_ranks.empty() || !e.findings.empty();
 }
 
@@ -216,6 +217,7 @@ json timeline_row(const step_event& e) {
   for (const auto& s : e.spikes)
     items.push_back({"spike", s.series + " spike: " + number_text(s.value) + " (z = " + number_text(s.z) + ")"});
   if (e.verdict != verdict::none) items.push_back({"verdict", std::string("replay: ") + to_string(e.verdict)});
+  if (e.fault != fault_class::none) items.push_back({"verdict", std::string("fault: ") + to_string(e.fault)});
   for (const auto& f : e.findings) {
     items.push_back({"finding", to_string(f) + " (likely cause: " + to_string(f.diagnosis.cause) + ")"});
     if (const remedy_check* v = verified_remedy(f.remedy_checks))

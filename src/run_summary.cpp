@@ -129,6 +129,10 @@ const std::string& run_narrator::observe(const step_event& e) {
     s.auto_fix_since = e.step;
   }
   if (!bad(e)) {
+    if (e.fault == fault_class::transient) {
+      ++s.transient_faults;
+      last_warning_ = fmt::format("nanguard: step {}: transient fault: {}", e.step, one_line(e.note));
+    }
     if (s.first_step < 0) {
       s.first_step = e.step;
       s.first_loss = e.loss;
@@ -182,6 +186,9 @@ std::string to_string(const run_summary& s) {
     if (s.final_step > s.first_step) line += fmt::format(" -> {:.4g} (step {})", s.final_loss, s.final_step);
     if (s.final_step > s.first_step && !(s.final_loss < s.first_loss)) line += ", not below the first";
   }
+  if (s.transient_faults > 0)
+    line += fmt::format("; {} transient fault{} (the step ran again and was taken)", s.transient_faults,
+                        s.transient_faults == 1 ? "" : "s");
   if (s.loss_scale != 1) line += fmt::format("; loss scale {:.6g}", s.loss_scale);
   if (s.ended_on_snapshot == s.initial_step)
     line += fmt::format("; ended on its initial weights (rolled back to before step {})", s.initial_step + 1);

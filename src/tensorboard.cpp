@@ -249,6 +249,7 @@ std::string step_text(const step_event& e) {
   for (const auto& f : e.findings)
     lines.push_back("- finding: " + to_string(f) + " (likely cause: " + to_string(f.diagnosis.cause) + ")");
   if (e.verdict != verdict::none) lines.push_back(std::string("- replay: ") + to_string(e.verdict));
+  if (e.fault != fault_class::none) lines.push_back(std::string("- fault: ") + to_string(e.fault));
   if (!std::isfinite(e.loss) && !e.data) lines.push_back("- loss = " + format_number(e.loss));
   for (const auto& b : e.nonfinite_params)
     lines.push_back("- non-finite gradient: " + b.name + " (" + std::to_string(b.nonfinite) + " values)");

@@ -248,7 +248,9 @@ TEST(guard, backoff_handles_an_fp16_overflow) {
   EXPECT_LT(events.back().loss, events[backoffs].loss);
 }
 
-TEST(guard, a_nan_injected_once_is_not_reproduced) {
+// A NaN the step's function makes once: the replay is finite, so it was a
+// transient fault, and the step is run once more and taken (#59).
+TEST(guard, a_nan_injected_once_is_not_reproduced_and_its_step_is_redone) {
   torch::manual_seed(3);
   torch::nn::Linear model(4, 1);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01));
@@ -262,15 +264,17 @@ TEST(guard, a_nan_injected_once_is_not_reproduced) {
   };
   std::vector<step_event> events;
   for (int i = 0; i < 8; ++i) events.push_back(g.step({x, y}, fn));
-  EXPECT_EQ(9, calls) << "one replay";
+  EXPECT_EQ(10, calls) << "one replay, one run to redo the step";
   const step_event& bad = events[4];
-  EXPECT_EQ(nanguard::action::skip, bad.action);
-  EXPECT_TRUE(bad.skipped);
-  EXPECT_TRUE(std::isnan(bad.loss));
+  EXPECT_EQ(nanguard::action::step, bad.action);
+  EXPECT_FALSE(bad.skipped);
+  EXPECT_TRUE(std::isfinite(bad.loss)) << "the redone run's loss";
   EXPECT_EQ(nanguard::verdict::not_reproduced, bad.verdict);
+  EXPECT_EQ(nanguard::fault_class::transient, bad.fault);
   EXPECT_TRUE(bad.findings.empty());
   for (int i : {0, 1, 2, 3, 5, 6, 7}) EXPECT_EQ(nanguard::action::step, events[i].action) << i;
-  EXPECT_EQ(1, g.skipped());
+  EXPECT_EQ(0, g.skipped());
+  EXPECT_EQ(1, g.narrator().summary().transient_faults);
 }
 
 TEST(guard, replay_names_a_deterministic_producer_and_nothing_is_stepped) {

@@ -56,6 +56,25 @@ const char* to_string(verdict v);
 /// The verdict whose to_string is `name`. Throws c10::Error listing the valid names.
 verdict verdict_from_string(const std::string& name);
 
+/// Hardware or software: what kind of failure a bad (or suspect) step was,
+/// from its replays (docs/hardware-or-software.md; the event log's "fault").
+enum class fault_class {
+  none,        ///< "": a healthy step, or not told (the replay failed, or none ran)
+  data,        ///< "data": the replay reproduced it, and the batch brought the NaN/Inf
+  model,       ///< "model": the replay reproduced it in the model's own numerics
+  compiler,    ///< "compiler": only the compiled code makes it, the eager code runs finite
+  transient,   ///< "transient": a run of the same step from the same state computed something else
+  persistent,  ///< "persistent": it reproduces on its rank, not on another given the same batch and state
+};
+/// Every fault class, in declaration order.
+inline constexpr fault_class all_fault_classes[] = {fault_class::none,     fault_class::data,
+                                                    fault_class::model,    fault_class::compiler,
+                                                    fault_class::transient, fault_class::persistent};
+/// Its name in the event log: "", "data", "model", "compiler", "transient", "persistent".
+const char* to_string(fault_class c);
+/// The fault class whose to_string is `name`. Throws c10::Error listing the valid names.
+fault_class fault_class_from_string(const std::string& name);
+
 /// One parameter whose gradient held NaN/Inf.
 struct bad_parameter {
   std::string name;      ///< parameter name
@@ -118,6 +137,12 @@ struct step_event {
   int64_t rank = -1;            ///< distributed: this process's rank (-1: single process)
   std::vector<int64_t> nonfinite_ranks;  ///< distributed: the ranks that saw a non-finite value
   nanguard::verdict verdict = verdict::none;  ///< the replay's conclusion (none: no replay)
+  /// Hardware or software, from the replays: a transient fault's step was
+  /// run again and taken (action "step", skipped false, the note says so).
+  nanguard::fault_class fault = fault_class::none;
+  /// The step's fingerprint (step_signature.h): its loss and per-parameter
+  /// gradient norms and NaN/Inf counts, hashed (0: not measured).
+  uint64_t signature = 0;
   std::vector<finding> findings;  ///< the tracer's findings from the replay
   int64_t rollback_to = -1;     ///< rollback: the step of the restored snapshot (one before the first step: the initial weights)
   std::string bundle;           ///< abort: the repro bundle's directory

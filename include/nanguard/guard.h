@@ -31,6 +31,7 @@
 #pragma once
 
 #include <nanguard/events.h>
+#include <nanguard/fault_injection.h>
 #include <nanguard/guard_options.h>
 #include <nanguard/run_summary.h>
 #include <nanguard/snapshot.h>
@@ -156,6 +157,15 @@ class guard {
   ///
   /// Throws c10::Error when `indices` has not one entry per row of `t`.
   void set_sample_indices(const at::Tensor& t, std::vector<int64_t> indices);
+  /// Plants the fault `spec` (fault_injection.h) in this guard's steps, in
+  /// place of one planted before: the tests and campaigns of what the guard
+  /// detects and how it classifies it. The event of the step it fires in
+  /// says so in its note ("injected: nan written into ..."). The
+  /// environment variable NANGUARD_INJECT (fault_spec_from_string's text)
+  /// plants one when the guard is made.
+  /// Throws c10::Error when the op is unknown, the rank is not in the
+  /// guard's group, or the step has passed.
+  void inject(const fault_spec& spec);
   /// The event of the last step (after an abort's nonfinite_error: its
   /// bundle, notes and findings). Throws c10::Error before the first step.
   const step_event& last_event() const;

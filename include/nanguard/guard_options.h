@@ -77,6 +77,16 @@ struct guard_options {
   /// rewrite's dispatcher hook (a few microseconds each); eager ops only (a
   /// compiled model's graph is not rewritten). REQUIRES: verify_remedies.
   TORCH_ARG(bool, auto_fix) = false;
+  /// A finite step whose loss or grad norm spiked runs again from the same
+  /// state (untraced; one process), and the two runs' signatures
+  /// (step_signature.h) are compared: when they differ a third run decides,
+  /// and a transient fault's step is taken as the agreeing runs computed it
+  /// (event fault "transient"). Costs one or two forward/backward per spike.
+  TORCH_ARG(bool, replay_spikes) = true;
+  /// Every this many steps (0: never), a finite step runs again and the two
+  /// runs' signatures are compared, as for a spike: corruption too small to
+  /// spike, at the cost of one forward/backward per audited step.
+  TORCH_ARG(int64_t, audit_every) = 0;
   /// Each event lists this many of the largest per-parameter grad norms.
   TORCH_ARG(int64_t, log_top_norms) = 5;
   /// JSONL event log path ("" : no log file).

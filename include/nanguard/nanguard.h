@@ -48,6 +48,7 @@
 // guard: the checks and recoveries of a training step (guard.h), and of the data it is fed (firewall.h).
 #include <nanguard/forecast.h>
 #include <nanguard/sentinel.h>
+#include <nanguard/step_signature.h>
 #include <nanguard/loss_scaler.h>
 #include <nanguard/clip.h>
 #include <nanguard/safe_ops.h>
@@ -58,6 +59,7 @@
 #include <nanguard/distributed.h>
 #include <nanguard/bundle.h>
 #include <nanguard/run_summary.h>
+#include <nanguard/fault_injection.h>
 #include <nanguard/guard_options.h>
 #include <nanguard/guard.h>
 #include <nanguard/csv.h>

@@ -33,6 +33,9 @@ struct run_summary {
   int64_t steps = 0;        ///< training steps (data events not counted)
   int64_t not_taken = 0;    ///< bad steps: the optimizer did not step (every policy)
   int64_t rolled_back = 0;  ///< of those, rolled back
+  /// Steps taken after a transient fault: a run of the step from the same
+  /// state computed something else, and the step was run again (fault "transient").
+  int64_t transient_faults = 0;
   int64_t last_bad_step = -1;  ///< the last bad step (-1: none)
   /// Why the last bad step was bad: its finding's cause ("log_of_nonpositive")
   /// or, without a classified finding, its reason ("non-finite gradient").
@@ -59,6 +62,9 @@ struct run_summary {
   std::string auto_fix;
   int64_t auto_fix_since = -1;
 };
+
+/// Whether the run had something to tell: a step not taken, or a transient fault.
+inline bool eventful(const run_summary& s) { return s.not_taken > 0 || s.transient_faults > 0; }
 
 /// One line: `nanguard: 48 steps, 2 not taken (2 skipped); last bad step 13
 /// [log_of_nonpositive]; loss 2.31 (step 1) -> 0.42 (step 48)`, with the loss

@@ -58,6 +58,11 @@ struct tracer_options {
   /// what a repro bundle needs to run the op alone. Copies the inputs of every
   /// in-place op before it overwrites them; the guard's replay turns it on.
   TORCH_ARG(bool, keep_inputs) = false;
+  /// Know an op's output finite from its inputs' ranges without reading it
+  /// (range_rules.h: sound for correct arithmetic; most outputs go unread
+  /// then). A faulty device breaks that soundness: the guard's replay, which
+  /// must name the op whose output a bad unit corrupted, reads every output.
+  TORCH_ARG(bool, range_rules) = true;
   /// Check CPU tensors on the deferred path too, as tensors on a GPU always
   /// are: an op's outputs are not read when it ends (a host sync per op on a
   /// GPU) but enqueued on a `nonfinite_record`, read once when findings are

@@ -104,6 +104,30 @@ def named_call_tensors(fn: Callable[..., Any], args: Sequence[Any],
     return tensors, names
 
 
+def with_tensors(args: Sequence[Any], kwargs: Mapping[str, Any],
+                 tensors: Sequence[torch.Tensor]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+    """The call ``(args, kwargs)`` with its tensors, in the order of
+    :func:`named_call_tensors`, replaced by ``tensors``: the same step on
+    another batch of the same structure (the batch without its NaN/Inf rows,
+    or another rank's micro-batch). A ValueError when the counts differ."""
+    given = iter(tensors)
+
+    def rebuilt(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return next(given)
+        if isinstance(v, dict):
+            return {k: rebuilt(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            items = [rebuilt(x) for x in v]
+            return type(v)(*items) if hasattr(v, "_fields") else type(v)(items)
+        return v
+
+    wanted = len(batch_tensors([list(args), dict(kwargs)]))
+    if wanted != len(tensors):
+        raise ValueError(f"nanguard: a batch of {len(tensors)} tensors for a call that takes {wanted}")
+    return tuple(rebuilt(a) for a in args), {k: rebuilt(v) for k, v in kwargs.items()}
+
+
 def _positional_parameters(fn: Callable[..., Any]) -> List[inspect.Parameter]:
     """The parameters of ``fn`` that positional arguments fill, in order
     (none for a builtin or a C extension: no signature)."""

@@ -30,8 +30,8 @@ import torch
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from . import _compile, _nanguard
-from ._args import callable_, integer, items, optional, sequence_of, tensor, text
-from ._batches import call_of, checked_loss, named_call_tensors, trainable_loss
+from ._args import callable_, integer, items, number, optional, sequence_of, tensor, text
+from ._batches import call_of, checked_loss, named_call_tensors, trainable_loss, with_tensors
 from ._hosts import host_for
 from ._log import Site, hold, tell, user_site, warnings_last
 from ._lr_schedulers import follow_rollback
@@ -39,6 +39,12 @@ from ._options import (LossScaleOptions, PathLike, Policy, ScheduleOptions, docu
                        keyword_options, read)
 from ._results import Finding, NanGuardWarning, NonFiniteError, StepResult
 from ._sample_rows import give_sample_indices
+
+#: What a planted fault writes (Guard.inject's ``kind``).
+FaultKind = Literal["nan", "inf", "-inf", "bit_flip", "scale"]
+FAULT_KINDS = ("nan", "inf", "-inf", "bit_flip", "scale")
+#: How often it fires.
+FaultMode = Literal["transient", "persistent"]
 from .tensorboard import StepLogger
 
 if TYPE_CHECKING:
@@ -52,7 +58,8 @@ def _end_run(core: Any, verbose: bool, built_at: Optional[Site]) -> Dict[str, An
     interpreter's exit); returns the summary."""
     summary = core.summary()
     if verbose:
-        tell(summary["text"], logging.WARNING if summary["not_taken"] > 0 else logging.INFO, fallback=built_at)
+        eventful = summary["not_taken"] > 0 or summary["transient_faults"] > 0
+        tell(summary["text"], logging.WARNING if eventful else logging.INFO, fallback=built_at)
     return summary
 
 
@@ -118,7 +125,8 @@ class Guard:
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, policy: Policy = "auto",
                  max_norm: float = 0.0, clip_value: float = 0.0,
                  loss_scale: Union[bool, LossScaleOptions] = False, replay: bool = True,
-                 trace_every_step: bool = False, verify_remedies: bool = True, auto_fix: bool = False,
+                 trace_every_step: bool = False, replay_spikes: bool = True, audit_every: int = 0,
+                 verify_remedies: bool = True, auto_fix: bool = False,
                  event_log: Optional[PathLike] = None, snapshot_every: int = 10,
                  snapshot_keep: int = 2, snapshot_memory_mb: float = 0.0, rollback_lr_factor: float = 0.5,
                  spike_rollback_z: float = 100.0,
@@ -201,8 +209,12 @@ class Guard:
             raise ValueError("nanguard.Guard.step_accumulated: micro_batches is empty; pass at least one "
                              "(args, kwargs) pair or tuple of arguments")
 
-        def forward(index: int) -> torch.Tensor:
+        def forward(index: int, tensors: List[torch.Tensor]) -> torch.Tensor:
+            # Micro-batch `index`, or (another batch: the batch without its
+            # NaN/Inf rows, another rank's) its call with those tensors.
             args, kwargs = calls[index]
+            if any(t is not own for t, own in zip(tensors, batches[index])) or len(tensors) != len(batches[index]):
+                args, kwargs = with_tensors(args, kwargs, tensors)
             return trainable_loss(closure(*args, **kwargs))
 
         named = [named_call_tensors(closure, *call) for call in calls]
@@ -258,6 +270,37 @@ class Guard:
         names = sequence_of(text, where, "names", names, "a list of str")
         forward = None if replay is None else (lambda _batch: trainable_loss(replay()))
         return self._run(lambda core: core.check(loss, forward, tensors, names))
+
+    # -- a planted fault -----------------------------------------------------------
+    def inject(self, op: str, *, step: int, kind: FaultKind = "nan", mode: FaultMode = "transient",
+               direction: Literal["forward", "backward"] = "forward", rank: int = -1, occurrence: int = 0,
+               element: int = 0, bit: int = 30, factor: float = 1e6) -> None:
+        """Plants a fault in this guard's steps, to test what it detects and
+        how it classifies it (docs/hardware-or-software.md): at step
+        ``step`` (its number), ``kind`` ("nan", "inf", "-inf", "bit_flip" of
+        bit ``bit``, "scale" by ``factor``) is written into element
+        ``element`` of the output of call ``occurrence`` of ATen op ``op``
+        ("aten::addmm") in ``direction``, on rank ``rank`` (-1: every
+        rank), once ("transient": a replay of the step runs clean) or on
+        every call from that step on ("persistent": a replay reproduces it).
+        The step's event says so in its note ("injected: ..."). It replaces
+        a fault planted before; the environment variable ``NANGUARD_INJECT``
+        ("op=aten::addmm,step=5,kind=nan") plants one when a guard is made.
+
+            guard.inject("aten::addmm", step=5, kind="bit_flip", bit=30, mode="persistent")
+
+        A ValueError names an op PyTorch does not know, a rank outside the
+        guard's group or a step that has passed."""
+        where = "nanguard.Guard.inject"
+        fields = {"op": text(where, "op", op), "step": integer(where, "step", step, minimum=0),
+                  "kind": text(where, "kind", kind, choices=FAULT_KINDS),
+                  "mode": text(where, "mode", mode, choices=("transient", "persistent")),
+                  "direction": text(where, "direction", direction, choices=("forward", "backward")),
+                  "rank": integer(where, "rank", rank, minimum=-1),
+                  "occurrence": integer(where, "occurrence", occurrence, minimum=0),
+                  "element": integer(where, "element", element, minimum=0),
+                  "bit": integer(where, "bit", bit, minimum=0), "factor": repr(number(where, "factor", factor))}
+        self._active().inject(",".join(f"{k}={v}" for k, v in fields.items()))
 
     # -- the C++ step, then its conclusion -----------------------------------------
     @warnings_last()

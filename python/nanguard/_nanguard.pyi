@@ -351,6 +351,16 @@ class StepEvent:
         """
         The replay's verdict ("": no replay).
         """
+    @property
+    def fault(self) -> str:
+        """
+        Hardware or software: data, model, compiler, transient, persistent ("": not told).
+        """
+    @property
+    def signature(self) -> str:
+        """
+        The step's fingerprint, 16 hex digits ("": not measured).
+        """
 class EventLog:
     """
     nanguard::event_log: the guard's JSONL event log.
@@ -499,6 +509,7 @@ class GuardOptions:
     front_end: str
     policy: str
     replay: bool
+    replay_spikes: bool
     scaler: LossScaler | None
     schedule: WarmupCosine | None
     trace_every_step: bool
@@ -508,6 +519,12 @@ class GuardOptions:
         """
         GuardOptions(**fields): guard_options() with each keyword's property set.
         """
+    @property
+    def audit_every(self) -> int:
+        ...
+    @audit_every.setter
+    def audit_every(self, arg1: typing.SupportsInt) -> None:
+        ...
     @property
     def bundle_tags(self) -> list[tuple[str, str]]:
         ...
@@ -616,11 +633,15 @@ class GuardCore:
         """
         What the run did so far (nanguard::run_summary), its line as "text".
         """
+    def inject(self, spec: str) -> None:
+        """
+        Plants the fault `spec` (nanguard::fault_spec_from_string's text) in the guard's steps.
+        """
     def set_sample_indices(self, tensor: torch.Tensor, indices: collections.abc.Sequence[typing.SupportsInt]) -> None:
         """
         The dataset index of each row of batch tensor `tensor` in the next step (Finding.dataset_index).
         """
-    def step_accumulated(self, micro_batches: collections.abc.Sequence[collections.abc.Sequence[torch.Tensor]], forward: collections.abc.Callable[[typing.SupportsInt], torch.Tensor], names: collections.abc.Sequence[str]) -> StepEvent:
+    def step_accumulated(self, micro_batches: collections.abc.Sequence[collections.abc.Sequence[torch.Tensor]], forward: collections.abc.Callable[[typing.SupportsInt, collections.abc.Sequence[torch.Tensor]], torch.Tensor], names: collections.abc.Sequence[str]) -> StepEvent:
         """
         One guarded step over the micro-batches (their tensors, named by `names` in findings); forward(i) is the loss of the i-th. Returns its StepEvent.
         """

@@ -18,6 +18,8 @@ from . import _nanguard
 Action = Literal["step", "skip", "backoff", "rollback", "abort", "data"]
 #: A replay's verdict ("": no replay).
 Verdict = Literal["", "reproduced", "not reproduced", "replay failed", "compiled only"]
+#: Hardware or software (docs/hardware-or-software.md; "": not told).
+Fault = Literal["", "data", "model", "compiler", "transient", "persistent"]
 #: What a replay with a remedy gave (``nanguard::check_result``).
 CheckResult = Literal["finite", "still_nonfinite", "not_checkable"]
 
@@ -266,8 +268,13 @@ class StepResult:
     that grows step after step leaves its dtype's range ("the loss (4.1e+09)
     leaves the range 3.40282e+38 in about 26 steps (x3.1 a step)"; None when
     healthy). ``auto_fix`` is the verified op rewrite that ``Guard(auto_fix=True)``
-    keeps in force from this step on ("" when none). ``to_dict()`` gives the
-    event log's line.
+    keeps in force from this step on ("" when none). ``fault`` says hardware
+    or software (docs/hardware-or-software.md): "data", "model", "compiler",
+    "transient" (a run of the same step from the same state computed
+    something else: the step was run again and taken, ``skipped`` False,
+    ``note`` says so) or "persistent"; "" when not told. ``signature`` is
+    the step's fingerprint (16 hex digits: its loss and per-parameter
+    gradient norms hashed). ``to_dict()`` gives the event log's line.
     """
 
     step: int
@@ -293,6 +300,8 @@ class StepResult:
     nonfinite_ranks: List[int] = field(default_factory=list)
     forecast: Optional[str] = None
     auto_fix: str = ""
+    fault: Fault = ""
+    signature: str = ""
     _event: Optional[_nanguard.StepEvent] = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -308,7 +317,7 @@ class StepResult:
                    top_norms=event.top_norms, clip_coef=event.clip_coef, bundle=event.bundle,
                    rollback_to=event.rollback_to, remedy=event.remedy, note=event.note, rank=event.rank,
                    nonfinite_ranks=event.nonfinite_ranks, forecast=event.forecast, auto_fix=event.auto_fix,
-                   _event=event)
+                   fault=cast(Fault, event.fault), signature=event.signature, _event=event)
 
     def to_dict(self) -> Dict[str, Any]:
         """The event as the event log holds it (``nanguard::step_event``; NaN

@@ -2,6 +2,7 @@
 #include "bindings.h"
 
 #include <nanguard/events.h>
+#include <nanguard/step_signature.h>
 #include <nanguard/tensorboard.h>
 
 #include <cstdint>
@@ -51,6 +52,10 @@ void bind_events(py::module_& m) {
       .def_readonly("nonfinite_ranks", &step_event::nonfinite_ranks)
       .def_property_readonly("verdict", [](const step_event& e) { return nanguard::to_string(e.verdict); },
                              "The replay's verdict (\"\": no replay).")
+      .def_property_readonly("fault", [](const step_event& e) { return nanguard::to_string(e.fault); },
+                             "Hardware or software: data, model, compiler, transient, persistent (\"\": not told).")
+      .def_property_readonly("signature", [](const step_event& e) { return nanguard::signature_text(e.signature); },
+                             "The step's fingerprint, 16 hex digits (\"\": not measured).")
       .def_property_readonly(
           "findings_json",
           [](const step_event& e) {

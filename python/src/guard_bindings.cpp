@@ -99,6 +99,7 @@ py::dict summary_dict(const nanguard::run_summary& s) {
   d["steps"] = s.steps;
   d["not_taken"] = s.not_taken;
   d["rolled_back"] = s.rolled_back;
+  d["transient_faults"] = s.transient_faults;
   d["last_bad_step"] = s.last_bad_step;
   d["last_cause"] = s.last_cause;
   d["last_rollback_to"] = s.last_rollback_to;
@@ -221,6 +222,8 @@ py::class_<nanguard::guard_options> bind_guard_options_class(py::module_& m) {
   NANGUARD_GUARD_OPTION(o, verbose);
   NANGUARD_GUARD_OPTION(o, distributed);
   NANGUARD_GUARD_OPTION(o, trace_every_step);
+  NANGUARD_GUARD_OPTION(o, replay_spikes);
+  NANGUARD_GUARD_OPTION(o, audit_every);
   // The spike window also bounds the samples a spike needs (10 at most).
   o.def_property(
       "spike_window", [](const nanguard::guard_options& g) { return g.spikes().window(); },
@@ -273,6 +276,13 @@ py::tuple guard_option_rows(py::class_<nanguard::guard_options>& o) {
       .row("trace_every_step", "bool", "trace_every_step",
            "trace every step's forward and backward instead (the cost of :func:`nanguard.trace` on every step): "
            "a bad step's findings come from the step itself.")
+      .row("replay_spikes", "bool", "replay_spikes",
+           "a finite step whose loss or grad norm spiked runs again from the same state and the two runs' "
+           "signatures are compared: when they differ a third run decides, and a transient fault's step is taken "
+           "as the agreeing runs computed it (:attr:`StepResult.fault` \"transient\"); one process.")
+      .row("audit_every", "int", "audit_every",
+           "every this many steps (0: never) a finite step runs again and the runs' signatures are compared, as "
+           "for a spike: corruption too small to spike, for one more forward/backward per audited step.")
       .row("verify_remedies", "bool", "verify_remedies",
            "after a replay names the op, replay the bad step again with its diagnosis's remedy applied (inside "
            "the replay only: an eps on a zero denominator, a clamp, the op in float32, a safe softmax, a lower "
@@ -390,20 +400,18 @@ void bind_guard(py::module_& m) {
            py::arg("host"), py::arg("options"), py::keep_alive<1, 2>())
       .def("step_accumulated",
            [](nanguard::guard& g, const nanguard::guard::micro_batches& batches,
-              const std::function<at::Tensor(size_t)>& forward, std::vector<std::string> names) {
+              const std::function<at::Tensor(size_t, const std::vector<at::Tensor>&)>& forward,
+              std::vector<std::string> names) {
              g.set_batch_names(std::move(names));
-             // The guard runs the step on the elements of `batches`, by
-             // reference: an element's position is the index of the
-             // micro-batch, which Python's forward takes. Another batch (a
-             // remedy check's batch without its NaN/Inf rows) it cannot run:
-             // that check is not checkable.
+             // forward(i, tensors): the loss of micro-batch i (an element of
+             // `batches`, found by reference), or of another batch (the batch
+             // without its NaN/Inf rows, another rank's micro-batch) put
+             // into the first micro-batch's call.
              const nanguard::step_fn fn = [&](const std::vector<at::Tensor>& batch) {
                const std::less<const void*> before;
-               TORCH_CHECK_NOT_IMPLEMENTED(
-                   !before(&batch, batches.data()) && before(&batch, batches.data() + batches.size()),
-                   "nanguard.Guard.step: the closure runs on its own arguments only, not on another batch (the "
-                   "batch without its NaN/Inf rows); the C++ guard.step form runs one");
-               return interruptible([&] { return forward(static_cast<size_t>(&batch - batches.data())); });
+               const bool own = !before(&batch, batches.data()) && before(&batch, batches.data() + batches.size());
+               const size_t i = own ? static_cast<size_t>(&batch - batches.data()) : 0;
+               return interruptible([&] { return forward(i, batch); });
              };
              return g.step_accumulated(batches, fn);
            },
@@ -412,6 +420,9 @@ void bind_guard(py::module_& m) {
            "the loss of the i-th. Returns its StepEvent.")
       .def("begin_step", &nanguard::guard::begin_step, py::arg("number") = py::none(),
            "Begins a step a framework runs, numbered `number` (its step counter; None: one above the last).")
+      .def(
+          "inject", [](nanguard::guard& g, const std::string& spec) { g.inject(nanguard::fault_spec_from_string(spec)); },
+          py::arg("spec"), "Plants the fault `spec` (nanguard::fault_spec_from_string's text) in the guard's steps.")
       .def("set_sample_indices", &nanguard::guard::set_sample_indices, py::arg("tensor"), py::arg("indices"),
            "The dataset index of each row of batch tensor `tensor` in the next step (Finding.dataset_index).")
       .def("cancel_step", &nanguard::guard::cancel_step)

@@ -172,7 +172,7 @@ def test_census_many_and_check_many_name_the_first_bad_tensor():
     assert (v.tensors, v.first_tensor, v.first_index, v.first_value) == (3, 1, 1, math.inf)
     assert (v.nan, v.pos_inf, v.nonfinite) == (1, 1, 2) and not v.all_finite()
     assert nanguard.check_many([]).all_finite()
-    with pytest.raises(TypeError, match="list of torch.Tensor"):
+    with pytest.raises(TypeError, match=r"nanguard.check_many: tensors\[0\] must be a torch.Tensor, got 1.0 \(float\)"):
         nanguard.check_many([1.0])
 
 

@@ -86,15 +86,17 @@ def nan_row_batch():
     return model, torch.optim.SGD(model.parameters(), lr=0.01), x
 
 
-def test_a_python_closure_runs_no_batch_but_its_own():
-    """The batch without its NaN rows (bad data's remedy) is not checkable
-    through Python's closure, which runs its own arguments: it says so."""
+def test_a_python_closure_runs_the_batch_without_its_nan_rows():
+    """Bad data's remedy, the batch without its NaN rows, is checked through
+    Python's closure: the guard puts the kept rows into the closure's
+    arguments, in their structure (a tuple, a dict's key)."""
     model, opt, x = nan_row_batch()
     with nanguard.Guard(model, opt, policy="skip", verbose=False) as guard:
-        r = guard.step(lambda x: model(x).pow(2).mean(), x)
+        r = guard.step(lambda batch, scale: model(batch["x"]).pow(2).mean() * scale, {"x": x}, 2.0)
     assert r.finding.cause == "bad_data"
     check = r.finding.remedy_checks[0]
-    assert check.result == "not_checkable" and "the closure runs on its own arguments only" in check.detail
+    assert (check.remedy, check.result) == ("skip_rows", "finite"), check
+    assert check.loss == pytest.approx(float(model(torch.cat([x[:2], x[3:]])).pow(2).mean() * 2.0))
 
 
 def test_a_framework_replay_runs_no_batch_but_its_own():

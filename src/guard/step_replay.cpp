@@ -1,5 +1,7 @@
 #include "guard/step_replay.h"
 
+#include "detail/armed_fault.h"
+
 #include "nanguard/finding.h"
 
 #include <ATen/ATen.h>
@@ -56,12 +58,15 @@ bool step_replay::replay(step_record& r) {
   const generator_states rng_after = capture_generators();
   host_.zero_grad();
   restore_generators(r.rng_before);
+  rewind_armed_fault();  // a run of the step: an injected fault's calls are counted again
   bool reproduced = false, failed = false, own_bad = false;
   // Under a backward collective every micro-batch runs on every rank,
   // whatever this rank's tracer found: the other ranks' collectives wait for it.
   const bool collective_replay = collective_of(options_) != backward_collective::none;
   try {
-    tracer t(tracer_options(options_.tracer()).keep_inputs(true));  // the bundle's culprit inputs
+    // keep_inputs: the bundle's culprit inputs; no range rules: a faulty
+    // device's output is read, not inferred from its inputs.
+    tracer t(tracer_options(options_.tracer()).keep_inputs(true).range_rules(false));
     name_tensors(t, *r.batches, e.step);
     const traced_run run(host_);
     try {
@@ -105,6 +110,7 @@ rerun_outcome step_replay::rerun(const step_record& r, const micro_batches& batc
   const generator_states rng_after = capture_generators();
   host_.zero_grad();
   restore_generators(r.rng_before);
+  rewind_armed_fault();  // a run of the step: an injected fault's calls are counted again
   rerun_outcome out;
   try {
     std::optional<tracer> t;
@@ -129,9 +135,9 @@ rerun_outcome step_replay::rerun(const step_record& r, const micro_batches& batc
     std::optional<tracer_pause> pause;
     if (t) pause.emplace(*t);
     if (finite && host_.backward_done()) {
-      const grad_report report = sentinel_.inspect_grads(1.0 / scale);
-      out.finite = report.finite();
-      out.grad_norm = report.total_norm;
+      out.report = sentinel_.inspect_grads(1.0 / scale);
+      out.finite = out.report.finite();
+      out.grad_norm = out.report.total_norm;
     }
     out.loss = finite ? sum / double(batches.size()) : std::numeric_limits<double>::quiet_NaN();
     if (t && !out.finite && t->found()) out.first_finding = to_string(t->findings().front());

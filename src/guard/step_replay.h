@@ -47,6 +47,8 @@ struct rerun_outcome {
   double loss = std::numeric_limits<double>::quiet_NaN();
   /// The gradients' global norm, unscaled (NaN when one is not finite).
   double grad_norm = std::numeric_limits<double>::quiet_NaN();
+  /// The sentinel's pass over them (empty when a loss was not finite).
+  grad_report report;
   /// Traced and not finite: the tracer's first finding, as one line ("" if none).
   std::string first_finding;
 };

@@ -184,7 +184,7 @@ void record_written_inputs(tracer_state& st, const op_traits& traits, c10::Array
 // as they are before it runs.
 void bound_outputs(tracer_state& st, const op_traits& traits, c10::ArrayRef<const c10::IValue> args,
                    op_context& ctx) {
-  if (!traits.rule || any_complex(args)) return;
+  if (!traits.rule || !st.options.range_rules() || any_complex(args)) return;
   range_memo& memo = this_thread_memo();
   // A parameter is read once a step, where it is first used: it is
   // smaller than what the ops that use it make, and used again in the

@@ -281,6 +281,29 @@ assert s['auto_fix'] == 'eps 1e-05 on the zero denominators of aten::div' and s[
 }
 
 # bad input: exit 2 and one line saying what
+# a planted fault (--inject): a transient NaN is redone and told; a
+# persistent one reproduces and is named at its op; a bad spec is exit 2
+case_a_planted_fault() {
+  run 0 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --steps 8 --batch 16 \
+    --lr 0.01 --out transient --inject "op=aten::addmm,step=4,kind=nan"
+  expect "step 4: transient fault: injected: nan written into"
+  expect "1 transient fault (the step ran again and was taken)"
+  python3 -c "
+import json
+ev = [json.loads(l) for l in open('transient/events.jsonl')]
+e = ev[3]
+assert (e['step'], e['action'], e['fault'], e['verdict']) == (4, 'step', 'transient', 'not reproduced'), e
+assert all(len(x['signature']) == 16 for x in ev), [x.get('signature') for x in ev]
+" || fail "events.jsonl of the transient fault: $(sed -n 4p transient/events.jsonl)"
+  run 0 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --steps 8 --batch 16 \
+    --lr 0.01 --out persistent --inject "op=aten::addmm,step=4,kind=inf,mode=persistent,element=2"
+  expect "inf from aten::addmm"
+  run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --inject "op=aten::addmn"
+  expect "'aten::addmn' is not an operator PyTorch knows"
+  run 2 train --model "$M/linear_reg.pt" --data "$M/reg.csv" --target y --task regress --inject "op=aten::addmm,stpe=2"
+  expect "no field 'stpe'"
+}
+
 case_bad_input() {
   run 2 train --model missing.pt --data "$M/reg.csv" --target y --task regress
   expect "cannot open model 'missing.pt': no such file"
@@ -339,6 +362,7 @@ case_bad_input() {
 
 run_cases a_finite_run \
   a_producer_in_forward \
+  a_planted_fault \
   a_backward_only_inf \
   nan_and_inf_in_the_data \
   an_lr_that_blows_up \

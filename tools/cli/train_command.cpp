@@ -72,6 +72,7 @@ struct train_args {
   std::string out = "nanguard-train";
   std::string device = "cpu";
   bool quiet = false;
+  std::string inject;  // a planted fault (fault_spec_from_string's text), "" none
 };
 
 // The CSV file in memory, each row with the file line it came from.
@@ -591,6 +592,7 @@ int run_train(const train_args& a) {
   const auto optimizer = make_optimizer(a, *params);
   // An event log the guard cannot open is exit 2.
   guard g = as_input_error([&] { return guard(*params, *optimizer, make_guard_options(a, out)); });
+  if (!a.inject.empty()) as_input_error([&] { g.inject(fault_spec_from_string(a.inject)); });
   batch_source batches(a, d);
   const train_outcome o = train(a, model, g, batches);
   write_outputs(a, summary_json(a, o, g, batches, out), out);
@@ -653,6 +655,9 @@ command add_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"cpu", "cuda"}))
       ->capture_default_str();
   sub->add_flag("--quiet", a->quiet, "no progress and no warning line per bad step on stderr (the summary stays)");
+  sub->add_option("--inject", a->inject,
+                  "plant a fault to test what the guard finds, e.g. 'op=aten::addmm,step=5,kind=bit_flip,bit=30,"
+                  "mode=persistent' (docs/hardware-or-software.md; NANGUARD_INJECT does the same)");
   sub->footer(exit_codes("the run ended finite (summary.json's status finite, recovered or unrecovered)",
                          "it stopped on a NaN/Inf (--policy abort) or ended non-finite (none of its last steps/10, "
                          "1 to 10, could be taken)") +
