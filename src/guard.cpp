@@ -438,18 +438,21 @@ bool guard::impl::suspect(const step_record& r) const {
 }
 
 // Runs a suspect finite step again and compares the two runs' signatures.
-// When they differ a third run decides: the two that agree are right, the
-// odd one was a transient fault (the original: the step is redone; the
-// second: the audit's own run was hit); three that differ say the run is
-// not deterministic. Returns whether the step was redone with other
-// gradients than its own (they are in place either way).
+// When they are not bit-identical a third run decides: the two that are
+// agree are right, the odd one was a transient fault (the original: the
+// step is redone; the second: the audit's own run was hit); three that
+// differ say the run is not deterministic. Bit for bit, because a fault
+// too small to spike moves the values by less than any tolerance; the
+// third run keeps a non-deterministic kernel from being called a fault.
+// Returns whether the step was taken with other gradients than its own
+// (they are in place either way).
 bool guard::impl::audit(step_record& r) {
   step_event& e = r.event;
   const step_measure first{e.loss, r.report}, second = run_again(r);
-  if (compare(first, second) != signature_match::different) return false;
+  if (compare(first, second) == signature_match::identical) return false;
   const step_measure third = run_again(r);
-  const bool first_right = compare(first, third) != signature_match::different;
-  const bool second_right = compare(second, third) != signature_match::different;
+  const bool first_right = compare(first, third) == signature_match::identical;
+  const bool second_right = compare(second, third) == signature_match::identical;
   if (first_right) {
     e.fault = fault_class::transient;
     add_note(e.note, "audit: a second run of the step differed and a third agreed with the first: a transient "

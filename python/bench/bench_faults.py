@@ -15,8 +15,9 @@ when its step came out non-finite; it is detected when the guard acted
 before the optimizer stepped on it (skipped, redone, or stopped); its class
 is the event's `fault`.
 Part 2, one process, one long run (the spike windows filled): finite
-faults, a value scaled by 1e4 (a loss spike: the spike replay) and by 1.01
-(too small to spike: the audit, audit_every=1), transient.
+faults in the pooled features (aten::mean), a value scaled by 1e4 (a loss
+spike: the spike replay) and by 1.01 (too small to spike: the audit,
+audit_every=1), transient.
 Part 3: 500 healthy steps in one process (replay_spikes on): no detection.
 
 Prints the confusion table (planted class x the guard's), then
@@ -161,13 +162,13 @@ def single_process_part(trials_each):
     spike = nanguard.Guard(model, opt, verbose=False, max_norm=1.0)
     run(spike, 30)
     for i in range(trials_each):
-        r = run(spike, 4, dict(op="aten::addmm", kind="scale", factor=1e4, element=i % 64))[-1]
+        r = run(spike, 4, dict(op="aten::mean", kind="scale", factor=1e4, element=i % 64))[-1]
         rows.append(("transient", bool(r.spikes) or r.fault != "", r.fault == "transient", r.fault))
     spike.close()
     audit = nanguard.Guard(model, opt, verbose=False, max_norm=1.0, audit_every=1)
     audit_rows = []
     for i in range(trials_each):
-        r = run(audit, 2, dict(op="aten::addmm", kind="scale", factor=1.01, element=i % 64))[-1]
+        r = run(audit, 2, dict(op="aten::mean", kind="scale", factor=1.01, element=i % 64))[-1]
         audit_rows.append(r.fault == "transient")
     audit.close()
     plain = nanguard.Guard(model, opt, verbose=False, max_norm=1.0)
