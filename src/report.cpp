@@ -256,10 +256,14 @@ size_t name_data_rows(const data_counts& d, const std::vector<int64_t>& rows, si
   return rows.size();
 }
 
-// "; dropped dataset indices 3, 40" ("stream positions 3", "rows 3 of check 1, ...").
-std::string listed_rows(const char* what, const std::vector<std::string>& named, size_t total,
-                        const std::string& index) {
+// "; dropped dataset indices 3, 40" ("stream positions 3", "rows 3 of check 1, ..."). Dataset
+// indices in ascending order: DataLoader workers write their events in any order.
+std::string listed_rows(const char* what, std::vector<std::string> named, size_t total, const std::string& index) {
   if (named.empty()) return "";
+  if (index == "dataset")
+    std::sort(named.begin(), named.end(), [](const std::string& a, const std::string& b) {
+      return std::stoll(a) < std::stoll(b);
+    });
   const char* kind = index == "dataset" ? " dataset indices " : index == "stream" ? " stream positions " : " rows ";
   std::string s = std::string("; ") + what + kind;
   for (size_t i = 0; i < named.size(); ++i) s += (i ? ", " : "") + named[i];

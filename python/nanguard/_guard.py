@@ -150,7 +150,7 @@ class Guard:
         if options["event_log"]:
             open(options["event_log"], "w", encoding="utf-8").close()  # unwritable: the OSError Python raises
         #: The torch LR schedulers a rollback lowers with the LR (``lr_scheduler``).
-        self.lr_schedulers: List[Any] = options["lr_scheduler"]
+        self.lr_schedulers: List[Any] = _own_schedulers(options["lr_scheduler"], optimizer)
         self._tensorboard, self._own_tensorboard = _step_logger(options["tensorboard"])
         _compile.watch_compilation()
         self._host, group = host_for(model, optimizer, distributed)
@@ -453,6 +453,17 @@ def _check_parameters(model: torch.nn.Module, optimizer: torch.optim.Optimizer) 
     if any(p.is_meta for p in model.parameters()):
         raise ValueError("nanguard.Guard: the model's parameters are on the meta device and hold no values; "
                          "materialize them first, e.g. model.to_empty(device='cpu') then initialize them")
+
+
+def _own_schedulers(schedulers: List[Any], optimizer: torch.optim.Optimizer) -> List[Any]:
+    """``schedulers``, each of which must schedule ``optimizer``: a rollback
+    lowers them, and lowering another run's schedule would cut its LR."""
+    for s in schedulers:
+        if getattr(s, "optimizer", optimizer) is not optimizer:
+            raise ValueError(f"nanguard.Guard: lr_scheduler {type(s).__name__} schedules another optimizer "
+                             f"({type(s.optimizer).__name__} at {id(s.optimizer):#x}), not this guard's; give the "
+                             "schedulers of the optimizer the guard steps")
+    return schedulers
 
 
 def _step_logger(tensorboard: Union[PathLike, SummaryWriter, StepLogger, None]

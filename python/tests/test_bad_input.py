@@ -235,3 +235,15 @@ def test_a_trace_on_its_own_gives_python_remedies():
     remedy = t.findings[0].remedy
     assert "`torch.exp(x.clamp(max=80))`" in remedy and "`nanguard.Guard(model, opt, max_norm=1.0)`" in remedy, remedy
     assert "C++" not in remedy and "torch::" not in remedy and "_options()" not in remedy, remedy
+
+
+def test_an_lr_scheduler_of_another_optimizer_is_refused():
+    """A rollback lowers the guard's schedulers: another run's would have its
+    LR cut by this guard's rollbacks (#60)."""
+    model, other = nn.Linear(2, 1), nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    foreign = torch.optim.lr_scheduler.StepLR(torch.optim.SGD(other.parameters(), lr=0.1), 10)
+    with pytest.raises(ValueError, match="lr_scheduler StepLR schedules another optimizer .* not this guard's"):
+        nanguard.Guard(model, opt, lr_scheduler=foreign)
+    own = torch.optim.lr_scheduler.StepLR(opt, 10)
+    nanguard.Guard(model, opt, lr_scheduler=[own], verbose=False).close()

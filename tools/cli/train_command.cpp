@@ -565,6 +565,10 @@ void print_summary(const train_args& a, const train_outcome& o, const guard& g, 
              g.rollbacks() ? fmt::format(", {} rollbacks (LR x{:.4g})", g.rollbacks(), g.lr_factor()) : "",
              ended_finite(status) ? fmt::format("{:.6g}", s.final_loss) : "not finite");
   if (status == "unrecovered") fmt::print("  not recovered: {}\n", why_unrecovered(s));
+  if (s.transient_faults > 0)
+    fmt::print("  transient faults: {} (a run of the step from the same state computed something else; the step "
+               "ran again and was taken: docs/hardware-or-software.md)\n",
+               s.transient_faults);
   if (o.first_bad) print_first_nonfinite(a, o);
   if (!s.auto_fix.empty())
     fmt::print("  auto_fix: kept {} from step {}: make it a change to the model\n", s.auto_fix, s.auto_fix_since);
