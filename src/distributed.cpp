@@ -1,6 +1,7 @@
 #include "nanguard/distributed.h"
 
 #include "detail/enum_from_string.h"
+#include "detail/fnv1a.h"
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -451,11 +452,10 @@ void distributed::on_averaged(std::function<void(int64_t, const std::vector<at::
 uint64_t checksum(const std::vector<at::Tensor>& tensors) {
   // FNV-1a over 64-bit words (then the tail bytes): fast enough for every
   // parameter of a model at the end of a run or every K steps.
-  uint64_t h = 1469598103934665603ull;
-  constexpr uint64_t prime = 1099511628211ull;
+  detail::fnv1a h;
   for (const at::Tensor& t0 : tensors) {
     if (!t0.defined()) {
-      h = (h ^ 0xffu) * prime;
+      h.add(0xffu);
       continue;
     }
     const at::Tensor t = t0.to(at::kCPU).contiguous();  // a GPU's tensor is hashed from a host copy
@@ -465,12 +465,12 @@ uint64_t checksum(const std::vector<at::Tensor>& tensors) {
     for (; i + 8 <= n; i += 8) {
       uint64_t w;
       std::memcpy(&w, bytes + i, 8);
-      h = (h ^ w) * prime;
+      h.add(w);
     }
-    for (; i < n; ++i) h = (h ^ bytes[i]) * prime;
-    h = (h ^ n) * prime;
+    for (; i < n; ++i) h.add(bytes[i]);
+    h.add(n);
   }
-  return h;
+  return h.value();
 }
 
 }  // namespace nanguard

@@ -50,30 +50,28 @@ fault_mode fault_mode_from_string(const std::string& name) {
 
 namespace {
 
-int64_t integer_of(const std::string& key, const std::string& value) {
+// `value` read whole by `parse` (std::stoll, std::stod); an error naming
+// field `key` and `what` it must be otherwise.
+template <typename Parse>
+auto parsed(const std::string& key, const std::string& value, const char* what, Parse parse) {
   size_t used = 0;
-  int64_t n = 0;
+  decltype(parse(value, &used)) x{};
   try {
-    n = std::stoll(value, &used);
+    x = parse(value, &used);
   } catch (const std::exception&) {
     used = 0;
   }
-  TORCH_CHECK(used == value.size() && !value.empty(), "nanguard::fault_spec_from_string: ", key,
-              " must be an integer but is '", value, "'");
-  return n;
+  TORCH_CHECK(used == value.size() && !value.empty(), "nanguard::fault_spec_from_string: ", key, " must be ", what,
+              " but is '", value, "'");
+  return x;
+}
+
+int64_t integer_of(const std::string& key, const std::string& value) {
+  return parsed(key, value, "an integer", [](const std::string& v, size_t* used) { return std::stoll(v, used); });
 }
 
 double number_of(const std::string& key, const std::string& value) {
-  size_t used = 0;
-  double x = 0;
-  try {
-    x = std::stod(value, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  TORCH_CHECK(used == value.size() && !value.empty(), "nanguard::fault_spec_from_string: ", key,
-              " must be a number but is '", value, "'");
-  return x;
+  return parsed(key, value, "a number", [](const std::string& v, size_t* used) { return std::stod(v, used); });
 }
 
 // Sets the field `key` of `s` from its text.

@@ -17,6 +17,7 @@
 #include "detail/dtype_limits.h"
 #include "detail/enum_from_string.h"
 #include "detail/generator_states.h"
+#include "detail/nonfinite_rows.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -102,7 +103,7 @@ const std::vector<int64_t>* rows_of(const std::vector<std::pair<at::Tensor, std:
 // The first row (along dim 0) of `t` that holds a NaN/Inf, if any.
 std::optional<int64_t> first_nonfinite_row(const at::Tensor& t) {
   if (!t.defined() || t.dim() == 0 || !at::isFloatingType(t.scalar_type())) return std::nullopt;
-  const at::Tensor bad_rows = at::logical_not(at::isfinite(t)).reshape({t.size(0), -1}).any(1).nonzero();
+  const at::Tensor bad_rows = detail::nonfinite_rows(t).nonzero();
   if (bad_rows.numel() == 0) return std::nullopt;
   return bad_rows[0][0].item<int64_t>();
 }

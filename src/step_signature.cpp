@@ -1,5 +1,7 @@
 #include "nanguard/step_signature.h"
 
+#include "detail/fnv1a.h"
+
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
 
@@ -9,21 +11,11 @@
 namespace nanguard {
 namespace {
 
-// FNV-1a over 64-bit words: the values' bits, in order.
-class digest {
- public:
-  void add(uint64_t word) { h_ = (h_ ^ word) * kPrime; }
-  void add(double x) {
-    uint64_t bits = 0;
-    std::memcpy(&bits, &x, sizeof bits);
-    add(bits);
-  }
-  uint64_t value() const { return h_ == 0 ? 1 : h_; }
-
- private:
-  static constexpr uint64_t kPrime = 1099511628211ull;
-  uint64_t h_ = 1469598103934665603ull;
-};
+uint64_t bits_of(double x) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, &x, sizeof bits);
+  return bits;
+}
 
 bool within(double a, double b, double rtol) {
   if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
@@ -34,11 +26,11 @@ bool within(double a, double b, double rtol) {
 }  // namespace
 
 uint64_t signature_of(double loss, const grad_report& grads) {
-  digest d;
-  d.add(loss);
-  for (double n : grads.norms) d.add(n);
+  detail::fnv1a d;  // the values' bits, in order
+  d.add(bits_of(loss));
+  for (double n : grads.norms) d.add(bits_of(n));
   for (int64_t c : grads.nonfinite_counts) d.add(static_cast<uint64_t>(c));
-  return d.value();
+  return d.value() == 0 ? 1 : d.value();  // 0 means "not measured"
 }
 
 const char* to_string(signature_match m) {

@@ -5,6 +5,7 @@
 
 #include "detail/dtype_limits.h"
 #include "detail/median.h"
+#include "detail/nonfinite_rows.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/ScalarType.h>
@@ -151,7 +152,7 @@ micro_batches without_nonfinite_rows(const micro_batches& batches, int64_t& drop
     for (const at::Tensor& t : batch) {
       if (!t.defined() || !t.is_floating_point() || t.dim() == 0 || (n >= 0 && t.size(0) != n)) continue;
       n = t.size(0);
-      const at::Tensor row_bad = at::logical_not(at::isfinite(t)).reshape({n, -1}).any(1);
+      const at::Tensor row_bad = nonfinite_rows(t);
       bad = bad.defined() ? bad.logical_or(row_bad) : row_bad;
     }
     if (!bad.defined()) {
